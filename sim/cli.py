@@ -1,0 +1,177 @@
+"""Command line: `llmsim run | compare | sweep | models | gpus` (also `python -m sim`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from .specload import SpecError
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "quickstart.yaml"
+
+
+def _parse_sets(pairs: list[str]) -> dict[str, object]:
+    out = {}
+    for p in pairs or []:
+        if "=" not in p:
+            raise SpecError("--set", p, "expected FIELD.PATH=VALUE")
+        k, v = p.split("=", 1)
+        out[k.strip()] = yaml.safe_load(v)
+    return out
+
+
+def _fmt(v, unit=""):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if unit == "ms":
+            return f"{v * 1e3:.1f}"
+        return f"{v:.3g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    return str(v)
+
+
+ROWS = [
+    ("requests finished", lambda s: f"{s['requests']['finished']}/{s['requests']['total']}"),
+    ("rejected", lambda s: s["requests"]["rejected"]),
+    ("duration (s)", lambda s: _fmt(s["duration_s"])),
+    ("requests/s", lambda s: _fmt(s["request_throughput"])),
+    ("output tokens/s", lambda s: _fmt(s["output_token_throughput"])),
+    ("TTFT p50 / p99 (ms)", lambda s: f"{_fmt(s['ttft_s']['p50'], 'ms')} / {_fmt(s['ttft_s']['p99'], 'ms')}"),
+    ("TPOT p50 / p99 (ms)", lambda s: f"{_fmt(s['tpot_s']['p50'], 'ms')} / {_fmt(s['tpot_s']['p99'], 'ms')}"),
+    ("ITL p50 / p99 (ms)", lambda s: f"{_fmt(s['itl_s']['p50'], 'ms')} / {_fmt(s['itl_s']['p99'], 'ms')}"),
+    ("E2E p50 / p99 (s)", lambda s: f"{_fmt(s['e2e_s']['p50'])} / {_fmt(s['e2e_s']['p99'])}"),
+    ("mean batch size", lambda s: _fmt(s["mean_batch_size"])),
+    ("GPU busy", lambda s: f"{s['gpu_busy_fraction']:.0%}"),
+    ("KV capacity (tokens)", lambda s: f"{s['kv']['capacity_tokens']:,}"),
+    ("KV used mean / peak", lambda s: f"{s['kv']['util_mean']:.0%} / {s['kv']['util_peak']:.0%}"),
+    ("KV reserved but unused", lambda s: f"{s['kv']['reserved_unused_share']:.1%}"),
+    ("preemptions", lambda s: s["preemptions"]),
+    ("goodput (req/s)", lambda s: _fmt(s["goodput"]["requests_per_s"]) if s.get("goodput") else "-"),
+    ("lookups measured", lambda s: f"{1 - s['lookup_provenance']['analytic']:.0%}"
+        + (" (analytic GPU)" if s.get("gpu_analytic") else "")),
+    ("wall time (s)", lambda s: f"{s['wall_s']:.2f}"),
+]
+
+
+def table(names: list[str], summaries: list[dict]) -> str:
+    """A side-by-side text table of summaries (one column per run)."""
+    cols = [[label] + [str(f(s)) for s in summaries] for label, f in ROWS]
+    header = [""] + names
+    widths = [max(len(r[i]) for r in [header] + cols) for i in range(len(header))]
+    lines = ["  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True)))]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in cols:
+        lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
+    return "\n".join(lines)
+
+
+def cmd_run(a) -> int:
+    from .runner import run
+
+    out = run(a.scenario, _parse_sets(a.set), progress=not a.no_progress and sys.stderr.isatty())
+    dest = Path(a.out) if a.out else Path("runs") / out.scenario.name
+    out.write(dest, plots=not a.no_plots)
+    print(table([out.scenario.name], [out.summary]))
+    print(f"\nwrote {dest}/ (requests.csv, steps.csv, summary.json"
+          + ("" if a.no_plots else ", latency_cdf.png, timeline.png") + ")")
+    return 0
+
+
+def cmd_compare(a) -> int:
+    from .runner import run
+
+    from .scenario import load_scenario
+
+    scs = [load_scenario(f, _parse_sets(a.set)) for f in a.scenarios]  # validate all first
+    outs = [run(sc) for sc in scs]
+    names = [o.scenario.name for o in outs]
+    if a.out:
+        for o in outs:
+            o.write(Path(a.out) / o.scenario.name, plots=not a.no_plots)
+    print(table(names, [o.summary for o in outs]))
+    return 0
+
+
+def cmd_sweep(a) -> int:
+    from .runner import run
+    from .scenario import load_scenario
+
+    values = [yaml.safe_load(v) for v in a.values.split(",")]
+    base = _parse_sets(a.set)
+    scs = [load_scenario(a.scenario, {**base, a.field: v}) for v in values]
+    outs = [run(sc) for sc in scs]
+    names = [f"{a.field.split('.')[-1]}={v}" for v in values]
+    if a.out:
+        for name, o in zip(names, outs, strict=True):
+            o.write(Path(a.out) / name.replace("=", "_"), plots=not a.no_plots)
+    print(table(names, [o.summary for o in outs]))
+    return 0
+
+
+def cmd_models(a) -> int:
+    from .models import known_models, load_model
+
+    print(f"{'model':16} {'params':>8} {'weights GiB':>12} {'KV KiB/token':>13}")
+    for name in known_models():
+        m = load_model(name)
+        print(f"{name:16} {m.params / 1e9:7.2f}B {m.weight_bytes / 2**30:12.1f} {m.kv_bytes_per_token / 1024:13.0f}")
+    return 0
+
+
+def cmd_gpus(a) -> int:
+    from .profiles import known_profiles, load_profile
+
+    for name in known_profiles():
+        p = load_profile(name)
+        f = p.facts
+        kind = "measured" if f.analytic is False else ("analytic" if f.analytic is True else f"partly measured")
+        print(f"{name:12} {f.memory_gib:6.1f} GiB  {kind}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="llmsim", description="Simulate LLM inference serving.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="simulate one scenario and write its outputs")
+    r.add_argument("scenario", nargs="?", default=str(DEFAULT_SCENARIO))
+    r.add_argument("--out", help="output folder (default runs/<scenario name>)")
+    r.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a scenario field")
+    r.add_argument("--no-plots", action="store_true")
+    r.add_argument("--no-progress", action="store_true")
+    r.set_defaults(fn=cmd_run)
+    c = sub.add_parser("compare", help="simulate several scenarios and print them side by side")
+    c.add_argument("scenarios", nargs="+")
+    c.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field in all")
+    c.add_argument("--out", help="also write each run's outputs under this folder")
+    c.add_argument("--no-plots", action="store_true")
+    c.set_defaults(fn=cmd_compare)
+    s = sub.add_parser("sweep", help="run one scenario for several values of one field")
+    s.add_argument("scenario")
+    s.add_argument("--field", required=True, help="dotted field path, e.g. workload.arrival.rate")
+    s.add_argument("--values", required=True, help="comma-separated values, e.g. 1,2,4,8")
+    s.add_argument("--set", action="append", metavar="FIELD=VALUE")
+    s.add_argument("--out")
+    s.add_argument("--no-plots", action="store_true")
+    s.set_defaults(fn=cmd_sweep)
+    sub.add_parser("models", help="list model specs").set_defaults(fn=cmd_models)
+    sub.add_parser("gpus", help="list GPU profiles").set_defaults(fn=cmd_gpus)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except SpecError as e:
+        print(f"llmsim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("llmsim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""The latency of one iteration (a "step") from its batch.
+
+GPU time of a step over T new tokens in S sequences, for a model of L layers:
+
+    L x [ GEMM(qkv, T) + GEMM(o, T) + GEMM(gate_up, T) + GEMM(down, T)
+          + 2 RMSNorm(T) + 2 residual add(T) + SiLU*mul(T) + rotary(T) + KV write(T)
+          + attention ]
+    + final RMSNorm(T) + embedding(T) + LM head(rows)
+
+where attention is, per layer, the configured prefill kernel (flash or naive,
+one call per sequence, each query attending over its cached context too) or one
+batched decode kernel (paged, paged_gather or contiguous) over all sequences'
+contexts, and the LM head runs on one row per sequence (k+1 rows per sequence
+when verifying k draft tokens). Every kernel time comes from the GPU profile
+(measured tables, interpolated or extrapolated, or analytic roofline).
+
+Host overhead comes from a runtime profile (`gpu_profiles/runtimes/`): the
+host issues kernels at a cost per step, per layer and per sequence-layer (the
+per-sequence attention launches); the step takes the slower of host and GPU,
+since the host runs ahead of the GPU until the GPU is the bottleneck.
+`cuda-graph` has no host cost (kernels only).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .models import ModelSpec
+from .profiles import ANALYTIC, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
+from .specload import ROOT, SpecError, build, known_names, load_yaml
+
+TAGS = (EXACT, INTERPOLATED, EXTRAPOLATED, ANALYTIC)
+_TAG_INDEX = {t: i for i, t in enumerate(TAGS)}
+RUNTIMES_DIR = ROOT / "gpu_profiles" / "runtimes"
+CTX_QUANTUM = 16  # decode attention is looked up at the mean context rounded to this
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """How the serving stack's host side adds to each step."""
+
+    name: str
+    description: str = ""
+    host_ms_per_step: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_layer: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_seq_layer: float = field(default=0.0, metadata={"ge": 0})
+    gpu_scale: float = field(default=1.0, metadata={"gt": 0})
+    source: str = ""
+
+
+def load_runtime(name: str, *, file=None, path: str = "runtime") -> RuntimeSpec:
+    f = RUNTIMES_DIR / f"{name}.yaml"
+    if not f.is_file():
+        known = ", ".join(known_names(RUNTIMES_DIR))
+        raise SpecError(file, path, f"unknown '{name}' (known: {known})")
+    return build(RuntimeSpec, load_yaml(f), file=f)
+
+
+class StepLatency:
+    """Seconds per step; lookups memoised, provenance counted per use."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        profile: GPUProfile,
+        runtime: RuntimeSpec,
+        prefill_impl: str = "flash",
+        decode_impl: str = "paged",
+    ):
+        self.m, self.p, self.rt = model, profile, runtime
+        self.prefill_impl, self.decode_impl = prefill_impl, decode_impl
+        self.shapes = model.gemm_shapes()
+        self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown(4), uses]
+
+    # ---- pieces (GPU ms, memoised) ---------------------------------------------
+    def _piece(self, key: tuple, compute) -> float:
+        e = self._memo.get(key)
+        if e is None:
+            parts = compute()
+            ms = 0.0
+            br = [0.0, 0.0, 0.0, 0.0]
+            for t, tag in parts:
+                ms += t
+                br[_TAG_INDEX[tag]] += t
+            e = self._memo[key] = [ms, br, 0]
+        e[2] += 1
+        return e[0]
+
+    def _dense_parts(self, T: int) -> list[tuple[float, str]]:
+        m, p, L = self.m, self.p, self.m.layers
+        parts = []
+        for op in ("qkv", "o", "gate_up", "down"):
+            k, n = self.shapes[op]
+            ms, tag = p.gemm(T, k, n)
+            parts.append((L * ms, tag))
+        for op, width, times in (
+            ("rmsnorm", m.hidden, 2),
+            ("residual_add", m.hidden, 2),
+            ("silu_mul", m.ffn, 1),
+            ("rotary", m.q_dim + m.kv_dim, 1),
+            ("kv_write", 2 * m.kv_dim, 1),
+        ):
+            ms, tag = p.elementwise(op, T, width)
+            parts.append((L * times * ms, tag))
+        for op, width in (("rmsnorm", m.hidden), ("embedding", m.hidden)):
+            parts.append(p.elementwise(op, T, width))
+        return parts
+
+    def dense_ms(self, tokens: int) -> float:
+        return self._piece(("dense", tokens), lambda: self._dense_parts(tokens))
+
+    def lm_head_ms(self, rows: int) -> float:
+        k, n = self.shapes["lm_head"]
+        return self._piece(("lm", rows), lambda: [self.p.gemm(rows, k, n)])
+
+    def prefill_attn_ms(self, q_len: int, kv_len: int) -> float:
+        m = self.m
+
+        def compute():
+            ms, tag = self.p.prefill_attn(
+                self.prefill_impl, 1, q_len, kv_len, m.heads, m.kv_heads, m.head_dim
+            )
+            return [(m.layers * ms, tag)]
+
+        return self._piece(("pa", q_len, kv_len), compute)
+
+    def decode_attn_ms(self, n: int, sum_ctx: int) -> float:
+        m = self.m
+        ctx_q = max(1, (sum_ctx // n + CTX_QUANTUM // 2) // CTX_QUANTUM) * CTX_QUANTUM
+
+        def compute():
+            ms, tag = self.p.decode_attn(
+                self.decode_impl, n, ctx_q * n, m.heads, m.kv_heads, m.head_dim
+            )
+            return [(m.layers * ms, tag)]
+
+        return self._piece(("da", n, ctx_q), compute)
+
+    # ---- steps (seconds) --------------------------------------------------------
+    def _combine(self, gpu_ms: float, seq_layers: int) -> float:
+        rt = self.rt
+        host = rt.host_ms_per_step + rt.host_ms_per_layer * self.m.layers
+        host += rt.host_ms_per_seq_layer * seq_layers
+        return max(host, gpu_ms * rt.gpu_scale) * 1e-3
+
+    def prefill(self, chunks: list[tuple[int, int]]) -> float:
+        """A step prefilling `chunks` of (new tokens, tokens already cached) per sequence."""
+        tokens = 0
+        gpu = 0.0
+        for q, cached in chunks:
+            tokens += q
+            gpu += self.prefill_attn_ms(q, q + cached)
+        gpu += self.dense_ms(tokens) + self.lm_head_ms(len(chunks))
+        return self._combine(gpu, len(chunks) * self.m.layers)
+
+    def decode(self, n: int, sum_ctx: int) -> float:
+        """A step decoding one token for each of `n` sequences attending over `sum_ctx` tokens."""
+        gpu = self.dense_ms(n) + self.lm_head_ms(n) + self.decode_attn_ms(n, sum_ctx)
+        return self._combine(gpu, 0)
+
+    def gpu_ms(self, kind: str, n: int, new_tokens: int, ctx: int) -> float:
+        """Kernel-only time of a uniform step (for error tables against measured grids)."""
+        if kind == "decode":
+            return self.dense_ms(n) + self.lm_head_ms(n) + self.decode_attn_ms(n, n * ctx)
+        return (
+            self.dense_ms(n * new_tokens)
+            + self.lm_head_ms(n)
+            + n * self.prefill_attn_ms(new_tokens, new_tokens + ctx)
+        )
+
+    # ---- reporting ----------------------------------------------------------------
+    def provenance(self) -> dict[str, float]:
+        """Share of simulated GPU time that came from each kind of lookup."""
+        tot = [0.0, 0.0, 0.0, 0.0]
+        for _ms, br, uses in self._memo.values():
+            for i in range(4):
+                tot[i] += br[i] * uses
+        s = sum(tot) or 1.0
+        return {t: tot[i] / s for i, t in enumerate(TAGS)}

@@ -1,0 +1,170 @@
+"""Convert measured kernel data into gpu_profiles/<gpu>/ tables, and fit roofline efficiencies.
+
+Two sources, picked by what SRC holds:
+
+- a measurement folder (``ceilings.csv``, ``gemm.csv`` … as in /work/shared/data/h200):
+  ``python -m sim.profile_convert /work/shared/data/h200 gpu_profiles/h200-sxm``
+  writes gemm.csv, attn_prefill.csv, attn_decode.csv and elementwise.csv into DST;
+- Vidur's per-operator profiles (``mlp_<gpu>_<model>.csv``, MIT):
+  ``python -m sim.profile_convert /work/shared/data/peers gpu_profiles``
+  writes gemm.csv and elementwise.csv (tensor-parallel 1 rows) into DST/<profile>/
+  and copies the license next to them.
+
+Either way it then prints the roofline efficiencies fitted to each gemm.csv written
+(`fit_gemm_efficiency`), using the datasheet numbers of DST's profile.yaml when there
+is one; those figures are what the profile.yaml `efficiency` blocks quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.specload import load_yaml
+
+DECODE_IMPLS = {"contig": "contiguous", "paged_triton": "paged", "paged_gather": "paged_gather"}
+PEER_PROFILES = {"a100": "a100-80gb", "h100": "h100-sxm"}  # Vidur's device name -> ours
+PEER_LICENSE = "LICENSE-vidur-MIT"
+BF16 = 2  # bytes per element
+
+
+def _median_by(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """One row per key: duplicates (the same shape measured twice) become their median."""
+    return df.groupby(keys, as_index=False)["ms"].median().sort_values(keys)
+
+
+def convert_measured(src: Path, dst: Path) -> list[Path]:
+    """The H200-style measurement folder -> the four profile tables in dst."""
+    dst.mkdir(parents=True, exist_ok=True)
+    gemm = _median_by(pd.read_csv(src / "gemm.csv"), ["K", "N", "M"])[["M", "K", "N", "ms"]]
+    pre = pd.read_csv(src / "attn_prefill.csv")
+    pre = pre[["impl", "batch", "seq", "hq", "hkv", "d", "ms", "peak_mib"]]
+    pre = pre.sort_values(["impl", "hq", "hkv", "d", "batch", "seq"])
+    dec = pd.read_csv(src / "attn_decode.csv")
+    unknown = set(dec["impl"]) - set(DECODE_IMPLS)
+    if unknown:
+        raise ValueError(f"{src / 'attn_decode.csv'}: unknown impl {sorted(unknown)}")
+    dec["impl"] = dec["impl"].map(DECODE_IMPLS)
+    mixed = dec["ctx"].isna()
+    dec.loc[mixed, "ctx"] = (dec.loc[mixed, "sum_ctx"] / dec.loc[mixed, "batch"]).round()
+    dec["ctx"] = dec["ctx"].astype(int)
+    cols = ["impl", "batch", "ctx", "sum_ctx", "max_ctx", "hq", "hkv", "d", "block", "ms"]
+    dec = dec[cols].sort_values(["impl", "hq", "hkv", "d", "batch", "ctx", "sum_ctx"])
+    elem = _median_by(pd.read_csv(src / "elementwise.csv"), ["op", "H", "M"])
+    elem = elem[["op", "M", "H", "ms"]]
+    out = []
+    for name, df in [("gemm", gemm), ("attn_prefill", pre), ("attn_decode", dec),
+                     ("elementwise", elem)]:
+        p = dst / f"{name}.csv"
+        df.to_csv(p, index=False)
+        out.append(p)
+    return out
+
+
+def peer_tables(csv: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(gemm, elementwise) rows of one Vidur mlp_*.csv at tensor-parallel 1.
+
+    Shapes follow F.linear(x[M, K], W[N, K]) with M = num_tokens: attn_pre_proj is
+    the fused qkv (K = n_embd, N = (n_head + 2 n_kv_head) head_dim), attn_post_proj
+    is o, mlp_up_proj is the fused gate+up of a gated MLP, mlp_down_proj is down.
+    """
+    df = pd.read_csv(csv)
+    df = df[df["num_tensor_parallel_workers"] == 1]
+    if not df["use_gated_mlp"].all():
+        raise ValueError(f"{csv}: only gated MLPs are converted")
+    emb, ffn = df["n_embd"].iloc[0], df["n_expanded_embd"].iloc[0]
+    hd = emb // df["n_head"].iloc[0]
+    qkv = (df["n_head"].iloc[0] + 2 * df["n_kv_head"].iloc[0]) * hd
+    shapes = {"attn_pre_proj": (emb, qkv), "attn_post_proj": (emb, emb),
+              "mlp_up_proj": (emb, 2 * ffn), "mlp_down_proj": (ffn, emb)}
+    elems = {"input_layernorm": ("rmsnorm", emb), "add": ("residual_add", emb),
+             "mlp_act": ("silu_mul", ffn)}
+    gemm = [pd.DataFrame({"M": df["num_tokens"], "K": k, "N": n,
+                          "ms": df[f"time_stats.{op}.median"]}) for op, (k, n) in shapes.items()]
+    elem = [pd.DataFrame({"op": name, "M": df["num_tokens"], "H": h,
+                          "ms": df[f"time_stats.{op}.median"]}) for op, (name, h) in elems.items()]
+    return pd.concat(gemm), pd.concat(elem)
+
+
+def convert_peers(src: Path, dst_root: Path) -> list[Path]:
+    """Vidur mlp_<gpu>_<model>.csv files -> gemm.csv and elementwise.csv per profile."""
+    by_profile: dict[str, list[tuple[pd.DataFrame, pd.DataFrame]]] = {}
+    for csv in sorted(src.glob("mlp_*.csv")):
+        gpu = csv.name.split("_")[1]
+        if gpu in PEER_PROFILES:
+            by_profile.setdefault(PEER_PROFILES[gpu], []).append(peer_tables(csv))
+    out = []
+    for profile, tables in by_profile.items():
+        dst = dst_root / profile
+        dst.mkdir(parents=True, exist_ok=True)
+        gemm = _median_by(pd.concat([g for g, _ in tables]), ["K", "N", "M"])
+        elem = _median_by(pd.concat([e for _, e in tables]), ["op", "H", "M"])
+        gemm[["M", "K", "N", "ms"]].to_csv(dst / "gemm.csv", index=False)
+        elem[["op", "M", "H", "ms"]].to_csv(dst / "elementwise.csv", index=False)
+        shutil.copyfile(src / PEER_LICENSE, dst / PEER_LICENSE)
+        out += [dst / "gemm.csv", dst / "elementwise.csv"]
+    return out
+
+
+def fit_gemm_efficiency(gemm: pd.DataFrame, tflops: float, tbs: float) -> dict[str, float]:
+    """Fit t = floor + max(flops / (tflops·flops_eff), bytes / (tbs·bw_eff)) to GEMM rows.
+
+    Least squares in log time by grid search (steps 0.01 and 1 µs). Returns the
+    efficiencies, the floor (ms) and the fit's median and 90th-percentile
+    relative error over the rows.
+    """
+    m, k, n = (gemm[c].to_numpy(float) for c in "MKN")
+    t = gemm["ms"].to_numpy(float)
+    flop_ms = 2 * m * k * n / (tflops * 1e9)  # at 100 % of datasheet, in ms
+    byte_ms = (m * k + k * n + m * n) * BF16 / (tbs * 1e9)
+    effs = np.arange(0.30, 1.0001, 0.01)
+    floors = np.arange(0.0, 0.0301, 0.001)
+    best = (np.inf, 0.0, 0.0, 0.0)
+    for fl in floors:
+        pred = fl + np.maximum(flop_ms[None, None, :] / effs[:, None, None],
+                               byte_ms[None, None, :] / effs[None, :, None])
+        loss = ((np.log(pred) - np.log(t)) ** 2).mean(axis=2)
+        i, j = np.unravel_index(np.argmin(loss), loss.shape)
+        if loss[i, j] < best[0]:
+            best = (loss[i, j], effs[i], effs[j], fl)
+    _, ef, eb, fl = best
+    rel = np.abs(fl + np.maximum(flop_ms / ef, byte_ms / eb) - t) / t
+    return {"flops": round(float(ef), 2), "mem_bw": round(float(eb), 2),
+            "gemm_floor_ms": round(float(fl), 3),
+            "median_rel_err": round(float(np.median(rel)), 3),
+            "p90_rel_err": round(float(np.quantile(rel, 0.9)), 3)}
+
+
+def _report(profile_dir: Path) -> None:
+    gemm_csv, yaml_file = profile_dir / "gemm.csv", profile_dir / "profile.yaml"
+    if not (gemm_csv.is_file() and yaml_file.is_file()):
+        return
+    facts = load_yaml(yaml_file)
+    fit = fit_gemm_efficiency(pd.read_csv(gemm_csv), facts["datasheet_tflops"],
+                              facts["datasheet_mem_bw_tbs"])
+    print(f"{profile_dir.name}: gemm roofline fit {fit}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m sim.profile_convert", description=__doc__.split("\n")[0])
+    ap.add_argument("src", type=Path, help="measurement folder or Vidur peers folder")
+    ap.add_argument("dst", type=Path, help="profile folder (measured) or gpu_profiles/ (peers)")
+    args = ap.parse_args(argv)
+    if (args.src / "ceilings.csv").is_file():
+        written = convert_measured(args.src, args.dst)
+    elif any(args.src.glob("mlp_*.csv")):
+        written = convert_peers(args.src, args.dst)
+    else:
+        ap.error(f"{args.src}: neither a measurement folder nor Vidur mlp_*.csv files")
+    for p in written:
+        print(f"wrote {p} ({sum(1 for _ in p.open()) - 1} rows)")
+    for folder in sorted({p.parent for p in written}):
+        _report(folder)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""Scenario specs: one YAML file describes one simulated deployment and its traffic.
+
+```yaml
+name: quickstart
+seed: 1
+model: llama-3-8b            # models/<name>.yaml, or a path to a model YAML
+gpu: h200-sxm                # gpu_profiles/<name>/
+runtime: cuda-graph          # gpu_profiles/runtimes/<name>.yaml: host overhead model
+attention: {prefill: flash, decode: paged}
+scheduler: {policy: continuous, max_num_seqs: 256, max_num_batched_tokens: 8192}
+kv: {manager: paged, block_size: 16, gpu_memory_utilization: 0.9}
+slo: {ttft_s: 1.0, tpot_s: 0.1}
+workload: {...}              # see sim/workload.py
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .specload import SpecError, build, load_yaml
+from .workload import WorkloadSpec
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    prefill: Literal["flash", "naive"] = "flash"
+    # None: follow the KV manager (paged -> paged kernel, contiguous -> contiguous kernel)
+    decode: Literal["paged", "paged_gather", "contiguous"] | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerSpec:
+    policy: Literal["continuous", "static"] = "continuous"
+    # continuous (vLLM v0): admission limits per step
+    max_num_seqs: int = field(default=256, metadata={"gt": 0})
+    max_num_batched_tokens: int = field(default=8192, metadata={"gt": 0})
+    watermark: float = field(default=0.01, metadata={"ge": 0, "lt": 1})
+    preemption: Literal["recompute", "swap"] = "recompute"
+    # static (request-level): collect up to max_batch_size, waiting at most max_wait_s
+    max_batch_size: int = field(default=8, metadata={"gt": 0})
+    max_wait_s: float = field(default=1.0, metadata={"ge": 0})
+
+
+@dataclass(frozen=True)
+class KVSpec:
+    manager: Literal["paged", "contiguous"] = "paged"
+    block_size: int = field(default=16, metadata={"gt": 0})
+    gpu_memory_utilization: float = field(default=0.9, metadata={"gt": 0, "le": 1})
+    num_blocks: int | None = field(default=None, metadata={"gt": 0})  # overrides the memory budget
+    max_model_len: int | None = field(default=None, metadata={"gt": 0})  # default: the model's
+    swap_space_gib: float = field(default=4.0, metadata={"ge": 0})  # host memory for swap preemption
+
+
+@dataclass(frozen=True)
+class SLOSpec:
+    ttft_s: float | None = field(default=None, metadata={"gt": 0})
+    tpot_s: float | None = field(default=None, metadata={"gt": 0})
+    e2e_s: float | None = field(default=None, metadata={"gt": 0})
+
+
+@dataclass(frozen=True)
+class Scenario:
+    workload: WorkloadSpec
+    name: str = "scenario"
+    description: str = ""
+    seed: int = 0
+    model: str = "llama-3-8b"
+    gpu: str = "h200-sxm"
+    runtime: str = "cuda-graph"
+    attention: AttentionSpec = AttentionSpec()
+    scheduler: SchedulerSpec = SchedulerSpec()
+    kv: KVSpec = KVSpec()
+    slo: SLOSpec = SLOSpec()
+    # where relative paths in the scenario resolve; set by the loader
+    base_dir: str = ""
+    file: str = ""
+
+    def check(self):
+        if self.kv.manager == "contiguous" and self.attention.decode in ("paged", "paged_gather"):
+            return (
+                "attention.decode",
+                f"'{self.attention.decode}' needs kv.manager: paged (allowed with contiguous: contiguous)",
+            )
+        if self.kv.manager == "paged" and self.attention.decode == "contiguous":
+            return (
+                "attention.decode",
+                "'contiguous' needs kv.manager: contiguous (allowed with paged: paged, paged_gather)",
+            )
+        return None
+
+    @property
+    def decode_attention(self) -> str:
+        if self.attention.decode is not None:
+            return self.attention.decode
+        return "paged" if self.kv.manager == "paged" else "contiguous"
+
+
+def load_scenario(file: str | Path, overrides: dict[str, object] | None = None) -> Scenario:
+    """Load and validate a scenario file; `overrides` maps dotted paths to values."""
+    p = Path(file)
+    data = load_yaml(p)
+    for dotted, value in (overrides or {}).items():
+        set_dotted(data, dotted, value, file=p)
+    data.setdefault("base_dir", str(p.resolve().parent))
+    data.setdefault("file", str(p))
+    return scenario_from_dict(data, file=p)
+
+
+def scenario_from_dict(data: dict, *, file: str | Path | None = None) -> Scenario:
+    for reserved in ("base_dir", "file"):
+        data.setdefault(reserved, "")
+    return build(Scenario, data, file=file)
+
+
+def set_dotted(data: dict, dotted: str, value: object, *, file=None) -> None:
+    """Set `a.b.c = value` in nested dicts, creating mappings on the way."""
+    keys = dotted.split(".")
+    node = data
+    for i, k in enumerate(keys[:-1]):
+        nxt = node.get(k)
+        if nxt is None:
+            nxt = node[k] = {}
+        if not isinstance(nxt, dict):
+            raise SpecError(file, ".".join(keys[: i + 1]), f"cannot set '{dotted}': not a mapping")
+        node = nxt
+    node[keys[-1]] = value

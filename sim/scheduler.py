@@ -1,0 +1,174 @@
+"""Batching policies. A policy reads the replica's state and returns a `StepPlan`;
+it never touches the clock or mutates anything (the engine applies the plan).
+
+* `ContinuousPolicy`: iteration-level scheduling with vLLM-v0 semantics. FCFS;
+  a step is all-prefill (admit waiting requests while `max_num_seqs`,
+  `max_num_batched_tokens` and free KV blocks above the watermark allow) or
+  all-decode. A decode step that cannot get a block for every running request
+  preempts the most recently admitted one (recompute: its blocks are freed and
+  it returns to the front of the queue; swap: its blocks move to host memory
+  and come back before any new prefill).
+* `StaticPolicy`: request-level batching. Collect up to `max_batch_size`
+  requests (waiting at most `max_wait_s` after the first one queued), prefill
+  them together, decode until the longest finishes; finished rows keep their
+  slot (and are computed as padding) until the batch ends.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .batch import RunningBatch, Seq
+from .kv import PagedKV
+from .scenario import SchedulerSpec
+
+
+@dataclass
+class ReplicaState:
+    """What a policy may look at (the engine owns and mutates it)."""
+
+    kv: PagedKV
+    batch: RunningBatch
+    max_model_len: int
+    waiting: deque[Seq] = field(default_factory=deque)
+    swapped: deque[Seq] = field(default_factory=deque)
+    swap_free_blocks: int = 0
+
+
+@dataclass
+class StepPlan:
+    kind: str                                          # "prefill" | "decode" | "idle"
+    prefill: list[Seq] = field(default_factory=list)   # (re)prefilled this step, FCFS order
+    preempt: list[Seq] = field(default_factory=list)   # running -> waiting front (recompute)
+    swap_out: list[Seq] = field(default_factory=list)  # running -> host memory
+    swap_in: list[Seq] = field(default_factory=list)   # host memory -> running
+    reject: list[Seq] = field(default_factory=list)    # can never be served: (seq, reason)
+    reasons: list[str] = field(default_factory=list)   # one per rejected seq
+    wake_at: float | None = None                       # idle: wake by then at the latest
+
+
+def _never_fits(st: ReplicaState, s: Seq, cap_tokens: int) -> str:
+    n = s.tokens_to_prefill
+    if n > cap_tokens:
+        return f"prompt of {n} tokens exceeds the per-step limit of {cap_tokens}"
+    need = st.kv.reserve_for(n, min(s.prompt + s.max_tokens, st.max_model_len))
+    if need > st.kv.num_blocks:
+        return f"needs {need} KV slots/blocks, more than the {st.kv.num_blocks} that exist"
+    return ""
+
+
+class ContinuousPolicy:
+    def __init__(self, spec: SchedulerSpec, kv: PagedKV):
+        self.spec = spec
+        self.watermark = int(spec.watermark * kv.num_blocks)
+        self.swap = spec.preemption == "swap"
+
+    def schedule(self, st: ReplicaState, now: float) -> StepPlan:
+        if not st.swapped:
+            plan = self._admit(st)
+            if plan.prefill or plan.reject:
+                return plan
+        if len(st.batch) == 0 and not st.swapped:
+            return StepPlan("idle")
+        return self._decode(st)
+
+    def _admit(self, st: ReplicaState) -> StepPlan:
+        spec, kv = self.spec, st.kv
+        plan = StepPlan("prefill")
+        cap = min(spec.max_num_batched_tokens, st.max_model_len)
+        tokens, seqs, blocks = 0, len(st.batch), 0
+        for s in st.waiting:
+            reason = _never_fits(st, s, cap)
+            if reason:
+                plan.reject.append(s)
+                plan.reasons.append(reason)
+                continue
+            n = s.tokens_to_prefill
+            need = kv.reserve_for(n, min(s.prompt + s.max_tokens, st.max_model_len))
+            if tokens + n > spec.max_num_batched_tokens or seqs + 1 > spec.max_num_seqs:
+                break
+            if not kv.can_allocate(blocks + need, self.watermark):
+                break
+            plan.prefill.append(s)
+            tokens += n
+            seqs += 1
+            blocks += need
+        if not plan.prefill:
+            plan.kind = "idle" if not plan.reject else "reject"
+        return plan
+
+    def _decode(self, st: ReplicaState) -> StepPlan:
+        batch, kv = st.batch, st.kv
+        plan = StepPlan("decode")
+        need = batch.new_blocks_needed()
+        free = kv.free_blocks
+        if need > free:
+            swap_room = st.swap_free_blocks
+            for victim in reversed(batch.members):
+                held = batch.held_blocks(victim)
+                if self.swap and held <= swap_room:
+                    plan.swap_out.append(victim)
+                    swap_room -= held
+                else:
+                    plan.preempt.append(victim)
+                free += held
+                need -= batch.needs_block(victim)
+                if need <= free:
+                    break
+        elif st.swapped:
+            seqs = len(batch)
+            for s in st.swapped:
+                n = -(-(s.prompt + s.generated) // kv.block_size)  # room to grow one token
+                if seqs + 1 > self.spec.max_num_seqs or free - n - need < self.watermark:
+                    break
+                plan.swap_in.append(s)
+                free -= n
+                seqs += 1
+        if len(batch) - len(plan.preempt) - len(plan.swap_out) + len(plan.swap_in) == 0:
+            plan.kind = "idle" if not (plan.preempt or plan.swap_out) else "preempt"
+        return plan
+
+
+class StaticPolicy:
+    def __init__(self, spec: SchedulerSpec, kv: PagedKV):
+        self.spec = spec
+
+    def schedule(self, st: ReplicaState, now: float) -> StepPlan:
+        if len(st.batch):
+            return StepPlan("decode")
+        if not st.waiting:
+            return StepPlan("idle")
+        deadline = st.waiting[0].arrival + self.spec.max_wait_s
+        if len(st.waiting) < self.spec.max_batch_size and now < deadline:
+            return StepPlan("idle", wake_at=deadline)
+        plan = StepPlan("prefill")
+        chosen: list[Seq] = []
+        for s in st.waiting:
+            reason = _never_fits(st, s, st.max_model_len)
+            if reason:
+                plan.reject.append(s)
+                plan.reasons.append(reason)
+                continue
+            if len(chosen) == self.spec.max_batch_size:
+                break
+            trial = chosen + [s]
+            if not st.kv.can_allocate(self.batch_reservation(st, trial)):
+                break
+            chosen = trial
+        plan.prefill = chosen
+        if not chosen:
+            plan.kind = "reject" if plan.reject else "idle"
+        return plan
+
+    @staticmethod
+    def per_request_reservation(st: ReplicaState, seqs: list[Seq]) -> int:
+        """Each row holds room for the batch's longest prompt plus its largest output cap."""
+        longest = max(s.prompt for s in seqs) + max(s.max_tokens for s in seqs)
+        return st.kv.blocks_for(min(longest, st.max_model_len))
+
+    def batch_reservation(self, st: ReplicaState, seqs: list[Seq]) -> int:
+        return self.per_request_reservation(st, seqs) * len(seqs)
+
+
+POLICIES = {"continuous": ContinuousPolicy, "static": StaticPolicy}

@@ -1,0 +1,396 @@
+"""Workloads: each request's arrival time, prompt and output length, drawn from
+distributions, a length file, or a trace (`data/traces/README.md`).
+
+- The first request arrives at t = 0, for synthetic arrivals and traces alike.
+- Trace time t is seconds since the trace's first request; `trace.start_s` and `limit`
+  pick a window of rows, then arrival_s = (t - start_s) * time_scale: time_scale 2
+  stretches the trace to twice its span, i.e. half the request rate (no rate_scale).
+- With a trace, lengths come from its rows unless `prompt`/`output` or `lengths` override
+  them; synthetic arrivals over a trace take its rows in order, wrapping around.
+- Lognormal lengths are rounded and clipped to [min, max].
+- `max_tokens` (what a system reserving KV up front plans for) is `max_output_tokens`
+  (outputs are cut to it), else the output distribution's max (fixed value, uniform high,
+  lognormal max, file or trace column max), else the largest output drawn.
+- Relative paths resolve against the scenario file's folder, then the repository root.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from operator import itemgetter
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+
+from sim.specload import ROOT, SpecError
+
+MOONCAKE_BLOCK_TOKENS = 512  # a Mooncake hash_id names one 512-token prompt block
+MAX_REQUESTS = 50_000_000  # guard against a duration_s x rate that would not fit in memory
+
+_Problem = tuple[str, str] | None  # what check() returns: (field, message) or None
+_POS = {"gt": 0}
+_ONE = {"ge": 1}
+_ARRIVAL_FIELDS = {"poisson": ("rate",), "gamma": ("rate", "cv"), "constant": ("rate",), "trace": ()}
+_LENGTH_FIELDS = {"fixed": ("value",), "uniform": ("low", "high"), "file": ("path", "column"),
+                  "lognormal": ("mean", "median", "sigma", "min", "max")}
+_Drawn = tuple[np.ndarray, int | None]  # lengths (int64) and the distribution's max
+_TRACE_COLUMNS = {  # format -> (time, prompt, output) column or key names
+    "csv": ("arrival_s", "prompt_tokens", "output_tokens"),
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "mooncake": ("timestamp", "input_length", "output_length"),  # + hash_ids; time in ms
+}
+
+
+def _kind_problem(spec: Any, table: dict[str, tuple[str, ...]], need: Sequence[str]) -> _Problem:
+    """check() for a spec with a `kind`: a needed field missing, or one the kind does not use."""
+    its = ", ".join(table[spec.kind]) or "none"
+    for name in need:
+        if getattr(spec, name) is None:
+            return name, f"missing required field for kind '{spec.kind}' (its fields: {its})"
+    for name in sorted({n for names in table.values() for n in names} - set(table[spec.kind])):
+        if getattr(spec, name) is not None:
+            return name, f"not used by kind '{spec.kind}' (its fields: {its})"
+    return None
+
+
+@dataclass(frozen=True)
+class ArrivalSpec:
+    """When requests arrive: poisson, gamma (burstiness cv), constant, or trace timestamps."""
+
+    kind: Literal["poisson", "gamma", "constant", "trace"]
+    rate: float | None = field(default=None, metadata=_POS)  # requests per second
+    cv: float | None = field(default=None, metadata=_POS)  # gamma: std/mean of gaps; 1 = Poisson
+
+    def check(self) -> _Problem:
+        return _kind_problem(self, _ARRIVAL_FIELDS, _ARRIVAL_FIELDS[self.kind])
+
+
+@dataclass(frozen=True)
+class LengthSpec:
+    """A token-length distribution: fixed, uniform, lognormal, or rows of a CSV column."""
+
+    kind: Literal["fixed", "uniform", "lognormal", "file"]
+    value: int | None = field(default=None, metadata=_ONE)  # fixed
+    low: int | None = field(default=None, metadata=_ONE)  # uniform, inclusive
+    high: int | None = field(default=None, metadata=_ONE)  # uniform, inclusive
+    mean: float | None = field(default=None, metadata=_POS)  # lognormal: mean or median
+    median: float | None = field(default=None, metadata=_POS)
+    sigma: float | None = field(default=None, metadata={"ge": 0})  # lognormal: std of log(length)
+    min: int | None = field(default=None, metadata=_ONE)  # lognormal clip; default 1
+    max: int | None = field(default=None, metadata=_ONE)  # lognormal clip; default unbounded
+    path: str | None = None  # file: a CSV with a header line, rows sampled with replacement
+    column: str | None = None  # file: the column to sample
+
+    def check(self) -> _Problem:
+        need = ("sigma",) if self.kind == "lognormal" else _LENGTH_FIELDS[self.kind]
+        problem = _kind_problem(self, _LENGTH_FIELDS, need)
+        if problem is None and self.kind == "uniform" and self.low > self.high:
+            return "low", f"{self.low} > high={self.high} (allowed: low <= high)"
+        if problem is None and self.kind == "lognormal" and (self.mean is None) == (self.median is None):
+            return "mean", "give exactly one of mean or median for kind 'lognormal'"
+        if problem is None and (self.min or 1) > (self.max or np.inf):  # only lognormal has min/max
+            return "min", f"{self.min} > max={self.max} (allowed: min <= max)"
+        return problem
+
+    def draw(self, n: int, rng: np.random.Generator, column: Callable[[], np.ndarray]) -> _Drawn:
+        """n lengths and the distribution's max (None when unbounded)."""
+        if self.kind == "fixed":
+            return np.full(n, self.value, dtype=np.int64), self.value
+        if self.kind == "uniform":
+            return rng.integers(self.low, self.high + 1, size=n, dtype=np.int64), self.high
+        if self.kind == "lognormal":
+            mu = np.log(self.median if self.median is not None else self.mean)
+            mu -= self.sigma**2 / 2 if self.median is None else 0.0  # E[X] = exp(mu + sigma^2/2)
+            x = np.rint(rng.lognormal(mu, self.sigma, size=n))
+            hi = self.max if self.max is not None else np.inf
+            return np.clip(x, self.min or 1, hi).astype(np.int64), self.max
+        values = column()
+        return values[rng.integers(0, len(values), size=n)], int(values.max())
+
+
+@dataclass(frozen=True)
+class LengthsSpec:
+    """Prompt and output lengths sampled jointly from rows of one CSV (keeps them paired)."""
+
+    path: str
+    prompt_column: str = "num_prefill_tokens"
+    output_column: str = "num_decode_tokens"
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """A recorded request stream: timestamps and lengths (and prefix blocks, for mooncake)."""
+
+    path: str
+    format: Literal["csv", "azure", "mooncake"] = "csv"
+    time_scale: float = field(default=1.0, metadata=_POS)  # arrival_s = (t - start_s) * time_scale
+    start_s: float = field(default=0.0, metadata={"ge": 0})  # skip rows before this trace time
+    limit: int = field(default=0, metadata={"ge": 0})  # keep at most this many rows; 0 = all
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    """The scenario's `workload:` mapping."""
+
+    num_requests: int | None = field(default=None, metadata=_ONE)
+    duration_s: float | None = field(default=None, metadata=_POS)  # no arrivals at or after this
+    arrival: ArrivalSpec | None = None  # default with a trace: {kind: trace}
+    prompt: LengthSpec | None = None
+    output: LengthSpec | None = None
+    lengths: LengthsSpec | None = None
+    trace: TraceSpec | None = None
+    max_output_tokens: int | None = field(default=None, metadata=_ONE)
+
+    def check(self) -> _Problem:
+        kind = self.arrival.kind if self.arrival is not None else None
+        if kind is None and self.trace is None:
+            return "arrival", "missing required field (kind: poisson, gamma, constant or trace)"
+        if kind == "trace" and self.trace is None:
+            return "arrival.kind", "'trace' needs workload.trace (path, format: csv, azure or mooncake)"
+        if kind not in (None, "trace"):
+            if self.num_requests is None and self.duration_s is None:
+                return "num_requests", f"arrival kind '{kind}' needs num_requests or duration_s (or both)"
+            if self.num_requests is None and self.duration_s * self.arrival.rate > MAX_REQUESTS:
+                return "duration_s", f"{self.duration_s} s x rate {self.arrival.rate} is over {MAX_REQUESTS} requests (allowed: fewer, or set num_requests)"
+        if self.lengths is not None and (self.prompt is not None or self.output is not None):
+            return "lengths", "give either lengths or prompt/output, not both"
+        for name in ("prompt", "output"):
+            if getattr(self, name) is None and self.trace is None and self.lengths is None:
+                return name, "missing required field (kind: fixed, uniform, lognormal or file), or give lengths or trace"
+        return None
+
+
+@dataclass(frozen=True, eq=False)
+class Workload:
+    """The requests of one run, sorted by arrival; every array has one entry per request."""
+
+    arrival_s: np.ndarray  # float64 [n], non-decreasing, seconds
+    prompt_tokens: np.ndarray  # int64 [n], >= 1
+    output_tokens: np.ndarray  # int64 [n], >= 1: tokens the request will generate
+    max_tokens: np.ndarray  # int64 [n], >= output_tokens: the output cap reservations plan for
+    prefix_hashes: tuple[tuple[int, ...], ...] | None = None  # [n] prompt block ids (mooncake)
+    block_tokens: int | None = None  # prompt tokens per prefix hash (512 for mooncake)
+
+    def __post_init__(self) -> None:
+        for name in ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens"):
+            getattr(self, name).flags.writeable = False
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+class _Trace(NamedTuple):
+    t: np.ndarray  # float64, seconds since the first request, sorted
+    prompt: np.ndarray  # int64
+    output: np.ndarray  # int64
+    hashes: tuple[tuple[int, ...], ...] | None
+
+
+def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path | None = None,
+             path: str = "workload", base_dir: str | Path | None = None) -> Workload:
+    """Draw the workload `spec` describes; `file` and `path` name the spec in errors."""
+    base = Path(base_dir) if base_dir else (Path(file).parent if file is not None else None)
+
+    def column(sub: str, p: str, name: str, key: str = "column") -> Callable[[], np.ndarray]:
+        def read() -> np.ndarray:  # an integer column (>= 1) of a CSV length file
+            src = _resolve(p, base, file, f"{path}.{sub}.path")
+            cols, linenos = _cached(("csv",), src, lambda: _read_csv(src))
+            if name not in cols:
+                raise SpecError(file, f"{path}.{sub}.{key}", f"no column {name!r} in {src.name} (columns: {', '.join(cols)})")
+            return _cached(("col", name), src, lambda: _numbers(src, cols[name], linenos, name, integer=True, lo=1))
+        return read
+
+    ts = spec.trace
+    tr = _trace_window(ts, _resolve(ts.path, base, file, f"{path}.trace.path"), file, f"{path}.trace") if ts else None
+    if spec.arrival is None or spec.arrival.kind == "trace":
+        arrival = (tr.t - spec.trace.start_s) * spec.trace.time_scale
+        n = min(len(arrival), spec.num_requests or len(arrival))
+        if spec.duration_s is not None:
+            n = min(n, int(np.searchsorted(arrival, spec.duration_s, side="left")))
+        if n == 0:
+            raise SpecError(file, f"{path}.duration_s", f"no trace request arrives before {spec.duration_s} s (allowed: > {arrival[0]:.3f})")
+        arrival, rows = arrival[:n], np.arange(n)
+    else:
+        arrival = _arrivals(spec.arrival, spec.num_requests, spec.duration_s, rng)
+        n = len(arrival)
+        rows = np.arange(n) % len(tr.t) if tr is not None else None
+
+    sp, so, ls = spec.prompt, spec.output, spec.lengths
+    if ls is not None:  # one row per request, so paired lengths stay paired
+        pcol = column("lengths", ls.path, ls.prompt_column, "prompt_column")()
+        ocol = column("lengths", ls.path, ls.output_column, "output_column")()
+        idx = rng.integers(0, len(pcol), size=n)
+        prompt, output, out_max = pcol[idx], ocol[idx], int(ocol.max())
+    else:
+        prompt = sp.draw(n, rng, column("prompt", sp.path, sp.column))[0] if sp else tr.prompt[rows]
+        output, out_max = (so.draw(n, rng, column("output", so.path, so.column)) if so
+                           else (tr.output[rows], int(tr.output.max())))
+    cap = spec.max_output_tokens
+    output = np.minimum(output, cap) if cap else output
+    max_tok = cap or out_max or int(output.max())
+    hashes = None  # prefix blocks describe the trace's prompts: dropped when prompts are redrawn
+    if tr is not None and tr.hashes is not None and spec.prompt is None and spec.lengths is None:
+        hashes = tr.hashes[:n] if n <= len(tr.hashes) else tuple(tr.hashes[i] for i in rows)
+    return Workload(np.array(arrival, dtype=np.float64), np.array(prompt, dtype=np.int64),
+                    np.array(output, dtype=np.int64), np.full(n, max_tok, dtype=np.int64),
+                    hashes, MOONCAKE_BLOCK_TOKENS if hashes is not None else None)
+
+
+def _arrivals(a: ArrivalSpec, n: int | None, duration: float | None,
+              rng: np.random.Generator) -> np.ndarray:
+    """Arrival times: the first at 0, then gaps of mean 1/rate, until n requests or duration."""
+    if a.kind == "constant":
+        count = n if duration is None else min(n or np.inf, int(np.ceil(duration * a.rate)) + 1)
+        t = np.arange(count) / a.rate  # exactly evenly spaced: k / rate
+        return t[t < (duration or np.inf)]
+
+    def gaps(size: int) -> np.ndarray:
+        if a.kind == "poisson":
+            return rng.exponential(1.0 / a.rate, size=size)
+        shape = 1.0 / a.cv**2  # gamma: mean = shape * scale = 1/rate, cv = 1/sqrt(shape)
+        return rng.gamma(shape, 1.0 / (a.rate * shape), size=size)
+
+    if duration is None:
+        return np.concatenate(([0.0], np.cumsum(gaps(n - 1))))
+    chunk = min(int(duration * a.rate * 1.1) + 64, n or np.inf)  # draws depend on the spec only
+    parts, total = [np.zeros(1)], 1
+    while parts[-1][-1] < duration and (n is None or total < n):
+        parts.append(parts[-1][-1] + np.cumsum(gaps(chunk)))
+        total += chunk
+    t = np.concatenate(parts)[:n]
+    return t[t < duration]
+
+
+_CACHE: dict[tuple, Any] = {}  # parsed files, by (what, path, modification time, size)
+
+
+def _resolve(p: str, base: Path | None, file: Any, field_path: str) -> Path:
+    rel = Path(p).expanduser()
+    tries = [rel] if rel.is_absolute() else [d / rel for d in (base, ROOT) if d is not None]
+    for c in tries:
+        if c.is_file():
+            return c.resolve()
+    raise SpecError(file, field_path, f"file not found: {p!r} (looked for {', '.join(map(str, tries))})")
+
+
+def _cached(key: tuple, p: Path, make: Callable[[], Any]) -> Any:
+    full = (*key, str(p), p.stat().st_mtime_ns, p.stat().st_size)
+    if full not in _CACHE:
+        _CACHE[full] = make()
+    return _CACHE[full]
+
+
+def _read_csv(p: Path, need: Sequence[str] = ()) -> tuple[dict[str, tuple[str, ...]], np.ndarray]:
+    """A CSV's columns (as strings) by header name, and each data row's line number."""
+    lines = p.read_text(encoding="utf-8-sig", errors="replace").splitlines()
+    if not lines or not lines[0].strip():
+        raise SpecError(p, "line 1", "missing header line (allowed: a CSV with column names)")
+    header = [h.strip() for h in next(csv.reader(lines[:1]))]
+    missing = [c for c in need if c not in header]
+    if missing:
+        raise SpecError(p, "line 1", f"no column {missing[0]!r} (needed: {', '.join(need)}; is trace.format right?)")
+    rows, linenos = [], []
+    for i, row in enumerate(csv.reader(lines[1:]), start=2):
+        if row and len(row) != len(header):
+            raise SpecError(p, f"line {i}", f"{len(row)} fields, expected {len(header)} ({', '.join(header)[:80]})")
+        if row:
+            rows.append(row)
+            linenos.append(i)
+    if not rows:
+        raise SpecError(p, "", "no data rows (allowed: a header line, then one row per request)")
+    return dict(zip(header, zip(*rows, strict=True), strict=True)), np.array(linenos)
+
+
+def _first_bad(raw: Sequence[Any], convert: Callable[[Any], Any]) -> int:
+    for i, s in enumerate(raw):
+        try:
+            convert(s)
+        except (ValueError, TypeError):
+            return i
+    return 0
+
+
+def _numbers(p: Path, raw: Sequence[Any], linenos: np.ndarray, name: str, *,
+             integer: bool, lo: float) -> np.ndarray:
+    """A column as float64 (int64 if `integer`), every value finite and >= lo; read-only."""
+    what = f"allowed: {'integers' if integer else 'numbers'} >= {lo:g}"
+    try:
+        v = np.array(raw, dtype=str if isinstance(raw[0], str) else object).astype(np.float64)
+    except (ValueError, TypeError):
+        i = _first_bad(raw, float)
+        raise SpecError(p, f"line {linenos[i]}", f"{name}: {raw[i]!r} is not a number ({what})") from None
+    ok = np.isfinite(v) & (v >= lo) & ((v == np.floor(v)) if integer else True)
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise SpecError(p, f"line {linenos[i]}", f"{name}: {raw[i]!r} is out of range ({what})")
+    v = v.astype(np.int64) if integer else v
+    v.flags.writeable = False
+    return v
+
+
+def _trace_window(ts: TraceSpec, p: Path, file: Any, path: str) -> _Trace:
+    """The trace's rows from start_s on, at most `limit` of them."""
+    tr = _cached(("trace", ts.format), p, lambda: _parse_trace(p, ts.format))
+    i0 = int(np.searchsorted(tr.t, ts.start_s, side="left"))
+    if i0 == len(tr.t):
+        raise SpecError(file, f"{path}.start_s", f"{ts.start_s} is past the last request (allowed: <= {tr.t[-1]:.3f})")
+    window = slice(i0, i0 + ts.limit if ts.limit else None)
+    return _Trace(*(a[window] if a is not None else None for a in tr))
+
+
+def _parse_trace(p: Path, fmt: str) -> _Trace:
+    tcol, pcol, ocol = _TRACE_COLUMNS[fmt]
+    hashes = None
+    if fmt == "mooncake":
+        cols, linenos, hashes = _read_jsonl(p)
+    else:
+        cols, linenos = _read_csv(p, need=_TRACE_COLUMNS[fmt])
+    if fmt == "azure":  # date-times (2023-11-16 18:15:46.6805900)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy warns about (and ignores) time zones
+            try:
+                ts = np.array(cols[tcol], dtype="datetime64[ns]")
+                i = int(np.argmax(np.isnat(ts))) if np.isnat(ts).any() else -1
+            except ValueError:
+                i = _first_bad(cols[tcol], lambda s: np.datetime64(s, "ns"))
+        if i >= 0:
+            raise SpecError(p, f"line {linenos[i]}", f"{tcol}: {cols[tcol][i]!r} is not a date-time (allowed: YYYY-MM-DD HH:MM:SS.fffffff)")
+        t = (ts - ts.min()) / np.timedelta64(1, "s")
+    else:
+        t = _numbers(p, cols[tcol], linenos, tcol, integer=False, lo=0) / (1000.0 if fmt == "mooncake" else 1.0)
+    prompt = _numbers(p, cols[pcol], linenos, pcol, integer=True, lo=1)
+    output = _numbers(p, cols[ocol], linenos, ocol, integer=True, lo=1)
+    order = np.argsort(t, kind="stable")  # time order; ties keep file order
+    hashes = tuple(hashes[i] for i in order) if hashes is not None else None
+    arrays = [t[order] - t[order[0]], prompt[order], output[order]]
+    for a in arrays:
+        a.flags.writeable = False
+    return _Trace(*arrays, hashes)
+
+
+def _read_jsonl(p: Path) -> tuple[dict[str, tuple], np.ndarray, tuple[tuple[int, ...], ...]]:
+    """Mooncake JSON lines: {timestamp (ms), input_length, output_length, hash_ids}."""
+    keys = (*_TRACE_COLUMNS["mooncake"], "hash_ids")
+    pick = itemgetter(*keys)
+    rows, linenos = [], []
+    with p.open(encoding="utf-8") as f:
+        for ln, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                values = pick(json.loads(line))
+            except (ValueError, KeyError, TypeError):  # JSONDecodeError is a ValueError
+                raise SpecError(p, f"line {ln}", f"expected a JSON object with keys {', '.join(keys)}") from None
+            if not isinstance(values[-1], list) or not all(type(x) is int for x in values[-1]):
+                raise SpecError(p, f"line {ln}", f"hash_ids: {str(values[-1])[:40]} (allowed: a list of integers)")
+            rows.append(values)
+            linenos.append(ln)
+    if not rows:
+        raise SpecError(p, "", "no data rows (allowed: one JSON object per line)")
+    cols = dict(zip(keys, zip(*rows, strict=True), strict=True))
+    return cols, np.array(linenos), tuple(map(tuple, cols["hash_ids"]))

@@ -1,0 +1,376 @@
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.profiles import (
+    ANALYTIC,
+    EXACT,
+    EXTRAPOLATED,
+    INTERPOLATED,
+    PROFILES_DIR,
+    known_profiles,
+    load_profile,
+)
+from sim.specload import SpecError
+
+H200 = PROFILES_DIR / "h200-sxm"
+SHARED = Path("/work/shared/data")
+LLAMA3 = (32, 8, 128)  # hq, hkv, d
+LLAMA2 = (32, 32, 128)
+
+
+def rows(table: str, profile: Path = H200) -> list[dict]:
+    with (profile / f"{table}.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def copy_profile(tmp_path: Path, name: str = "h200-sxm") -> Path:
+    dst = tmp_path / name
+    shutil.copytree(PROFILES_DIR / name, dst)
+    return dst
+
+
+def rewrite(file: Path, keep) -> None:
+    """Rewrite a CSV keeping the rows for which keep(row) is true (or returns a new row)."""
+    with file.open() as f:
+        reader = csv.DictReader(f)
+        fields, old = reader.fieldnames, list(reader)
+    new = [r if out is True else out for r in old if (out := keep(r))]
+    with file.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(new)
+
+
+@pytest.fixture(scope="module")
+def h200():
+    return load_profile("h200-sxm")
+
+
+# ---- known answers on the measured grid ---------------------------------------------
+
+
+def test_exact_grid_points_return_the_measured_ms_tagged_exact(h200):
+    gemm = next(r for r in rows("gemm") if r["M"] == r["K"] == r["N"] == "4096")
+    assert h200.gemm(4096, 4096, 4096) == (float(gemm["ms"]), EXACT)
+    pre = next(r for r in rows("attn_prefill")
+               if (r["impl"], r["batch"], r["seq"], r["hkv"]) == ("flash", "1", "4096", "8"))
+    assert h200.prefill_attn("flash", 1, 4096, 4096, *LLAMA3) == (float(pre["ms"]), EXACT)
+    dec = next(r for r in rows("attn_decode")
+               if (r["impl"], r["batch"], r["ctx"], r["hkv"]) == ("paged", "32", "2048", "8"))
+    assert h200.decode_attn("paged", 32, 32 * 2048, *LLAMA3) == (float(dec["ms"]), EXACT)
+    ew = next(r for r in rows("elementwise") if (r["op"], r["M"]) == ("silu_mul", "2048"))
+    assert h200.elementwise("silu_mul", 2048, 14336) == (float(ew["ms"]), EXACT)
+
+
+def test_gemm_between_two_measured_m_is_between_them_and_interpolated(h200):
+    lo, _ = h200.gemm(2048, 4096, 14336 * 2)
+    hi, _ = h200.gemm(3072, 4096, 14336 * 2)
+    ms, tag = h200.gemm(2500, 4096, 14336 * 2)
+    assert tag == INTERPOLATED
+    assert lo < ms < hi
+
+
+def test_gemm_beyond_the_measured_m_is_extrapolated_and_grows_about_linearly(h200):
+    last, _ = h200.gemm(16384, 4096, 4096)
+    a, tag_a = h200.gemm(32768, 4096, 4096)
+    b, tag_b = h200.gemm(65536, 4096, 4096)
+    assert tag_a == tag_b == EXTRAPOLATED
+    assert last < a < b
+    assert a / last == pytest.approx(2, rel=0.05) and b / a == pytest.approx(2, rel=0.05)
+
+
+def test_unmeasured_gemm_shape_is_scaled_from_the_nearest_measured_shape(h200):
+    near, _ = h200.gemm(1024, 4096, 4096)
+    ms, tag = h200.gemm(1024, 4096, 5120)
+    assert tag == EXTRAPOLATED
+    assert ms == pytest.approx(near * 5120 / 4096, rel=0.1)
+
+
+def test_decode_between_grid_points_is_interpolated_and_bounded(h200):
+    lo, _ = h200.decode_attn("contiguous", 16, 16 * 2048, *LLAMA3)
+    hi, _ = h200.decode_attn("contiguous", 16, 16 * 4096, *LLAMA3)
+    ms, tag = h200.decode_attn("contiguous", 16, 16 * 3000, *LLAMA3)
+    assert tag == INTERPOLATED and lo < ms < hi
+
+
+def test_decode_beyond_the_grid_follows_the_memory_roofline(h200):
+    last, _ = h200.decode_attn("contiguous", 1, 32768, *LLAMA2)
+    ms, tag = h200.decode_attn("contiguous", 1, 65536, *LLAMA2)
+    assert tag == EXTRAPOLATED
+    assert ms / last == pytest.approx(2, rel=0.1)
+
+
+def test_decode_cells_missing_from_the_staircase_grid_are_extrapolated(h200):
+    ms, tag = h200.decode_attn("paged", 256, 256 * 8192, *LLAMA3)  # measured up to 4096 only
+    half, _ = h200.decode_attn("paged", 256, 256 * 4096, *LLAMA3)
+    assert tag == EXTRAPOLATED and ms == pytest.approx(2 * half, rel=0.1)
+
+
+def test_noisy_small_points_are_lowered_to_the_larger_measured_time(h200):
+    # paged_gather measured 0.197 ms at ctx 128 but 0.124 ms at ctx 512: padding wins
+    small, _ = h200.decode_attn("paged_gather", 1, 128, *LLAMA2)
+    larger, _ = h200.decode_attn("paged_gather", 1, 512, *LLAMA2)
+    assert small <= larger < 0.197
+    assert h200.summary()["envelope_adjusted"] > 0
+
+
+def test_chunked_prefill_over_a_cache_is_extrapolated_between_the_square_prefills(h200):
+    q_only, _ = h200.prefill_attn("flash", 1, 512, 512, *LLAMA3)
+    full, _ = h200.prefill_attn("flash", 1, 4096, 4096, *LLAMA3)
+    ms, tag = h200.prefill_attn("flash", 1, 512, 4096, *LLAMA3)
+    assert tag == EXTRAPOLATED and q_only < ms < full
+    more, _ = h200.prefill_attn("flash", 1, 512, 8192, *LLAMA3)
+    assert more > ms
+
+
+def test_prefill_with_unmeasured_heads_scales_with_query_heads(h200):
+    base, _ = h200.prefill_attn("flash", 1, 8192, 8192, *LLAMA3)
+    ms, tag = h200.prefill_attn("flash", 1, 8192, 8192, 64, 8, 128)
+    assert tag == EXTRAPOLATED and ms == pytest.approx(2 * base, rel=0.05)
+
+
+def test_unmeasured_elementwise_ops_are_analytic_and_not_below_the_floor(h200):
+    floor = h200.facts.efficiency.elementwise_floor_ms
+    small, tag = h200.elementwise("rotary", 1, 6144)
+    big, _ = h200.elementwise("rotary", 8192, 6144)
+    assert tag == ANALYTIC and floor <= small < big
+    with pytest.raises(ValueError, match="known: rmsnorm"):
+        h200.elementwise("gelu", 1, 4096)
+
+
+# ---- memory of prefill attention ------------------------------------------------------
+
+
+def test_naive_prefill_memory_grows_quadratically_and_flash_linearly(h200):
+    def ratio(impl: str, a: int, b: int) -> float:
+        return (h200.prefill_attn_mem_bytes(impl, 1, b, *LLAMA2)[0]
+                / h200.prefill_attn_mem_bytes(impl, 1, a, *LLAMA2)[0])
+
+    assert ratio("naive", 4096, 8192) == pytest.approx(4, rel=0.02)
+    assert ratio("flash", 4096, 8192) == pytest.approx(2, rel=0.02)
+    assert ratio("naive", 16384, 32768) == pytest.approx(4, rel=0.02)  # beyond naive's grid
+    mib, tag = h200.prefill_attn_mem_bytes("naive", 1, 32768, *LLAMA2)
+    assert tag == EXTRAPOLATED and mib / 2**30 == pytest.approx(4 * 82176 / 1024, rel=0.02)
+
+
+# ---- monotone in size (property) ------------------------------------------------------
+
+SHAPES = [(4096, 4096), (4096, 28672), (14336, 4096), (5000, 3000), (2048, 2048)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(known_profiles()), st.sampled_from(SHAPES),
+       st.integers(1, 70000), st.integers(1, 70000))
+def test_gemm_never_gets_faster_with_more_tokens(name, shape, a, b):
+    p = load_profile(name)
+    lo, hi = sorted((a, b))
+    assert p.gemm(lo, *shape)[0] <= p.gemm(hi, *shape)[0] * (1 + 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(known_profiles()), st.sampled_from(["flash", "naive"]),
+       st.sampled_from([LLAMA3, LLAMA2, (16, 4, 64)]),
+       st.integers(1, 64), st.integers(1, 64), st.integers(1, 40000), st.integers(1, 40000))
+def test_prefill_never_gets_faster_with_more_batch_or_tokens(name, impl, heads, b1, b2, s1, s2):
+    p = load_profile(name)
+    (b1, b2), (s1, s2) = sorted((b1, b2)), sorted((s1, s2))
+    t = p.prefill_attn
+    assert t(impl, b1, s1, s1, *heads)[0] <= t(impl, b2, s1, s1, *heads)[0] * (1 + 1e-12)
+    assert t(impl, b1, s1, s1, *heads)[0] <= t(impl, b1, s2, s2, *heads)[0] * (1 + 1e-12)
+    assert t(impl, b1, s1, s2, *heads)[0] <= t(impl, b1, s1, s2 + 1000, *heads)[0] * (1 + 1e-12)
+    m = p.prefill_attn_mem_bytes
+    assert m(impl, b1, s1, *heads)[0] <= m(impl, b2, s2, *heads)[0] * (1 + 1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(known_profiles()), st.sampled_from(["contiguous", "paged", "paged_gather"]),
+       st.sampled_from([LLAMA3, LLAMA2, (64, 8, 128)]),
+       st.integers(1, 600), st.integers(1, 600), st.integers(1, 70000), st.integers(1, 70000))
+def test_decode_never_gets_faster_with_more_sequences_or_context(name, impl, heads, b1, b2, c1, c2):
+    p = load_profile(name)
+    (b1, b2), (c1, c2) = sorted((b1, b2)), sorted((c1, c2))
+    t = p.decode_attn
+    assert t(impl, b1, b1 * c1, *heads)[0] <= t(impl, b2, b2 * c1, *heads)[0] * (1 + 1e-12)
+    assert t(impl, b1, b1 * c1, *heads)[0] <= t(impl, b1, b1 * c2, *heads)[0] * (1 + 1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.sampled_from(known_profiles()),
+       st.sampled_from([("rmsnorm", 4096), ("silu_mul", 14336), ("silu_mul", 11008),
+                        ("residual_add", 8192), ("kv_write", 2048)]),
+       st.integers(1, 70000), st.integers(1, 70000))
+def test_elementwise_never_gets_faster_with_more_tokens(name, op, a, b):
+    p = load_profile(name)
+    lo, hi = sorted((a, b))
+    assert p.elementwise(op[0], lo, op[1])[0] <= p.elementwise(op[0], hi, op[1])[0] * (1 + 1e-12)
+
+
+# ---- mixed-length decode batches -----------------------------------------------------
+
+
+def mixed_errors(profile, hkv: int) -> dict[str, list[float]]:
+    errs: dict[str, list[float]] = {}
+    for r in profile.mixed_decode_rows:
+        if r["hkv"] == hkv:
+            ms, _ = profile.decode_attn(r["impl"], r["batch"], r["sum_ctx"], r["hq"], r["hkv"],
+                                        r["d"], max_ctx=r["max_ctx"])
+            errs.setdefault(r["impl"], []).append(abs(ms - r["ms"]) / r["ms"])
+    return errs
+
+
+def test_mean_context_alone_underpredicts_mixed_length_batches(h200):
+    assert len(h200.mixed_decode_rows) == 48
+    for r in h200.mixed_decode_rows:
+        ms, _ = h200.decode_attn(r["impl"], r["batch"], r["sum_ctx"], r["hq"], r["hkv"], r["d"])
+        assert ms < r["ms"]  # paged kernels pay for the longest sequence
+
+
+def test_mixed_length_decode_with_max_ctx_is_within_15_percent_out_of_sample(tmp_path, h200):
+    # fit the max-context weights to the MHA rows only, predict the GQA rows
+    folder = copy_profile(tmp_path)
+    rewrite(folder / "attn_decode.csv", lambda r: r["hkv"] == "32" or r["ctx"] == r["max_ctx"])
+    mha_only = load_profile(str(folder))
+    mha_only.mixed_decode_rows = h200.mixed_decode_rows
+    errs = mixed_errors(mha_only, hkv=8)
+    assert set(errs) == {"paged", "paged_gather"}
+    assert max(max(e) for e in errs.values()) < 0.15
+    tag = mha_only.decode_attn("paged", 64, 64 * 4000, *LLAMA3, max_ctx=8000)[1]
+    assert tag == EXTRAPOLATED  # weights borrowed from the nearest head configuration
+
+
+def test_mixed_length_decode_with_max_ctx_fits_its_own_rows_within_7_percent(h200):
+    for hkv in (8, 32):
+        assert max(max(e) for e in mixed_errors(h200, hkv).values()) < 0.07
+
+
+# ---- analytic and partial profiles ---------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a100-80gb", "h100-sxm", "l40s"])
+def test_profiles_without_attention_tables_answer_attention_analytically(name):
+    p = load_profile(name)
+    assert p.prefill_attn("flash", 1, 4096, 4096, *LLAMA3)[1] == ANALYTIC
+    assert p.decode_attn("paged", 8, 8 * 4096, *LLAMA3)[1] == ANALYTIC
+    assert p.prefill_attn_mem_bytes("naive", 1, 4096, *LLAMA3)[1] == ANALYTIC
+    assert p.summary()["tables"]["attn_decode"] == 0
+
+
+def test_l40s_is_fully_analytic_and_slower_than_h200(h200):
+    l40s = load_profile("l40s")
+    assert l40s.facts.analytic is True and l40s.gemm(1, 4096, 4096)[1] == ANALYTIC
+    for args in [(1, 4096, 4096), (4096, 4096, 14336)]:
+        assert l40s.gemm(*args)[0] > h200.gemm(*args)[0]
+
+
+def test_peer_profiles_use_vidur_gemms_and_slower_gpus_take_longer():
+    a100, h100 = load_profile("a100-80gb"), load_profile("h100-sxm")
+    assert a100.facts.analytic == h100.facts.analytic == "partial"
+    assert a100.gemm(4096, 4096, 22016)[1] == h100.gemm(4096, 4096, 22016)[1] == EXACT
+    assert a100.gemm(4096, 4096, 22016)[0] > 2 * h100.gemm(4096, 4096, 22016)[0]
+    assert (PROFILES_DIR / "a100-80gb" / "LICENSE-vidur-MIT").is_file()
+
+
+@pytest.mark.parametrize("name", ["h200-sxm", "a100-80gb", "h100-sxm"])
+def test_profile_efficiencies_are_the_fit_to_its_gemm_table(name):
+    pd = pytest.importorskip("pandas")
+    from sim.profile_convert import fit_gemm_efficiency
+
+    p = load_profile(name)
+    f = p.facts
+    fit = fit_gemm_efficiency(pd.read_csv(PROFILES_DIR / name / "gemm.csv"),
+                              f.datasheet_tflops, f.datasheet_mem_bw_tbs)
+    assert (fit["flops"], fit["mem_bw"]) == (f.efficiency.flops, f.efficiency.mem_bw)
+    assert fit["gemm_floor_ms"] == f.efficiency.gemm_floor_ms
+    assert fit["median_rel_err"] < 0.08
+
+
+def test_summary_reports_name_flag_and_table_rows(h200):
+    s = h200.summary()
+    assert s["name"] == "h200-sxm" and s["analytic"] is False
+    assert s["tables"] == {"gemm": 408, "attn_prefill": 74, "attn_decode": 498, "elementwise": 21}
+
+
+def test_lookups_are_memoised(h200):
+    assert h200.gemm(777, 4096, 4096) is h200.gemm(777, 4096, 4096)
+
+
+# ---- loading errors -------------------------------------------------------------------
+
+
+def test_unknown_profile_name_lists_the_known_ones():
+    with pytest.raises(SpecError) as e:
+        load_profile("H10", file="scenario.yaml", path="cluster.gpu")
+    assert str(e.value) == ("scenario.yaml: cluster.gpu: unknown 'H10' "
+                            "(known: a100-80gb, h100-sxm, h200-sxm, l40s)")
+
+
+def test_non_numeric_csv_value_is_a_one_line_error_naming_file_line_and_column(tmp_path):
+    folder = copy_profile(tmp_path)
+    rewrite(folder / "gemm.csv", lambda r: {**r, "ms": "fast"} if r["M"] == "8" else True)
+    with pytest.raises(SpecError) as e:
+        load_profile(str(folder))
+    msg = str(e.value)
+    assert "\n" not in msg and "gemm.csv: line " in msg and "column 'ms'" in msg and "'fast'" in msg
+
+
+def test_missing_csv_column_is_a_one_line_error(tmp_path):
+    folder = copy_profile(tmp_path)
+    (folder / "elementwise.csv").write_text("op,M,ms\nrmsnorm,1,0.02\n")
+    with pytest.raises(SpecError, match=r"elementwise.csv: missing column 'H'"):
+        load_profile(str(folder))
+
+
+def test_unknown_impl_in_csv_lists_the_allowed_ones(tmp_path):
+    folder = copy_profile(tmp_path)
+    rewrite(folder / "attn_prefill.csv", lambda r: {**r, "impl": "xformers"})
+    with pytest.raises(SpecError, match=r"unknown 'xformers' \(allowed: flash, naive\)"):
+        load_profile(str(folder))
+
+
+def test_bad_profile_yaml_field_names_the_file_and_field(tmp_path):
+    folder = copy_profile(tmp_path)
+    yaml_file = folder / "profile.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("sms: 132", "sms: many"))
+    with pytest.raises(SpecError, match=r"profile.yaml: sms: expected an integer, got 'many'"):
+        load_profile(str(folder))
+    yaml_file.write_text(yaml_file.read_text().replace("sms: many", "sms: 132\nsm_count: 132"))
+    with pytest.raises(SpecError, match=r"profile.yaml: sm_count: unknown key"):
+        load_profile(str(folder))
+
+
+def test_a_folder_with_only_some_tables_falls_back_to_analytic(tmp_path):
+    folder = copy_profile(tmp_path)
+    (folder / "attn_decode.csv").unlink()
+    p = load_profile(str(folder))
+    assert p.gemm(4096, 4096, 4096)[1] == EXACT
+    assert p.decode_attn("paged", 8, 8 * 1024, *LLAMA3)[1] == ANALYTIC
+
+
+# ---- the converter reproduces the shipped tables ------------------------------------
+
+
+@pytest.mark.skipif(not (SHARED / "h200").is_dir(), reason="measurement data not present")
+def test_converter_reproduces_the_h200_tables(tmp_path):
+    pytest.importorskip("pandas")
+    from sim.profile_convert import convert_measured
+
+    for p in convert_measured(SHARED / "h200", tmp_path):
+        assert p.read_text() == (H200 / p.name).read_text(), p.name
+    mixed = [r for r in rows("attn_decode") if r["ctx"] != r["max_ctx"]]
+    assert all(int(r["ctx"]) == round(int(r["sum_ctx"]) / int(r["batch"])) for r in mixed)
+
+
+@pytest.mark.skipif(not (SHARED / "peers").is_dir(), reason="peer data not present")
+def test_converter_reproduces_the_vidur_tables(tmp_path):
+    pytest.importorskip("pandas")
+    from sim.profile_convert import convert_peers
+
+    for p in convert_peers(SHARED / "peers", tmp_path):
+        assert p.read_text() == (PROFILES_DIR / p.parent.name / p.name).read_text(), p
