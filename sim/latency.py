@@ -15,8 +15,8 @@ when verifying k draft tokens). Every kernel time comes from the GPU profile
 (measured tables, interpolated or extrapolated, or analytic roofline).
 
 Host overhead comes from a runtime profile (`gpu_profiles/runtimes/`): the
-host issues kernels at a cost per step, per layer and per sequence-layer (the
-per-sequence attention launches); the step takes the slower of host and GPU,
+host issues kernels at a cost per step, per layer, and per sequence and layer for
+the per-sequence attention launches of prefill and of multi-token (verify) steps; the step takes the slower of host and GPU,
 since the host runs ahead of the GPU until the GPU is the bottleneck.
 `cuda-graph` has no host cost (kernels only).
 """
@@ -43,7 +43,8 @@ class RuntimeSpec:
     description: str = ""
     host_ms_per_step: float = field(default=0.0, metadata={"ge": 0})
     host_ms_per_layer: float = field(default=0.0, metadata={"ge": 0})
-    host_ms_per_seq_layer: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_prefill_seq_layer: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_verify_seq_layer: float = field(default=0.0, metadata={"ge": 0})
     gpu_scale: float = field(default=1.0, metadata={"gt": 0})
     source: str = ""
 
@@ -66,9 +67,11 @@ class StepLatency:
         runtime: RuntimeSpec,
         prefill_impl: str = "flash",
         decode_impl: str = "paged",
+        verify_impl: str = "paged_gather",
     ):
         self.m, self.p, self.rt = model, profile, runtime
         self.prefill_impl, self.decode_impl = prefill_impl, decode_impl
+        self.verify_impl = verify_impl
         self.shapes = model.gemm_shapes()
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown(4), uses]
 
@@ -136,11 +139,36 @@ class StepLatency:
 
         return self._piece(("da", n, ctx_q), compute)
 
+    def verify_attn_ms(self, q_len: int, kv_len: int) -> float:
+        """Attention of `q_len` new tokens of one sequence over its `kv_len` cached tokens.
+
+        `paged_gather` (the reference stack): gather the pages, then SDPA, one call per
+        sequence; `flash`: a flash call with a KV prefix; `paged`: the decode kernel
+        run once per query token.
+        """
+        m = self.m
+        kv_q = max(1, (kv_len + CTX_QUANTUM // 2) // CTX_QUANTUM) * CTX_QUANTUM
+
+        def compute():
+            if self.verify_impl == "flash":
+                ms, tag = self.p.prefill_attn("flash", 1, q_len, max(kv_q, q_len),
+                                              m.heads, m.kv_heads, m.head_dim)
+            else:
+                impl = "paged" if self.verify_impl == "paged" else "paged_gather"
+                rows = q_len if impl == "paged" else 1
+                ms, tag = self.p.decode_attn(impl, rows, rows * kv_q, m.heads, m.kv_heads,
+                                             m.head_dim)
+            return [(m.layers * ms, tag)]
+
+        return self._piece(("va", q_len, kv_q), compute)
+
     # ---- steps (seconds) --------------------------------------------------------
-    def _combine(self, gpu_ms: float, seq_layers: int) -> float:
+    def _combine(self, gpu_ms: float, prefill_seqs: int = 0, verify_seqs: int = 0) -> float:
         rt = self.rt
         host = rt.host_ms_per_step + rt.host_ms_per_layer * self.m.layers
-        host += rt.host_ms_per_seq_layer * seq_layers
+        if prefill_seqs or verify_seqs:
+            host += self.m.layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
+                                     + rt.host_ms_per_verify_seq_layer * verify_seqs)
         return max(host, gpu_ms * rt.gpu_scale) * 1e-3
 
     def prefill(self, chunks: list[tuple[int, int]]) -> float:
@@ -151,15 +179,28 @@ class StepLatency:
             tokens += q
             gpu += self.prefill_attn_ms(q, q + cached)
         gpu += self.dense_ms(tokens) + self.lm_head_ms(len(chunks))
-        return self._combine(gpu, len(chunks) * self.m.layers)
+        return self._combine(gpu, prefill_seqs=len(chunks))
 
     def decode(self, n: int, sum_ctx: int) -> float:
         """A step decoding one token for each of `n` sequences attending over `sum_ctx` tokens."""
         gpu = self.dense_ms(n) + self.lm_head_ms(n) + self.decode_attn_ms(n, sum_ctx)
-        return self._combine(gpu, 0)
+        return self._combine(gpu)
+
+    def verify(self, rows: list[tuple[int, int]]) -> float:
+        """A step scoring `q` tokens per sequence over its cached context: rows of (q, cached)."""
+        tokens = 0
+        gpu = 0.0
+        for q, cached in rows:
+            tokens += q
+            gpu += self.verify_attn_ms(q, cached + q)
+        gpu += self.dense_ms(tokens) + self.lm_head_ms(tokens)
+        return self._combine(gpu, verify_seqs=len(rows))
 
     def gpu_ms(self, kind: str, n: int, new_tokens: int, ctx: int) -> float:
         """Kernel-only time of a uniform step (for error tables against measured grids)."""
+        if kind == "verify":
+            return (self.dense_ms(n * new_tokens) + self.lm_head_ms(n * new_tokens)
+                    + n * self.verify_attn_ms(new_tokens, ctx + new_tokens))
         if kind == "decode":
             return self.dense_ms(n) + self.lm_head_ms(n) + self.decode_attn_ms(n, n * ctx)
         return (

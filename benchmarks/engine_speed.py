@@ -1,0 +1,57 @@
+"""Speed of the simulator's hot loop on the Azure 2023 conversation trace.
+
+    python benchmarks/engine_speed.py [--repeat 3]
+
+Simulates the 19,366-request, one-hour trace on one replica (the reference
+stack's scheduler settings) under both runtimes and prints wall time, simulated
+requests per wall second and iterations per wall second (median of repeats;
+only `simulate()` is timed: no YAML, trace parsing or output writing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+
+from sim.engine import simulate
+from sim.kv import make_kv
+from sim.latency import StepLatency
+from sim.runner import prepare
+from sim.scenario import load_scenario
+from sim.scheduler import POLICIES
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIO = ROOT / "scenarios" / "azure_conv_reference.yaml"
+
+
+def time_once(runtime: str) -> tuple[float, int, int]:
+    sc = load_scenario(SCENARIO, {"runtime": runtime})
+    model, profile, rt, budget, wl, _ = prepare(sc)
+    kv = make_kv(sc.kv.manager, budget.kv_tokens, sc.kv.block_size)
+    policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
+    lat = StepLatency(model, profile, rt, sc.attention.prefill, sc.decode_attention)
+    t0 = time.perf_counter()
+    res = simulate(wl, kv, policy, lat, max_model_len=sc.kv.max_model_len or model.max_len,
+                   kv_bytes_per_token=model.kv_bytes_per_token,
+                   pcie_bytes_per_s=profile.facts.pcie_gbs * 1e9)
+    wall = time.perf_counter() - t0
+    return wall, len(res.seqs), len(res.steps.t_end)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    print(f"{'runtime':24} {'requests':>9} {'iterations':>10} {'wall s':>7} {'req/s':>9} {'iter/s':>9}")
+    for runtime in ("h200-eager-reference", "cuda-graph"):
+        runs = [time_once(runtime) for _ in range(a.repeat)]
+        wall = statistics.median(r[0] for r in runs)
+        _, n, it = runs[0]
+        print(f"{runtime:24} {n:9d} {it:10d} {wall:7.2f} {n / wall:9.0f} {it / wall:9.0f}")
+
+
+if __name__ == "__main__":
+    main()

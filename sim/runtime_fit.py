@@ -1,0 +1,153 @@
+"""Fit a runtime (host-overhead) profile to measured whole-iteration latencies.
+
+A measured grid (`model,kind,batch,new_tokens,ctx,ms`: prefill steps of
+`batch` prompts of `new_tokens`, decode steps of `batch` sequences at context
+`ctx`, verify steps of `new_tokens` per sequence over `ctx`) is compared with
+the step model's GPU time for the same steps; the host parameters of
+`RuntimeSpec` are chosen to minimise the mean absolute relative error of
+
+    step = max(host_ms_per_step + host_ms_per_layer * L
+               + (host_ms_per_prefill_seq_layer * P + host_ms_per_verify_seq_layer * V) * L,
+               gpu_scale * gpu_ms)
+
+(P, V = sequences in a prefill or verify row: their attention is launched per sequence).
+`python -m sim.runtime_fit GRID.csv --gpu h200-sxm --name NAME` prints the
+error table and writes `gpu_profiles/runtimes/NAME.yaml`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from .latency import RUNTIMES_DIR, RuntimeSpec, StepLatency
+from .models import load_model
+from .profiles import load_profile
+from .specload import SpecError
+
+# model names used by measured grids -> models/ specs
+GRID_MODELS = {"llama3-8b": "llama-3-8b", "llama3-1b": "llama-3.2-1b"}
+
+
+def read_grid(path: str | Path) -> list[dict]:
+    rows = []
+    with open(path, newline="") as f:
+        for i, r in enumerate(csv.DictReader(f), start=2):
+            try:
+                rows.append({
+                    "model": GRID_MODELS.get(r["model"], r["model"]), "kind": r["kind"],
+                    "batch": int(r["batch"]), "new_tokens": int(r["new_tokens"]),
+                    "ctx": int(r["ctx"]), "ms": float(r["ms"]),
+                })
+            except (KeyError, ValueError) as e:
+                raise SpecError(path, f"line {i}", f"bad row ({e})") from None
+    return rows
+
+
+def gpu_times(rows: list[dict], gpu: str, prefill_impl="flash", decode_impl="paged",
+              verify_impl="paged_gather") -> np.ndarray:
+    profile = load_profile(gpu)
+    zero = RuntimeSpec(name="kernels")
+    lats: dict[str, StepLatency] = {}
+    out = []
+    for r in rows:
+        m = r["model"]
+        if m not in lats:
+            lats[m] = StepLatency(load_model(m), profile, zero, prefill_impl, decode_impl,
+                                  verify_impl=verify_impl)
+        out.append(lats[m].gpu_ms(r["kind"], r["batch"], r["new_tokens"], r["ctx"]))
+    return np.array(out)
+
+
+def predict(spec: RuntimeSpec, gpu_ms: np.ndarray, layers: np.ndarray, prefill_seqs: np.ndarray,
+            verify_seqs: np.ndarray) -> np.ndarray:
+    host = spec.host_ms_per_step + spec.host_ms_per_layer * layers
+    host = host + (spec.host_ms_per_prefill_seq_layer * prefill_seqs
+                   + spec.host_ms_per_verify_seq_layer * verify_seqs) * layers
+    return np.maximum(host, spec.gpu_scale * gpu_ms)
+
+
+def fit(rows: list[dict], gpu: str, name: str, kinds=("prefill", "decode", "verify"),
+        **impls) -> tuple[RuntimeSpec, list[dict]]:
+    rows = [r for r in rows if r["kind"] in kinds]
+    g = gpu_times(rows, gpu, **impls)
+    L = np.array([load_model(r["model"]).layers for r in rows], dtype=float)
+    P = np.array([r["batch"] if r["kind"] == "prefill" else 0 for r in rows], dtype=float)
+    V = np.array([r["batch"] if r["kind"] == "verify" else 0 for r in rows], dtype=float)
+    y = np.array([r["ms"] for r in rows])
+    best: tuple[float, tuple] = (np.inf, ())
+    # coarse-to-fine grid search over the five parameters
+    ranges = [np.linspace(0, 5, 11), np.linspace(0, 1.5, 16), np.linspace(0, 0.2, 9),
+              np.linspace(0, 0.4, 17), np.linspace(0.7, 1.3, 13)]
+    for _round in range(4):
+        grids = np.meshgrid(*ranges, indexing="ij")
+        a, b, c, d, s = (x.ravel()[:, None] for x in grids)
+        pred = np.maximum(a + b * L + (c * P + d * V) * L, s * g)
+        err = ((pred / y - 1) ** 2).mean(axis=1)  # least squares: unbiased on average
+        i = int(err.argmin())
+        if err[i] < best[0]:
+            best = (float(err[i]), tuple(float(x[i, 0]) for x in (a, b, c, d, s)))
+        ranges = [np.linspace(max(0.0, v - 2 * (r[1] - r[0])), v + 2 * (r[1] - r[0]), 9)
+                  for v, r in zip(best[1], ranges, strict=True)]
+    a, b, c, d, s = best[1]
+    spec = RuntimeSpec(name=name, host_ms_per_step=round(a, 4), host_ms_per_layer=round(b, 4),
+                       host_ms_per_prefill_seq_layer=round(c, 5),
+                       host_ms_per_verify_seq_layer=round(d, 5), gpu_scale=round(s, 4))
+    pred = predict(spec, g, L, P, V)
+    table = [{**r, "gpu_ms": gi, "pred_ms": p, "err": p / r["ms"] - 1}
+             for r, gi, p in zip(rows, g, pred, strict=True)]
+    return spec, table
+
+
+def error_summary(table: list[dict]) -> dict[str, dict[str, float]]:
+    out = {}
+    for key in sorted({(t["model"], t["kind"]) for t in table}):
+        e = np.array([t["err"] for t in table if (t["model"], t["kind"]) == key])
+        out[f"{key[0]} {key[1]}"] = _err_stats(e)
+    out["all"] = _err_stats(np.array([t["err"] for t in table]))
+    return out
+
+
+def _err_stats(e: np.ndarray) -> dict[str, float]:
+    return {"rows": len(e), "mape": float(np.abs(e).mean()), "bias": float(e.mean()),
+            "max": float(np.abs(e).max())}
+
+
+def format_table(table: list[dict]) -> str:
+    lines = [f"{'model':14} {'kind':8} {'batch':>5} {'new':>5} {'ctx':>5} {'measured':>9} "
+             f"{'gpu':>8} {'model':>8} {'error':>7}"]
+    for t in table:
+        lines.append(f"{t['model']:14} {t['kind']:8} {t['batch']:5d} {t['new_tokens']:5d} "
+                     f"{t['ctx']:5d} {t['ms']:9.2f} {t['gpu_ms']:8.2f} {t['pred_ms']:8.2f} "
+                     f"{t['err']:+7.1%}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("grid")
+    ap.add_argument("--gpu", default="h200-sxm")
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--description", default="")
+    ap.add_argument("--write", action="store_true", help="write gpu_profiles/runtimes/NAME.yaml")
+    a = ap.parse_args(argv)
+    spec, table = fit(read_grid(a.grid), a.gpu, a.name)
+    spec = replace(spec, description=a.description, source=f"fitted by sim.runtime_fit to {Path(a.grid).name} on {a.gpu}")
+    print(format_table(table))
+    for k, v in error_summary(table).items():
+        print(f"{k:24} rows {v['rows']:3d}  mean |error| {v['mape']:6.1%}  "
+              f"mean error {v['bias']:+6.1%}  max |error| {v['max']:6.1%}")
+    print(yaml.safe_dump(asdict(spec), sort_keys=False))
+    if a.write:
+        (RUNTIMES_DIR / f"{a.name}.yaml").write_text(yaml.safe_dump(asdict(spec), sort_keys=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
