@@ -70,6 +70,7 @@ class RunningBatch:
         self.s0 = 0                         # sum over rows of (len at join - d0)
         self.phase = [0] * block_size       # rows needing a new block when D % bs == phase
         self.finish_heap: list[tuple[int, int, int, Seq]] = []
+        self.len_heap: list[tuple[int, int, int, Seq]] = []  # max-heap of (len at join - d0)
         self.fresh: dict[float, int] = {}   # t_join -> rows whose last token came from a prefill
         self.last_decode_end = 0.0
         self._order = 0
@@ -84,6 +85,16 @@ class RunningBatch:
     def sum_ctx(self) -> int:
         """Tokens attended over by the next decode step (each row's full length)."""
         return self.s0 + self.n_compute * self.D
+
+    def max_ctx(self) -> int:
+        """The longest member's length (finished static rows no longer count)."""
+        heap = self.len_heap
+        while heap:
+            key, _, epoch, s = heap[0]
+            if epoch == s.epoch and s in self.members:
+                return self.D - key
+            heapq.heappop(heap)
+        return 0
 
     def kv_tokens(self) -> int:
         """Tokens whose keys and values are stored now, over all rows."""
@@ -120,6 +131,7 @@ class RunningBatch:
         if self.paged:
             self.phase[(self.D - length + 1) % self.bs] += 1
         heapq.heappush(self.finish_heap, (self.D + s.output - s.g0, s.order, s.epoch, s))
+        heapq.heappush(self.len_heap, (self.D - length, s.order, s.epoch, s))
         self.fresh[now] = self.fresh.get(now, 0) + 1
 
     def leave(self, s: Seq) -> None:

@@ -84,7 +84,7 @@ class Replica:
             st.waiting.popleft()
             n = s.tokens_to_prefill
             if self.contiguous:
-                s.reserved = per_row or kv.reserve_for(n, min(s.prompt + s.max_tokens, st.max_model_len))
+                s.reserved = per_row or st.admission_need(s)
                 kv.allocate(s.reserved)
             else:
                 kv.allocate(kv.blocks_for(n))
@@ -207,7 +207,7 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
             if need:
                 st.kv.allocate(need)
             n = batch.n_compute
-            dur = lat.decode(n, batch.sum_ctx()) + move_s
+            dur = lat.decode(n, batch.sum_ctx(), batch.max_ctx()) + move_s
             yield env.timeout(dur)
             t_end = now + dur
             rep._record(now, t_end, 1, n, n)
@@ -241,11 +241,13 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
 
 def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
              max_model_len: int, kv_bytes_per_token: float, pcie_bytes_per_s: float,
-             swap_blocks: int = 0, progress=None) -> RunResult:
+             swap_blocks: int = 0, reserve_max_model_len: bool = True,
+             progress=None) -> RunResult:
     """Replay `workload` through one replica; every request ends finished or rejected."""
     paged = not isinstance(kv, ContiguousKV)
     batch = RunningBatch(kv.block_size, paged, keep_finished=isinstance(policy, StaticPolicy))
-    st = ReplicaState(kv=kv, batch=batch, max_model_len=max_model_len, swap_free_blocks=swap_blocks)
+    st = ReplicaState(kv=kv, batch=batch, max_model_len=max_model_len, swap_free_blocks=swap_blocks,
+                      reserve_max_model_len=reserve_max_model_len)
     rep = Replica(st, policy, latency, kv_bytes_per_token, pcie_bytes_per_s)
     arr = np.asarray(workload.arrival_s, dtype=float).tolist()
     seqs = [

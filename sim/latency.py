@@ -32,7 +32,13 @@ from .specload import ROOT, SpecError, build, known_names, load_yaml
 TAGS = (EXACT, INTERPOLATED, EXTRAPOLATED, ANALYTIC)
 _TAG_INDEX = {t: i for i, t in enumerate(TAGS)}
 RUNTIMES_DIR = ROOT / "gpu_profiles" / "runtimes"
-CTX_QUANTUM = 16  # decode attention is looked up at the mean context rounded to this
+
+
+def _quantize(ctx: int, rel_bits: int) -> int:
+    """Round a context length to ~2^-rel_bits relative precision (at least 16 tokens):
+    decode attention is memoised on these, so a step's lookup is a dict hit."""
+    q = max(16, 1 << max(0, ctx.bit_length() - rel_bits))
+    return max(q, (ctx + q // 2) // q * q)
 
 
 @dataclass(frozen=True)
@@ -127,17 +133,24 @@ class StepLatency:
 
         return self._piece(("pa", q_len, kv_len), compute)
 
-    def decode_attn_ms(self, n: int, sum_ctx: int) -> float:
+    def decode_attn_ms(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
+        """Decode attention over `n` contexts totalling `sum_ctx`, the longest `max_ctx`
+        (lengths mixed within a batch cost more than their mean suggests)."""
+        ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
+        return self._piece(("da", n, ctx_q, max_q), lambda: self._decode_attn_parts(n, ctx_q, max_q))
+
+    @staticmethod
+    def _ctx_keys(n: int, sum_ctx: int, max_ctx: int) -> tuple[int, int]:
+        ctx_q = _quantize(sum_ctx // n, 7)
+        return ctx_q, max(ctx_q, _quantize(max_ctx, 5)) if n > 1 else ctx_q
+
+    def _decode_attn_parts(self, n: int, ctx_q: int, max_q: int) -> list[tuple[float, str]]:
         m = self.m
-        ctx_q = max(1, (sum_ctx // n + CTX_QUANTUM // 2) // CTX_QUANTUM) * CTX_QUANTUM
-
-        def compute():
-            ms, tag = self.p.decode_attn(
-                self.decode_impl, n, ctx_q * n, m.heads, m.kv_heads, m.head_dim
-            )
-            return [(m.layers * ms, tag)]
-
-        return self._piece(("da", n, ctx_q), compute)
+        ms, tag = self.p.decode_attn(
+            self.decode_impl, n, ctx_q * n, m.heads, m.kv_heads, m.head_dim,
+            max_ctx=max_q if max_q > ctx_q else None,
+        )
+        return [(m.layers * ms, tag)]
 
     def verify_attn_ms(self, q_len: int, kv_len: int) -> float:
         """Attention of `q_len` new tokens of one sequence over its `kv_len` cached tokens.
@@ -147,7 +160,7 @@ class StepLatency:
         run once per query token.
         """
         m = self.m
-        kv_q = max(1, (kv_len + CTX_QUANTUM // 2) // CTX_QUANTUM) * CTX_QUANTUM
+        kv_q = _quantize(kv_len, 7)
 
         def compute():
             if self.verify_impl == "flash":
@@ -181,10 +194,21 @@ class StepLatency:
         gpu += self.dense_ms(tokens) + self.lm_head_ms(len(chunks))
         return self._combine(gpu, prefill_seqs=len(chunks))
 
-    def decode(self, n: int, sum_ctx: int) -> float:
-        """A step decoding one token for each of `n` sequences attending over `sum_ctx` tokens."""
-        gpu = self.dense_ms(n) + self.lm_head_ms(n) + self.decode_attn_ms(n, sum_ctx)
-        return self._combine(gpu)
+    def decode(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
+        """A step decoding one token for each of `n` sequences attending over `sum_ctx`
+        tokens in all (`max_ctx` the longest)."""
+        ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
+        key = ("decode", n, ctx_q, max_q)
+        e = self._memo.get(key)  # the hot path: one dict hit per decode step
+        if e is not None:
+            e[2] += 1
+            return e[3]
+        k, v = self.shapes["lm_head"]
+        gpu = self._piece(key, lambda: self._dense_parts(n) + [self.p.gemm(n, k, v)]
+                          + self._decode_attn_parts(n, ctx_q, max_q))
+        e = self._memo[key]
+        e.append(self._combine(gpu))
+        return e[3]
 
     def verify(self, rows: list[tuple[int, int]]) -> float:
         """A step scoring `q` tokens per sequence over its cached context: rows of (q, cached)."""
@@ -213,7 +237,8 @@ class StepLatency:
     def provenance(self) -> dict[str, float]:
         """Share of simulated GPU time that came from each kind of lookup."""
         tot = [0.0, 0.0, 0.0, 0.0]
-        for _ms, br, uses in self._memo.values():
+        for e in self._memo.values():
+            br, uses = e[1], e[2]
             for i in range(4):
                 tot[i] += br[i] * uses
         s = sum(tot) or 1.0

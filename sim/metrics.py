@@ -4,7 +4,9 @@ Definitions follow vLLM's benchmark (`benchmark_serving.py`):
 * TTFT  = first token time - arrival time;
 * TPOT  = (E2E - TTFT) / (output tokens - 1), for requests with more than one output token;
 * ITL   = every gap between consecutive tokens of a request, pooled over all requests
-          (a gap that spans a preemption counts as one long gap);
+          (a gap that spans a preemption counts as one long gap; the rare request
+          dropped after it started, because it outgrew the whole KV cache, keeps
+          the gaps it had);
 * E2E   = finish time - arrival time;
 * duration = last finish - first arrival; throughputs divide by it;
 * goodput = finished requests per second that met every SLO given.
@@ -22,7 +24,8 @@ from .engine import RunResult
 
 REQUEST_COLUMNS = [
     "id", "arrival_s", "prompt_tokens", "output_tokens", "status", "first_token_s", "finish_s",
-    "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions", "cached_tokens", "reject_reason",
+    "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions", "generated_tokens", "cached_tokens",
+    "reject_reason",
 ]
 STEP_COLUMNS = ["t_start", "t_end", "kind", "num_seqs", "num_tokens", "kv_blocks_used", "kv_tokens"]
 KIND_NAMES = np.array(["prefill", "decode", "verify", "mixed"])
@@ -43,6 +46,7 @@ def requests_frame(res: RunResult) -> pd.DataFrame:
         "finish_s": [s.finish_t if ok else nan for s, ok in zip(seqs, done, strict=True)],
         "sched_s": [s.sched_t if s.sched_t >= 0 else nan for s in seqs],
         "preemptions": [s.preemptions for s in seqs],
+        "generated_tokens": [s.generated for s in seqs],
         "cached_tokens": [s.cached_tokens for s in seqs],
         "reject_reason": [s.reject_reason for s in seqs],
     })

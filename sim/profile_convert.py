@@ -144,18 +144,68 @@ def fit_gemm_efficiency(gemm: pd.DataFrame, tflops: float, tbs: float) -> dict[s
             "p90_rel_err": round(float(np.quantile(rel, 0.9)), 3)}
 
 
+def _grid_fit(predict, grid_a: np.ndarray, grid_b: np.ndarray, t: np.ndarray) -> tuple:
+    """(a, b, median, 90th-percentile relative error) minimising the squared log error."""
+    logt = np.log(t)
+    _, a, b = min((((np.log(predict(a, b)) - logt) ** 2).mean(), a, b)
+                  for a in grid_a for b in grid_b)
+    rel = np.abs(predict(a, b) - t) / t
+    return float(a), float(b), *(round(float(np.quantile(rel, q)), 3) for q in (0.5, 0.9))
+
+
+def fit_attention_efficiency(prefill: pd.DataFrame, decode: pd.DataFrame, tflops: float,
+                             tbs: float, gemm: dict[str, float]) -> dict:
+    """Fit the attention terms of the roofline model to measured attention tables.
+
+    flash: t = floor + flops / (tflops·eff); naive: t = floor + max(flops / GEMM rate,
+    scores · bytes_per_score / GEMM bandwidth); each decode impl (uniform rows only):
+    t = floor + KV bytes / (tbs·eff). Returns the Efficiency fields and the errors.
+    """
+    out: dict = {"attn_decode_bw": {}, "attn_decode_floor_ms": {}, "errors": {}}
+    floors = np.round(np.arange(0.0, 0.2001, 0.001), 3)
+    effs = np.round(np.arange(0.05, 1.0001, 0.01), 2)
+    f = prefill[prefill["impl"] == "flash"]
+    flops = (4 * f["batch"] * f["hq"] * f["d"] * f["seq"] ** 2 / 2).to_numpy(float)
+    e, fl, *err = _grid_fit(lambda e, fl: fl + flops / (tflops * 1e9 * e), effs, floors[:51],
+                            f["ms"].to_numpy(float))
+    out.update(attn_prefill_flops=e, attn_prefill_floor_ms=fl)
+    out["errors"]["flash"] = err
+    n = prefill[prefill["impl"] == "naive"]
+    flop_ms = (4 * n["batch"] * n["hq"] * n["d"] * n["seq"] ** 2 / 2).to_numpy(float) / (
+        tflops * 1e9 * gemm["flops"])
+    score_ms = (n["batch"] * n["hq"] * n["seq"] ** 2).to_numpy(float) / (tbs * 1e9 * gemm["mem_bw"])
+    bps, fl, *err = _grid_fit(lambda b, fl: fl + np.maximum(flop_ms, score_ms * b),
+                              np.arange(10.0, 100.0), floors[:51], n["ms"].to_numpy(float))
+    out.update(naive_bytes_per_score=bps)
+    out["errors"]["naive"] = err
+    uniform = decode[decode["ctx"] == decode["max_ctx"]]
+    for impl, d in uniform.groupby("impl"):
+        kv = ((d["sum_ctx"] * 2 * d["hkv"] * d["d"] + d["batch"] * 2 * d["hq"] * d["d"]) * BF16)
+        kv_ms = kv.to_numpy(float) / (tbs * 1e9)
+        e, fl, *err = _grid_fit(lambda e, fl, x=kv_ms: fl + x / e, effs, floors,
+                                d["ms"].to_numpy(float))
+        out["attn_decode_bw"][impl], out["attn_decode_floor_ms"][impl] = e, fl
+        out["errors"][impl] = err
+    return out
+
+
 def _report(profile_dir: Path) -> None:
     gemm_csv, yaml_file = profile_dir / "gemm.csv", profile_dir / "profile.yaml"
     if not (gemm_csv.is_file() and yaml_file.is_file()):
         return
     facts = load_yaml(yaml_file)
-    fit = fit_gemm_efficiency(pd.read_csv(gemm_csv), facts["datasheet_tflops"],
-                              facts["datasheet_mem_bw_tbs"])
+    tflops, tbs = facts["datasheet_tflops"], facts["datasheet_mem_bw_tbs"]
+    fit = fit_gemm_efficiency(pd.read_csv(gemm_csv), tflops, tbs)
     print(f"{profile_dir.name}: gemm roofline fit {fit}")
+    pre, dec = profile_dir / "attn_prefill.csv", profile_dir / "attn_decode.csv"
+    if pre.is_file() and dec.is_file():
+        att = fit_attention_efficiency(pd.read_csv(pre), pd.read_csv(dec), tflops, tbs, fit)
+        print(f"{profile_dir.name}: attention roofline fit {att}")
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m sim.profile_convert", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m sim.profile_convert",
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("src", type=Path, help="measurement folder or Vidur peers folder")
     ap.add_argument("dst", type=Path, help="profile folder (measured) or gpu_profiles/ (peers)")
     args = ap.parse_args(argv)

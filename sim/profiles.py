@@ -76,12 +76,25 @@ class Efficiency:
     flops: float = field(metadata=_FRACTION)  # GEMM FLOP/s at large M
     mem_bw: float = field(metadata=_FRACTION)  # GEMM weights and elementwise traffic
     gemm_floor_ms: float = field(metadata={"ge": 0})  # t = floor + max(flops/rate, bytes/bw)
-    attn_prefill_flops: float = field(metadata=_FRACTION)  # flash prefill, long sequences
-    attn_decode_bw: float = field(metadata=_FRACTION)  # reading the KV cache in decode
-    attn_floor_ms: float = field(metadata={"ge": 0})
-    elementwise_floor_ms: float = field(metadata={"ge": 0})  # smallest elementwise kernel
+    attn_prefill_flops: float = field(metadata=_FRACTION)  # flash: t = floor + flops/rate
+    attn_prefill_floor_ms: float = field(metadata={"ge": 0})
     naive_bytes_per_score: float = field(metadata=_POSITIVE)  # HBM bytes per QKᵀ element
+    attn_decode_bw: dict[str, float]  # per decode impl: t = floor + KV bytes / bw
+    attn_decode_floor_ms: dict[str, float]
+    elementwise_floor_ms: float = field(metadata={"ge": 0})  # smallest elementwise kernel
     source: str = ""
+
+    def check(self) -> tuple[str, str] | None:
+        impls = IMPLS["attn_decode"]
+        for name, allowed in (("attn_decode_bw", "0 < x <= 1"), ("attn_decode_floor_ms", ">= 0")):
+            per_impl = getattr(self, name)
+            if sorted(per_impl) != sorted(impls):
+                have, need = ", ".join(per_impl), ", ".join(impls)
+                return name, f"has {have} (allowed: one entry per {need})"
+            for k, v in per_impl.items():
+                if not (0 < v <= 1 if name == "attn_decode_bw" else v >= 0):
+                    return f"{name}.{k}", f"{v} is out of range (allowed: {allowed})"
+        return None
 
 
 @dataclass(frozen=True)
@@ -260,7 +273,6 @@ class GPUProfile:
         e = facts.efficiency
         self._gemm_rate = facts.datasheet_tflops * 1e9 * e.flops  # FLOP per ms
         self._bw = facts.datasheet_mem_bw_tbs * 1e9 * e.mem_bw  # bytes per ms
-        self._kv_bw = facts.datasheet_mem_bw_tbs * 1e9 * e.attn_decode_bw
         cfg, bs = ("impl", "hq", "hkv", "d"), ("batch", "seq")
         self._gemm = {k: _Grid(p, lambda m, _, k=k: self.gemm_model(m, *k))
                       for k, p in _group(tables.get("gemm", []), ("K", "N"), ("M",)).items()}
@@ -277,7 +289,7 @@ class GPUProfile:
         dec = tables.get("attn_decode", [])
         self.mixed_decode_rows = [r for r in dec if not _uniform(r)]
         uniform = _group([r for r in dec if _uniform(r)], cfg, ("batch", "ctx"))
-        self._dec = {c: _Grid(p, lambda b, x, c=c: self.decode_model(b, b * x, *c[1:]))
+        self._dec = {c: _Grid(p, lambda b, x, c=c: self.decode_model(c[0], b, b * x, *c[1:]))
                      for c, p in uniform.items()}
         self._mix: dict[tuple, tuple[list[int], list[float]]] = {}  # cfg -> (batches, weights)
         mixed = _group(self.mixed_decode_rows, cfg, ("batch", "sum_ctx", "max_ctx"))
@@ -301,9 +313,12 @@ class GPUProfile:
     def elementwise_model(self, op: str, M: float, H: float) -> float:
         return self.facts.efficiency.elementwise_floor_ms + M * H * ELEMENTWISE_BYTES[op] / self._bw
 
-    def decode_model(self, batch: float, sum_ctx: float, hq: int, hkv: int, d: int) -> float:
+    def decode_model(self, impl: str, batch: float, sum_ctx: float,
+                     hq: int, hkv: int, d: int) -> float:
+        e = self.facts.efficiency
         nbytes = (sum_ctx * 2 * hkv * d + batch * 2 * hq * d) * BF16  # K, V read; q in, out
-        return self.facts.efficiency.attn_floor_ms + nbytes / self._kv_bw
+        bw = self.facts.datasheet_mem_bw_tbs * 1e9 * e.attn_decode_bw[impl]
+        return e.attn_decode_floor_ms[impl] + nbytes / bw
 
     def prefill_model(self, impl: str, batch: float, q_len: float, kv_len: float,
                       hq: int, hkv: int, d: int) -> float:
@@ -314,7 +329,8 @@ class GPUProfile:
             t = max(flops / self._gemm_rate, scores)
         else:
             t = flops / (self.facts.datasheet_tflops * 1e9 * e.attn_prefill_flops)
-        return max(e.attn_floor_ms + t, self.decode_model(batch, batch * kv_len, hq, hkv, d))
+        read = self.decode_model("contiguous", batch, batch * kv_len, hq, hkv, d)
+        return max(e.attn_prefill_floor_ms + t, read)
 
     def prefill_mem_model(self, impl: str, batch: float, seq: float,
                           hq: int, hkv: int, d: int) -> float:
@@ -390,7 +406,7 @@ class GPUProfile:
         cfg = (impl, hq, hkv, d)
         lo = _scaled(self._dec, cfg, batch, sum_ctx / batch, lambda c: hkv * d / (c[2] * c[3]))
         if lo is None:
-            return self.decode_model(batch, sum_ctx, hq, hkv, d), ANALYTIC
+            return self.decode_model(impl, batch, sum_ctx, hq, hkv, d), ANALYTIC
         near = cfg if cfg in self._mix else _nearest(tuple(self._mix), cfg)
         if max_ctx is None or max_ctx * batch == sum_ctx or near is None:
             return lo

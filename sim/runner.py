@@ -93,6 +93,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         kv_bytes_per_token=model.kv_bytes_per_token,
         pcie_bytes_per_s=profile.facts.pcie_gbs * 1e9,
         swap_blocks=swap_blocks,
+        reserve_max_model_len=sc.kv.reserve == "max_model_len",
         progress=bar.update_to if bar else None,
     )
     if bar:

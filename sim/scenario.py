@@ -52,6 +52,10 @@ class KVSpec:
     num_blocks: int | None = field(default=None, metadata={"gt": 0})  # overrides the memory budget
     max_model_len: int | None = field(default=None, metadata={"gt": 0})  # default: the model's
     swap_space_gib: float = field(default=4.0, metadata={"ge": 0})  # host memory for swap preemption
+    # contiguous only: what a request reserves at admission. max_model_len: the whole
+    # context window (FasterTransformer, Orca "max"); max_tokens: its prompt plus its
+    # output cap (a system that knows each request's max_tokens)
+    reserve: Literal["max_model_len", "max_tokens"] = "max_model_len"
 
 
 @dataclass(frozen=True)

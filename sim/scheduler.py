@@ -34,6 +34,16 @@ class ReplicaState:
     waiting: deque[Seq] = field(default_factory=deque)
     swapped: deque[Seq] = field(default_factory=deque)
     swap_free_blocks: int = 0
+    reserve_max_model_len: bool = True  # contiguous KV: reserve the whole window
+
+    def max_total(self, s: Seq) -> int:
+        """The longest a request may grow: what a contiguous manager reserves for it."""
+        if self.reserve_max_model_len:
+            return self.max_model_len
+        return min(s.prompt + s.max_tokens, self.max_model_len)
+
+    def admission_need(self, s: Seq) -> int:
+        return self.kv.reserve_for(s.tokens_to_prefill, self.max_total(s))
 
 
 @dataclass
@@ -52,7 +62,7 @@ def _never_fits(st: ReplicaState, s: Seq, cap_tokens: int) -> str:
     n = s.tokens_to_prefill
     if n > cap_tokens:
         return f"prompt of {n} tokens exceeds the per-step limit of {cap_tokens}"
-    need = st.kv.reserve_for(n, min(s.prompt + s.max_tokens, st.max_model_len))
+    need = st.admission_need(s)
     if need > st.kv.num_blocks:
         return f"needs {need} KV slots/blocks, more than the {st.kv.num_blocks} that exist"
     return ""
@@ -65,12 +75,12 @@ class ContinuousPolicy:
         self.swap = spec.preemption == "swap"
 
     def schedule(self, st: ReplicaState, now: float) -> StepPlan:
-        if not st.swapped:
+        if st.waiting and not st.swapped:
             plan = self._admit(st)
             if plan.prefill or plan.reject:
                 return plan
         if len(st.batch) == 0 and not st.swapped:
-            return StepPlan("idle")
+            return IDLE
         return self._decode(st)
 
     def _admit(self, st: ReplicaState) -> StepPlan:
@@ -85,7 +95,7 @@ class ContinuousPolicy:
                 plan.reasons.append(reason)
                 continue
             n = s.tokens_to_prefill
-            need = kv.reserve_for(n, min(s.prompt + s.max_tokens, st.max_model_len))
+            need = st.admission_need(s)
             if tokens + n > spec.max_num_batched_tokens or seqs + 1 > spec.max_num_seqs:
                 break
             if not kv.can_allocate(blocks + need, self.watermark):
@@ -100,9 +110,11 @@ class ContinuousPolicy:
 
     def _decode(self, st: ReplicaState) -> StepPlan:
         batch, kv = st.batch, st.kv
-        plan = StepPlan("decode")
         need = batch.new_blocks_needed()
         free = kv.free_blocks
+        if need <= free and not st.swapped:
+            return DECODE
+        plan = StepPlan("decode")
         if need > free:
             swap_room = st.swap_free_blocks
             for victim in reversed(batch.members):
@@ -130,15 +142,19 @@ class ContinuousPolicy:
         return plan
 
 
+IDLE = StepPlan("idle")      # shared plans for the common cases: nobody mutates a plan
+DECODE = StepPlan("decode")
+
+
 class StaticPolicy:
     def __init__(self, spec: SchedulerSpec, kv: PagedKV):
         self.spec = spec
 
     def schedule(self, st: ReplicaState, now: float) -> StepPlan:
         if len(st.batch):
-            return StepPlan("decode")
+            return DECODE
         if not st.waiting:
-            return StepPlan("idle")
+            return IDLE
         deadline = st.waiting[0].arrival + self.spec.max_wait_s
         if len(st.waiting) < self.spec.max_batch_size and now < deadline:
             return StepPlan("idle", wake_at=deadline)
@@ -146,6 +162,9 @@ class StaticPolicy:
         chosen: list[Seq] = []
         for s in st.waiting:
             reason = _never_fits(st, s, st.max_model_len)
+            if not reason and self.batch_reservation(st, [s]) > st.kv.num_blocks:
+                reason = (f"its prompt and output cap need {self.batch_reservation(st, [s])} "
+                          f"KV slots/blocks, more than the {st.kv.num_blocks} that exist")
             if reason:
                 plan.reject.append(s)
                 plan.reasons.append(reason)

@@ -291,6 +291,31 @@ def test_profile_efficiencies_are_the_fit_to_its_gemm_table(name):
     assert fit["median_rel_err"] < 0.08
 
 
+def test_h200_attention_efficiencies_are_the_fit_to_its_attention_tables(h200):
+    pd = pytest.importorskip("pandas")
+    from sim.profile_convert import fit_attention_efficiency
+
+    f, e = h200.facts, h200.facts.efficiency
+    fit = fit_attention_efficiency(pd.read_csv(H200 / "attn_prefill.csv"),
+                                   pd.read_csv(H200 / "attn_decode.csv"), f.datasheet_tflops,
+                                   f.datasheet_mem_bw_tbs, {"flops": e.flops, "mem_bw": e.mem_bw})
+    assert fit["attn_prefill_flops"] == e.attn_prefill_flops
+    assert fit["attn_prefill_floor_ms"] == e.attn_prefill_floor_ms
+    assert fit["naive_bytes_per_score"] == e.naive_bytes_per_score
+    assert fit["attn_decode_bw"] == e.attn_decode_bw
+    assert fit["attn_decode_floor_ms"] == e.attn_decode_floor_ms
+    assert fit["errors"]["contiguous"][0] < 0.1  # median relative error of the roofline
+
+
+def test_decode_efficiency_must_name_every_decode_impl(tmp_path):
+    folder = copy_profile(tmp_path, "l40s")
+    yaml_file = folder / "profile.yaml"
+    yaml_file.write_text(yaml_file.read_text().replace("paged_gather: 0.32}", "flashinfer: 0.32}"))
+    with pytest.raises(SpecError, match=r"profile.yaml: efficiency.attn_decode_bw: has contiguous, "
+                                        r"paged, flashinfer \(allowed: one entry per"):
+        load_profile(str(folder))
+
+
 def test_summary_reports_name_flag_and_table_rows(h200):
     s = h200.summary()
     assert s["name"] == "h200-sxm" and s["analytic"] is False
