@@ -15,7 +15,6 @@ import statistics
 import time
 from pathlib import Path
 
-
 from sim.engine import simulate
 from sim.kv import make_kv
 from sim.latency import StepLatency

@@ -82,7 +82,6 @@ def cmd_run(a) -> int:
 
 def cmd_compare(a) -> int:
     from .runner import run
-
     from .scenario import load_scenario
 
     scs = [load_scenario(f, _parse_sets(a.set)) for f in a.scenarios]  # validate all first
@@ -127,7 +126,7 @@ def cmd_gpus(a) -> int:
     for name in known_profiles():
         p = load_profile(name)
         f = p.facts
-        kind = "measured" if f.analytic is False else ("analytic" if f.analytic is True else f"partly measured")
+        kind = "measured" if f.analytic is False else ("analytic" if f.analytic is True else "partly measured")
         print(f"{name:12} {f.memory_gib:6.1f} GiB  {kind}")
     return 0
 
@@ -156,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out")
     s.add_argument("--no-plots", action="store_true")
     s.set_defaults(fn=cmd_sweep)
+    from .calibrate.cli import add_parsers as add_calibrate_parsers
+
+    add_calibrate_parsers(sub)  # calibrate, validate (torch imported only when they run)
     sub.add_parser("models", help="list model specs").set_defaults(fn=cmd_models)
     sub.add_parser("gpus", help="list GPU profiles").set_defaults(fn=cmd_gpus)
     return ap

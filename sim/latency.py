@@ -142,7 +142,9 @@ class StepLatency:
     @staticmethod
     def _ctx_keys(n: int, sum_ctx: int, max_ctx: int) -> tuple[int, int]:
         ctx_q = _quantize(sum_ctx // n, 7)
-        return ctx_q, max(ctx_q, _quantize(max_ctx, 5)) if n > 1 else ctx_q
+        if n == 1:
+            return ctx_q, ctx_q
+        return ctx_q, min(max(ctx_q, _quantize(max_ctx, 5)), ctx_q * n)
 
     def _decode_attn_parts(self, n: int, ctx_q: int, max_q: int) -> list[tuple[float, str]]:
         m = self.m

@@ -78,9 +78,10 @@ class Scenario:
     scheduler: SchedulerSpec = SchedulerSpec()
     kv: KVSpec = KVSpec()
     slo: SLOSpec = SLOSpec()
-    # where relative paths in the scenario resolve; set by the loader
-    base_dir: str = ""
-    file: str = ""
+    # set by the loader, not by the YAML: the scenario file and its folder (where
+    # relative paths resolve)
+    base_dir: str = field(default="", init=False, compare=False)
+    file: str = field(default="", init=False, compare=False)
 
     def check(self):
         if self.kv.manager == "contiguous" and self.attention.decode in ("paged", "paged_gather"):
@@ -108,15 +109,15 @@ def load_scenario(file: str | Path, overrides: dict[str, object] | None = None) 
     data = load_yaml(p)
     for dotted, value in (overrides or {}).items():
         set_dotted(data, dotted, value, file=p)
-    data.setdefault("base_dir", str(p.resolve().parent))
-    data.setdefault("file", str(p))
-    return scenario_from_dict(data, file=p)
+    return scenario_from_dict(data, file=p, base_dir=p.resolve().parent)
 
 
-def scenario_from_dict(data: dict, *, file: str | Path | None = None) -> Scenario:
-    for reserved in ("base_dir", "file"):
-        data.setdefault(reserved, "")
-    return build(Scenario, data, file=file)
+def scenario_from_dict(data: dict, *, file: str | Path | None = None,
+                       base_dir: str | Path | None = None) -> Scenario:
+    sc = build(Scenario, data, file=file)
+    object.__setattr__(sc, "file", str(file) if file else "")
+    object.__setattr__(sc, "base_dir", str(base_dir) if base_dir else "")
+    return sc
 
 
 def set_dotted(data: dict, dotted: str, value: object, *, file=None) -> None:

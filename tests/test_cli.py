@@ -1,0 +1,99 @@
+"""The command line: outputs as named, and bad input as one clear line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = (ROOT / "scenarios" / "quickstart.yaml").read_text()
+
+
+def llmsim(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=300)
+
+
+def test_run_writes_the_contracted_files_and_columns(tmp_path):
+    out = tmp_path / "run"
+    r = llmsim("run", str(ROOT / "scenarios" / "quickstart.yaml"), "--out", str(out),
+               "--set", "workload.num_requests=200")
+    assert r.returncode == 0, r.stderr
+    req = pd.read_csv(out / "requests.csv")
+    for col in ["id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s",
+                "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions"]:
+        assert col in req.columns
+    steps = pd.read_csv(out / "steps.csv")
+    for col in ["t_start", "t_end", "kind", "num_seqs", "num_tokens", "kv_blocks_used"]:
+        assert col in steps.columns
+    s = json.loads((out / "summary.json").read_text())
+    assert s["requests"]["total"] == 200 == len(req)
+    for metric in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        assert set(s[metric]) >= {"p50", "p90", "p99"}
+    assert abs(sum(s["lookup_provenance"].values()) - 1) < 1e-9
+    assert s["goodput"]["requests_per_s"] <= s["request_throughput"]
+    assert (out / "latency_cdf.png").stat().st_size > 10_000
+    assert (out / "timeline.png").stat().st_size > 10_000
+    assert "TTFT p50" in r.stdout
+
+
+def test_compare_prints_one_column_per_scenario():
+    r = llmsim("compare", "scenarios/quickstart.yaml", "scenarios/quickstart.yaml",
+               "--set", "workload.num_requests=50")
+    assert r.returncode == 0, r.stderr
+    header = r.stdout.splitlines()[0]
+    assert header.count("quickstart") == 2
+
+
+def test_sweep_prints_one_column_per_value():
+    r = llmsim("sweep", "scenarios/quickstart.yaml", "--field", "workload.arrival.rate",
+               "--values", "1,4", "--set", "workload.num_requests=50")
+    assert r.returncode == 0, r.stderr
+    assert "rate=1" in r.stdout and "rate=4" in r.stdout
+
+
+BAD = {
+    "unknown key": (QUICK.replace("seed: 1", "seed: 1\nbogus: 3"), "bogus: unknown key"),
+    "wrong type": (QUICK.replace("seed: 1", "seed: one"), "seed: expected an integer"),
+    "unknown model": (QUICK.replace("model: llama-3-8b", "model: llama-9b"), "model: unknown 'llama-9b' (known:"),
+    "unknown gpu": (QUICK.replace("gpu: h200-sxm", "gpu: h10"), "gpu: unknown 'h10' (known: a100-80gb"),
+    "negative rate": (QUICK.replace("rate: 2.5", "rate: -2"), "workload.arrival.rate: -2.0 is out of range"),
+    "model too big": (QUICK.replace("model: llama-3-8b", "model: llama-3-70b"), "model: llama-3-70b does not fit"),
+    "missing length file": (QUICK.replace("data/traces/sharegpt_lengths.csv", "nope.csv"),
+                            "workload.lengths.path: file not found"),
+    "missing trace": ("workload:\n  trace: {path: gone.csv}\n", "workload.trace.path: file not found"),
+    "malformed trace": ("workload:\n  trace: {path: bad.csv}\n", "bad.csv: line 3: prompt_tokens"),
+    "malformed yaml": ("workload: [1, 2\n", "malformed YAML"),
+    "bad policy": (QUICK.replace("policy: continuous", "policy: greedy"),
+                   "scheduler.policy: unknown 'greedy' (allowed: continuous, static)"),
+    "paged kernel on contiguous kv": (QUICK.replace("manager: paged", "manager: contiguous"),
+                                      "attention.decode: 'paged' needs kv.manager: paged"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_gets_one_line_exit_2_and_no_output(tmp_path, case):
+    text, expected = BAD[case]
+    (tmp_path / "bad.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,abc,5\n")
+    f = tmp_path / "s.yaml"
+    f.write_text(text)
+    out = tmp_path / "out"
+    r = llmsim("run", str(f), "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert expected in lines[0]
+    assert "Traceback" not in r.stderr
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_bad_override_names_the_field():
+    r = llmsim("run", "scenarios/quickstart.yaml", "--set", "kv.block_size=0", "--out", "/nonexistent/x")
+    assert r.returncode == 2
+    assert "kv.block_size: 0 is out of range (allowed: > 0)" in r.stderr
