@@ -68,6 +68,7 @@ class RunningBatch:
         self.members: dict[Seq, None] = {}  # insertion order = admission order
         self.n_compute = 0                  # rows computed per decode step (members + padding)
         self.s0 = 0                         # sum over rows of (len at join - d0)
+        self.s0_live = 0                    # the same over members only (no padding rows)
         self.phase = [0] * block_size       # rows needing a new block when D % bs == phase
         self.finish_heap: list[tuple[int, int, int, Seq]] = []
         self.len_heap: list[tuple[int, int, int, Seq]] = []  # max-heap of (len at join - d0)
@@ -97,8 +98,9 @@ class RunningBatch:
         return 0
 
     def kv_tokens(self) -> int:
-        """Tokens whose keys and values are stored now, over all rows."""
-        return self.sum_ctx() - self.n_compute
+        """Tokens whose keys and values are stored now for live members."""
+        n = len(self.members)
+        return self.s0_live + n * (self.D - 1)
 
     def held_blocks(self, s: Seq) -> int:
         """KV blocks a paged member holds between steps."""
@@ -128,6 +130,7 @@ class RunningBatch:
         self.n_compute += 1
         length = s.prompt + s.g0
         self.s0 += length - self.D
+        self.s0_live += length - self.D
         if self.paged:
             self.phase[(self.D - length + 1) % self.bs] += 1
         heapq.heappush(self.finish_heap, (self.D + s.output - s.g0, s.order, s.epoch, s))
@@ -148,6 +151,7 @@ class RunningBatch:
         del self.members[s]
         if self.paged:
             self.phase[(s.d0 - s.prompt - s.g0 + 1) % self.bs] -= 1
+        self.s0_live -= s.prompt + s.g0 - s.d0
         if not keep_row:
             self.n_compute -= 1
             self.s0 -= s.prompt + s.g0 - s.d0

@@ -210,9 +210,9 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
             dur = lat.decode(n, batch.sum_ctx(), batch.max_ctx()) + move_s
             yield env.timeout(dur)
             t_end = now + dur
-            rep._record(now, t_end, 1, n, n)
             for s in batch.advance(t_end, rep.gaps, rep.weights):
                 rep._release(s)
+            rep._record(now, t_end, 1, n, n)
             if rep.static and len(batch) == 0:
                 rep._end_static_batch()
         elif kind == "prefill":
@@ -220,8 +220,8 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
             dur = lat.prefill(chunks)
             yield env.timeout(dur)
             t_end = now + dur
-            rep._record(now, t_end, 0, len(chunks), sum(q for q, _ in chunks))
             rep._finish_prefill(plan, t_end)
+            rep._record(now, t_end, 0, len(chunks), sum(q for q, _ in chunks))
             if rep.static and len(batch) == 0:
                 rep._end_static_batch()
         elif kind == "preempt":
