@@ -49,9 +49,11 @@ class RuntimeSpec:
     description: str = ""
     host_ms_per_step: float = field(default=0.0, metadata={"ge": 0})
     host_ms_per_layer: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_layer_decode_extra: float = field(default=0.0, metadata={"ge": 0})  # decode's host path
     host_ms_per_prefill_seq_layer: float = field(default=0.0, metadata={"ge": 0})
     host_ms_per_verify_seq_layer: float = field(default=0.0, metadata={"ge": 0})
     gpu_scale: float = field(default=1.0, metadata={"gt": 0})
+    gpu_scale_decode: float = field(default=1.0, metadata={"gt": 0})
     source: str = ""
 
 
@@ -178,9 +180,13 @@ class StepLatency:
         return self._piece(("va", q_len, kv_q), compute)
 
     # ---- steps (seconds) --------------------------------------------------------
-    def _combine(self, gpu_ms: float, prefill_seqs: int = 0, verify_seqs: int = 0) -> float:
+    def _combine(self, gpu_ms: float, prefill_seqs: int = 0, verify_seqs: int = 0,
+                 decode: bool = False) -> float:
         rt = self.rt
         host = rt.host_ms_per_step + rt.host_ms_per_layer * self.m.layers
+        if decode:
+            host += rt.host_ms_per_layer_decode_extra * self.m.layers
+            return max(host, gpu_ms * rt.gpu_scale_decode) * 1e-3
         if prefill_seqs or verify_seqs:
             host += self.m.layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
                                      + rt.host_ms_per_verify_seq_layer * verify_seqs)
@@ -200,7 +206,7 @@ class StepLatency:
         """A step decoding one token for each of `n` sequences attending over `sum_ctx`
         tokens in all (`max_ctx` the longest)."""
         ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
-        key = ("decode", n, ctx_q, max_q)
+        key = ("decode", n, ctx_q, max_q)  # (for a decode step, not the GPU piece alone)
         e = self._memo.get(key)  # the hot path: one dict hit per decode step
         if e is not None:
             e[2] += 1
@@ -209,7 +215,7 @@ class StepLatency:
         gpu = self._piece(key, lambda: self._dense_parts(n) + [self.p.gemm(n, k, v)]
                           + self._decode_attn_parts(n, ctx_q, max_q))
         e = self._memo[key]
-        e.append(self._combine(gpu))
+        e.append(self._combine(gpu, decode=True))
         return e[3]
 
     def verify(self, rows: list[tuple[int, int]]) -> float:

@@ -6,9 +6,9 @@ A measured grid (`model,kind,batch,new_tokens,ctx,ms`: prefill steps of
 the step model's GPU time for the same steps; the host parameters of
 `RuntimeSpec` are chosen to minimise the mean absolute relative error of
 
-    step = max(host_ms_per_step + host_ms_per_layer * L
+    step = max(host_ms_per_step + host_ms_per_layer * L + host_ms_per_layer_decode_extra * L * [decode]
                + (host_ms_per_prefill_seq_layer * P + host_ms_per_verify_seq_layer * V) * L,
-               gpu_scale * gpu_ms)
+               (gpu_scale_decode if decode else gpu_scale) * gpu_ms)
 
 (P, V = sequences in a prefill or verify row: their attention is launched per sequence).
 `python -m sim.runtime_fit GRID.csv --gpu h200-sxm --name NAME` prints the
@@ -67,38 +67,62 @@ def gpu_times(rows: list[dict], gpu: str, prefill_impl="flash", decode_impl="pag
 
 def predict(spec: RuntimeSpec, gpu_ms: np.ndarray, layers: np.ndarray, prefill_seqs: np.ndarray,
             verify_seqs: np.ndarray) -> np.ndarray:
+    decode = (prefill_seqs + verify_seqs) == 0
     host = spec.host_ms_per_step + spec.host_ms_per_layer * layers
+    host = host + spec.host_ms_per_layer_decode_extra * decode * layers
     host = host + (spec.host_ms_per_prefill_seq_layer * prefill_seqs
                    + spec.host_ms_per_verify_seq_layer * verify_seqs) * layers
-    return np.maximum(host, spec.gpu_scale * gpu_ms)
+    scale = np.where(decode, spec.gpu_scale_decode, spec.gpu_scale)
+    return np.maximum(host, scale * gpu_ms)
+
+
+def _search(model, ranges: list[np.ndarray], rounds: int = 5) -> tuple[float, ...]:
+    """Coarse-to-fine grid search minimising mean squared relative error (unbiased on
+    average, which is what TPOT and throughput depend on)."""
+    best: tuple[float, tuple[float, ...]] = (np.inf, ())
+    for _round in range(rounds):
+        cols = [x.ravel()[:, None] for x in np.meshgrid(*ranges, indexing="ij")]
+        err = model(*cols)
+        i = int(err.argmin())
+        if err[i] < best[0]:
+            best = (float(err[i]), tuple(float(c[i, 0]) for c in cols))
+        ranges = [np.linspace(max(0.0, v - 2 * (r[1] - r[0])), v + 2 * (r[1] - r[0]), 9)
+                  for v, r in zip(best[1], ranges, strict=True)]
+    return best[1]
 
 
 def fit(rows: list[dict], gpu: str, name: str, kinds=("prefill", "decode", "verify"),
         **impls) -> tuple[RuntimeSpec, list[dict]]:
+    """Prefill and verify rows fix the shared host terms; decode rows then fit decode's own
+    extra host cost and GPU scale."""
     rows = [r for r in rows if r["kind"] in kinds]
     g = gpu_times(rows, gpu, **impls)
     L = np.array([load_model(r["model"]).layers for r in rows], dtype=float)
     P = np.array([r["batch"] if r["kind"] == "prefill" else 0 for r in rows], dtype=float)
     V = np.array([r["batch"] if r["kind"] == "verify" else 0 for r in rows], dtype=float)
     y = np.array([r["ms"] for r in rows])
-    best: tuple[float, tuple] = (np.inf, ())
-    # coarse-to-fine grid search over the five parameters
-    ranges = [np.linspace(0, 5, 11), np.linspace(0, 1.5, 16), np.linspace(0, 0.2, 9),
-              np.linspace(0, 0.4, 17), np.linspace(0.7, 1.3, 13)]
-    for _round in range(4):
-        grids = np.meshgrid(*ranges, indexing="ij")
-        a, b, c, d, s = (x.ravel()[:, None] for x in grids)
-        pred = np.maximum(a + b * L + (c * P + d * V) * L, s * g)
-        err = ((pred / y - 1) ** 2).mean(axis=1)  # least squares: unbiased on average
-        i = int(err.argmin())
-        if err[i] < best[0]:
-            best = (float(err[i]), tuple(float(x[i, 0]) for x in (a, b, c, d, s)))
-        ranges = [np.linspace(max(0.0, v - 2 * (r[1] - r[0])), v + 2 * (r[1] - r[0]), 9)
-                  for v, r in zip(best[1], ranges, strict=True)]
-    a, b, c, d, s = best[1]
+    dec = (P + V) == 0
+    nd = ~dec if (~dec).any() else dec
+
+    def multi(a, b, c, d, s):
+        pred = np.maximum(a + b * L[nd] + (c * P[nd] + d * V[nd]) * L[nd], s * g[nd])
+        return ((pred / y[nd] - 1) ** 2).mean(axis=1)
+
+    a, b, c, d, s = _search(multi, [np.linspace(0, 5, 11), np.linspace(0, 1.5, 16),
+                                    np.linspace(0, 0.2, 5), np.linspace(0, 0.4, 9),
+                                    np.linspace(0.7, 1.3, 13)])
+    e, sd = 0.0, s
+    if dec.any():
+        def decode(e, sd):
+            pred = np.maximum(a + (b + e) * L[dec], sd * g[dec])
+            return ((pred / y[dec] - 1) ** 2).mean(axis=1)
+
+        e, sd = _search(decode, [np.linspace(0, 0.2, 21), np.linspace(0.7, 1.5, 17)])
     spec = RuntimeSpec(name=name, host_ms_per_step=round(a, 4), host_ms_per_layer=round(b, 4),
+                       host_ms_per_layer_decode_extra=round(e, 5),
                        host_ms_per_prefill_seq_layer=round(c, 5),
-                       host_ms_per_verify_seq_layer=round(d, 5), gpu_scale=round(s, 4))
+                       host_ms_per_verify_seq_layer=round(d, 5), gpu_scale=round(s, 4),
+                       gpu_scale_decode=round(sd, 4))
     pred = predict(spec, g, L, P, V)
     table = [{**r, "gpu_ms": gi, "pred_ms": p, "err": p / r["ms"] - 1}
              for r, gi, p in zip(rows, g, pred, strict=True)]
