@@ -18,9 +18,8 @@ from pathlib import Path
 from sim.engine import simulate
 from sim.kv import make_kv
 from sim.latency import StepLatency
-from sim.runner import prepare
+from sim.runner import POLICIES, prepare
 from sim.scenario import load_scenario
-from sim.scheduler import POLICIES
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "azure_conv_reference.yaml"

@@ -24,7 +24,7 @@ class Seq:
         "rid", "arrival", "prompt", "output", "max_tokens", "generated", "state",
         "first_token_t", "finish_t", "sched_t", "preemptions", "d0", "g0", "t_join",
         "order", "epoch", "reserved", "last_token_t", "reject_reason", "cached_tokens",
-        "prefix", "spec",
+        "prefix", "prefix_refs", "prefilled", "spec",
     )
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, max_tokens: int):
@@ -49,6 +49,8 @@ class Seq:
         self.reject_reason = ""
         self.cached_tokens = 0      # prompt tokens served from the prefix cache
         self.prefix = None          # prefix-block hashes, when the workload has them
+        self.prefix_refs = []       # prefix-cache blocks this request references
+        self.prefilled = 0          # tokens of the current (re)prefill computed so far
         self.spec = None            # speculative-decoding per-request state
 
     @property

@@ -16,7 +16,8 @@ import simpy
 from .batch import FINISHED, REJECTED, SWAPPED, WAITING, RunningBatch, Seq
 from .kv import ContiguousKV, PagedKV
 from .latency import StepLatency
-from .scheduler import ReplicaState, StaticPolicy, StepPlan
+from .prefix import PrefixCache
+from .scheduler import DECODE, ReplicaState, StaticPolicy, StepPlan
 from .workload import Workload
 
 KIND_CODES = {"prefill": 0, "decode": 1}
@@ -44,6 +45,7 @@ class RunResult:
     kv: PagedKV
     end_time: float
     swap_bytes: float = 0.0
+    prefix_cache: dict | None = None
 
 
 class Replica:
@@ -67,70 +69,115 @@ class Replica:
         self.swap_bytes = 0.0
         self.arrivals_done = False
 
-    # ---- plan application -----------------------------------------------------
+    # ---- KV ------------------------------------------------------------------------
+    def _alloc(self, blocks: int) -> None:
+        self.st.kv.allocate(blocks)
+        if self.st.prefix is not None:
+            self.st.prefix.evict_to_fit()
+
+    def _free(self, s: Seq, held: int) -> None:
+        """`s` lets go of `held` logical blocks; blocks another request shares stay."""
+        prefix = self.st.prefix
+        self.st.kv.free(held - prefix.release(s) if prefix is not None else held)
+
+    def _held(self, s: Seq) -> int:
+        if self.contiguous:
+            return s.reserved
+        if s in self.st.batch.members:
+            return self.st.batch.held_blocks(s)
+        return self.st.kv.blocks_for(s.prefilled)
+
+    # ---- plan application -------------------------------------------------------------
     def _reject(self, plan: StepPlan) -> None:
         gone = set(plan.reject)
-        self.st.waiting = type(self.st.waiting)(s for s in self.st.waiting if s not in gone)
+        st = self.st
+        st.waiting = type(st.waiting)(s for s in st.waiting if s not in gone)
+        if st.swapped and any(s.state == SWAPPED for s in gone):
+            st.swapped = type(st.swapped)(s for s in st.swapped if s not in gone)
+            for s in gone:
+                if s.state == SWAPPED:
+                    st.swap_free_blocks += s.reserved
         for s, why in zip(plan.reject, plan.reasons, strict=True):
             s.state = REJECTED
             s.reject_reason = why
             self.pending -= 1
 
-    def _start_prefill(self, plan: StepPlan, now: float) -> list[tuple[int, int]]:
-        st, kv = self.st, self.st.kv
-        chunks = []
+    def _admit(self, plan: StepPlan, now: float, tokens: list[int] | None = None) -> None:
+        """Take the plan's new requests off the queue and give them KV for `tokens` each
+        (default: their whole prefill), reusing cached prefix blocks."""
+        st, kv, prefix = self.st, self.st.kv, self.st.prefix
         per_row = StaticPolicy.per_request_reservation(st, plan.prefill) if self.static else 0
-        for s in plan.prefill:
+        for i, (s, h) in enumerate(zip(plan.prefill, plan.hits, strict=True)):
             st.waiting.popleft()
-            n = s.tokens_to_prefill
+            first = s.sched_t < 0
+            if first:
+                s.sched_t = now
             if self.contiguous:
                 s.reserved = per_row or st.admission_need(s)
-                kv.allocate(s.reserved)
+                self._alloc(s.reserved)
+                s.prefilled = 0
+                continue
+            upto = None if tokens is None else tokens[i]
+            if prefix is not None and s.prefix:
+                need = prefix.admission_blocks(s, h, upto)
+                s.prefilled = prefix.acquire(s, h, first)
+                if first:
+                    s.cached_tokens = s.prefilled
             else:
-                kv.allocate(kv.blocks_for(n))
-            if s.sched_t < 0:
-                s.sched_t = now
-            chunks.append((n, 0))
+                s.prefilled = 0
+                need = kv.blocks_for(s.tokens_to_prefill if upto is None else upto)
+            self._alloc(need)
         if self.static:
             self.static_rows = list(plan.prefill)
-        return chunks
 
-    def _finish_prefill(self, plan: StepPlan, t_end: float) -> None:
-        for s in plan.prefill:
-            s.generated += 1
-            if s.first_token_t < 0:
-                s.first_token_t = t_end
-            else:  # resumed after a recompute preemption: one long gap
-                self.gaps.append(t_end - s.last_token_t)
-                self.weights.append(1)
-            if s.generated >= s.output:
-                s.finish_t = t_end
-                self._release(s, prefilled=True)
-            else:
-                self.st.batch.join(s, t_end)
+    def _first_token(self, s: Seq, t_end: float) -> None:
+        """`s` finished its (re)prefill at `t_end`: one token out, then decode or finish."""
+        s.generated += 1
+        if s.first_token_t < 0:
+            s.first_token_t = t_end
+        else:  # resumed after a recompute preemption: one long gap
+            self.gaps.append(t_end - s.last_token_t)
+            self.weights.append(1)
+        if self.st.prefix is not None:
+            self.st.prefix.insert(s, s.prompt)
+        if s.generated >= s.output:
+            s.finish_t = t_end
+            self._release(s)
+        else:
+            self.st.batch.join(s, t_end)
 
-    def _release(self, s: Seq, prefilled: bool = False) -> None:
+    def _release(self, s: Seq) -> None:
         """A finished request gives back its KV (static contiguous rows wait for the batch)."""
         s.state = FINISHED
         self.pending -= 1
-        kv = self.st.kv
         if self.contiguous:
             if not self.static:
-                kv.free(s.reserved)
-        else:
-            kv.free(kv.blocks_for(s.prompt + s.generated - 1))
+                self.st.kv.free(s.reserved)
+            return
+        tokens = s.prompt + s.generated - 1
+        if self.st.prefix is not None:
+            self.st.prefix.insert(s, tokens)
+        self._free(s, self.st.kv.blocks_for(tokens))
 
-    def _apply_decode_plan(self, plan: StepPlan) -> float:
-        """Preempt / swap before a decode step; returns the seconds spent moving KV."""
-        st, batch, kv = self.st, self.st.batch, self.st.kv
-        moved = 0
+    def _preempt(self, plan: StepPlan) -> None:
+        """Recompute preemption: victims lose their KV and go back to the queue's front."""
+        st, batch = self.st, self.st.batch
         for v in plan.preempt:
-            held = v.reserved if self.contiguous else batch.held_blocks(v)
-            batch.leave(v)
-            kv.free(held)
+            held = self._held(v)
+            if v in batch.members:
+                batch.leave(v)
+            else:
+                st.prefilling.remove(v)
+            self._free(v, held)
+            v.prefilled = 0
             v.state = WAITING
             v.preemptions += 1
         st.waiting.extendleft(reversed(plan.preempt))
+
+    def _swap(self, plan: StepPlan) -> float:
+        """Swap victims out and swapped requests back in; returns the seconds spent."""
+        st, batch, kv = self.st, self.st.batch, self.st.kv
+        moved = 0
         for v in plan.swap_out:
             held = batch.held_blocks(v)
             batch.leave(v)
@@ -143,7 +190,7 @@ class Replica:
             moved += held
         for s in plan.swap_in:
             st.swapped.popleft()
-            kv.allocate(s.reserved)
+            self._alloc(s.reserved)
             st.swap_free_blocks += s.reserved
             moved += s.reserved
             batch.join(s, s.last_token_t)
@@ -152,6 +199,67 @@ class Replica:
         nbytes = moved * self.block_bytes
         self.swap_bytes += nbytes
         return nbytes / self.pcie
+
+    # ---- steps ------------------------------------------------------------------------
+    def decode_step(self, plan: StepPlan) -> tuple[float, int]:
+        """Start a decode step (after any preemption or swapping); returns (seconds, rows)."""
+        batch = self.st.batch
+        move_s = 0.0
+        if plan is not DECODE:
+            if plan.preempt:
+                self._preempt(plan)
+            if plan.swap_out or plan.swap_in:
+                move_s = self._swap(plan)
+        need = batch.new_blocks_needed()
+        if need:
+            self._alloc(need)
+        n = batch.n_compute
+        return self.lat.decode(n, batch.sum_ctx(), batch.max_ctx()) + move_s, n
+
+    def prefill_step(self, plan: StepPlan, now: float) -> tuple[float, int, int]:
+        """Start an all-prefill step; returns (seconds, sequences, tokens)."""
+        self._admit(plan, now)
+        chunks = [(s.tokens_to_prefill - s.prefilled, s.prefilled) for s in plan.prefill]
+        return self.lat.prefill(chunks), len(chunks), sum(q for q, _ in chunks)
+
+    def finish_prefill_step(self, plan: StepPlan, t_end: float) -> None:
+        for s in plan.prefill:
+            s.prefilled = s.tokens_to_prefill
+            self._first_token(s, t_end)
+
+    def mixed_step(self, plan: StepPlan, now: float) -> tuple[float, int, int, int]:
+        """Start a chunked step (decodes + prefill chunks); returns (seconds, kind,
+        sequences, tokens)."""
+        st, batch, kv = self.st, self.st.batch, self.st.kv
+        if plan.preempt:
+            self._preempt(plan)
+        new = {s: q for s, q in plan.chunks[len(plan.chunks) - len(plan.prefill):]}
+        if plan.prefill:
+            self._admit(plan, now, [st.admission(s)[1] + new[s] for s in plan.prefill])
+            st.prefilling.extend(plan.prefill)
+        chunks = []
+        for s, q in plan.chunks:
+            if s not in new:
+                self._alloc(kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled))
+            chunks.append((q, s.prefilled))
+        need = batch.new_blocks_needed()
+        if need:
+            self._alloc(need)
+        n = batch.n_compute
+        dur = self.lat.mixed(n, batch.sum_ctx(), batch.max_ctx(), chunks)
+        kind = (1 if n else 0) if not chunks else (3 if n else 0)
+        return dur, kind, n + len(chunks), n + sum(q for q, _ in chunks)
+
+    def finish_mixed_step(self, plan: StepPlan, t_end: float) -> None:
+        st = self.st
+        if st.batch.n_compute:
+            for s in st.batch.advance(t_end, self.gaps, self.weights):
+                self._release(s)
+        for s, q in plan.chunks:
+            s.prefilled += q
+            if s.prefilled >= s.tokens_to_prefill:
+                st.prefilling.remove(s)
+                self._first_token(s, t_end)
 
     def _end_static_batch(self) -> None:
         """The batch's longest request finished: every row gives its slot back."""
@@ -189,7 +297,7 @@ def arrivals(env: simpy.Environment, workload: Workload, rep: Replica, seqs: lis
 
 def replica(env: simpy.Environment, rep: Replica, progress=None):
     """Run iterations until every request has finished or been rejected."""
-    st, lat, log = rep.st, rep.lat, rep.log
+    st, log = rep.st, rep.log
     batch = st.batch
     policy = rep.policy
     while rep.pending > 0:
@@ -199,33 +307,27 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
             rep._reject(plan)
         kind = plan.kind
         if kind == "decode":
-            if plan.preempt or plan.swap_out or plan.swap_in:
-                move_s = rep._apply_decode_plan(plan)
-            else:
-                move_s = 0.0
-            need = batch.new_blocks_needed()
-            if need:
-                st.kv.allocate(need)
-            n = batch.n_compute
-            dur = lat.decode(n, batch.sum_ctx(), batch.max_ctx()) + move_s
+            dur, n = rep.decode_step(plan)
             yield env.timeout(dur)
             t_end = now + dur
             for s in batch.advance(t_end, rep.gaps, rep.weights):
                 rep._release(s)
             rep._record(now, t_end, 1, n, n)
-            if rep.static and len(batch) == 0:
-                rep._end_static_batch()
         elif kind == "prefill":
-            chunks = rep._start_prefill(plan, now)
-            dur = lat.prefill(chunks)
+            dur, n, tokens = rep.prefill_step(plan, now)
             yield env.timeout(dur)
             t_end = now + dur
-            rep._finish_prefill(plan, t_end)
-            rep._record(now, t_end, 0, len(chunks), sum(q for q, _ in chunks))
-            if rep.static and len(batch) == 0:
-                rep._end_static_batch()
+            rep.finish_prefill_step(plan, t_end)
+            rep._record(now, t_end, 0, n, tokens)
+        elif kind == "mixed":
+            dur, code, n, tokens = rep.mixed_step(plan, now)
+            yield env.timeout(dur)
+            t_end = now + dur
+            rep.finish_mixed_step(plan, t_end)
+            rep._record(now, t_end, code, n, tokens)
         elif kind == "preempt":
-            rep._apply_decode_plan(plan)
+            rep._preempt(plan)
+            rep._swap(plan)
         elif kind == "idle":
             if rep.arrivals_done and not st.waiting and not st.swapped and len(batch) == 0:
                 break
@@ -235,6 +337,8 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
             else:
                 yield rep.wake
             rep.wake = None
+        if rep.static and len(batch) == 0 and batch.n_compute:
+            rep._end_static_batch()
         if progress is not None and len(log.t_end) % 2000 == 0:
             progress(env.now)
 
@@ -242,12 +346,14 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
 def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
              max_model_len: int, kv_bytes_per_token: float, pcie_bytes_per_s: float,
              swap_blocks: int = 0, reserve_max_model_len: bool = True,
-             progress=None) -> RunResult:
+             prefix_caching: bool = False, progress=None) -> RunResult:
     """Replay `workload` through one replica; every request ends finished or rejected."""
     paged = not isinstance(kv, ContiguousKV)
     batch = RunningBatch(kv.block_size, paged, keep_finished=isinstance(policy, StaticPolicy))
     st = ReplicaState(kv=kv, batch=batch, max_model_len=max_model_len, swap_free_blocks=swap_blocks,
                       reserve_max_model_len=reserve_max_model_len)
+    if prefix_caching and workload.prefix_hashes is not None and paged:
+        st.prefix = PrefixCache(kv, workload.block_tokens)
     rep = Replica(st, policy, latency, kv_bytes_per_token, pcie_bytes_per_s)
     arr = np.asarray(workload.arrival_s, dtype=float).tolist()
     seqs = [
@@ -260,6 +366,9 @@ def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
             strict=True,
         ))
     ]
+    if workload.prefix_hashes is not None:
+        for s, h in zip(seqs, workload.prefix_hashes, strict=True):
+            s.prefix = h
     rep.pending = len(seqs)
     env = simpy.Environment()
     env.process(arrivals(env, workload, rep, seqs))
@@ -267,4 +376,5 @@ def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
     env.run()
     if rep.pending:
         raise RuntimeError(f"simulation ended with {rep.pending} requests unaccounted for")
-    return RunResult(seqs, rep.log, rep.gaps, rep.weights, kv, env.now, rep.swap_bytes)
+    return RunResult(seqs, rep.log, rep.gaps, rep.weights, kv, env.now, rep.swap_bytes,
+                     st.prefix.summary() if st.prefix is not None else None)

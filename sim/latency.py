@@ -218,6 +218,21 @@ class StepLatency:
         e.append(self._combine(gpu, decode=True))
         return e[3]
 
+    def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]]) -> float:
+        """A chunked-prefill step: `n` decodes (over `sum_ctx` tokens, longest `max_ctx`)
+        plus prefill chunks of (new tokens, tokens already computed) per sequence."""
+        if not chunks:
+            return self.decode(n, sum_ctx, max_ctx)
+        if not n:
+            return self.prefill(chunks)
+        tokens = n
+        gpu = self.decode_attn_ms(n, sum_ctx, max_ctx)
+        for q, done in chunks:
+            tokens += q
+            gpu += self.prefill_attn_ms(q, q + done)
+        gpu += self.dense_ms(tokens) + self.lm_head_ms(n + len(chunks))
+        return self._combine(gpu, prefill_seqs=len(chunks), decode=True)
+
     def verify(self, rows: list[tuple[int, int]]) -> float:
         """A step scoring `q` tokens per sequence over its cached context: rows of (q, cached)."""
         tokens = 0

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .chunked import ChunkedPolicy
 from .engine import RunResult, simulate
 from .kv import make_kv
 from .latency import StepLatency, load_runtime
@@ -27,8 +28,10 @@ from .metrics import requests_frame, steps_frame, summarize
 from .models import load_model
 from .profiles import load_profile
 from .scenario import Scenario, load_scenario
-from .scheduler import POLICIES
+from .scheduler import ContinuousPolicy, StaticPolicy
 from .workload import generate
+
+POLICIES = {"continuous": ContinuousPolicy, "static": StaticPolicy, "chunked": ChunkedPolicy}
 
 
 @dataclass
@@ -94,6 +97,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         pcie_bytes_per_s=profile.facts.pcie_gbs * 1e9,
         swap_blocks=swap_blocks,
         reserve_max_model_len=sc.kv.reserve == "max_model_len",
+        prefix_caching=sc.kv.prefix_caching,
         progress=bar.update_to if bar else None,
     )
     if bar:
@@ -112,6 +116,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         "seed": sc.seed,
         **summarize(req, steps, res, sc.slo),
         "memory_gib": budget.as_dict(),
+        "prefix_cache": res.prefix_cache,
         "lookup_provenance": lat.provenance(),
         "wall_s": time.perf_counter() - t0,
     }

@@ -33,8 +33,9 @@ class AttentionSpec:
 
 @dataclass(frozen=True)
 class SchedulerSpec:
-    policy: Literal["continuous", "static"] = "continuous"
-    # continuous (vLLM v0): admission limits per step
+    policy: Literal["continuous", "static", "chunked"] = "continuous"
+    # continuous (vLLM v0) and chunked prefill: admission limits per step (for chunked,
+    # max_num_batched_tokens is the per-step token budget shared by decodes and chunks)
     max_num_seqs: int = field(default=256, metadata={"gt": 0})
     max_num_batched_tokens: int = field(default=8192, metadata={"gt": 0})
     watermark: float = field(default=0.01, metadata={"ge": 0, "lt": 1})
@@ -56,6 +57,8 @@ class KVSpec:
     # context window (FasterTransformer, Orca "max"); max_tokens: its prompt plus its
     # output cap (a system that knows each request's max_tokens)
     reserve: Literal["max_model_len", "max_tokens"] = "max_model_len"
+    # paged only: reuse KV blocks of cached prompt prefixes (hashes come from the workload)
+    prefix_caching: bool = False
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,12 @@ class Scenario:
     file: str = field(default="", init=False, compare=False)
 
     def check(self):
+        if self.kv.prefix_caching and self.kv.manager != "paged":
+            return "kv.prefix_caching", "needs kv.manager: paged"
+        if self.kv.prefix_caching and self.scheduler.policy == "static":
+            return "kv.prefix_caching", "needs scheduler.policy: continuous or chunked"
+        if self.scheduler.policy == "chunked" and self.kv.manager != "paged":
+            return "scheduler.policy", "'chunked' needs kv.manager: paged"
         if self.kv.manager == "contiguous" and self.attention.decode in ("paged", "paged_gather"):
             return (
                 "attention.decode",

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from .batch import RunningBatch, Seq
 from .kv import PagedKV
+from .prefix import PrefixCache
 from .scenario import SchedulerSpec
 
 
@@ -35,6 +36,8 @@ class ReplicaState:
     swapped: deque[Seq] = field(default_factory=deque)
     swap_free_blocks: int = 0
     reserve_max_model_len: bool = True  # contiguous KV: reserve the whole window
+    prefix: PrefixCache | None = None
+    prefilling: list[Seq] = field(default_factory=list)  # chunked: prefills under way, FCFS
 
     def max_total(self, s: Seq) -> int:
         """The longest a request may grow: what a contiguous manager reserves for it."""
@@ -44,6 +47,17 @@ class ReplicaState:
 
     def admission_need(self, s: Seq) -> int:
         return self.kv.reserve_for(s.tokens_to_prefill, self.max_total(s))
+
+    def freed_by(self, s: Seq, held: int) -> int:
+        """Blocks that preempting `s`, holding `held` logical blocks, gives back."""
+        return held - self.prefix.shared_blocks(s) if self.prefix is not None else held
+
+    def admission(self, s: Seq) -> tuple[int, int, int]:
+        """(cached hash blocks, tokens served from the prefix cache, KV blocks to take)."""
+        if self.prefix is not None and s.prefix:
+            h = self.prefix.match(s)
+            return h, h * self.prefix.hash_tokens, self.prefix.admission_blocks(s, h)
+        return 0, 0, self.admission_need(s)
 
 
 @dataclass
@@ -56,9 +70,11 @@ class StepPlan:
     reject: list[Seq] = field(default_factory=list)    # can never be served: (seq, reason)
     reasons: list[str] = field(default_factory=list)   # one per rejected seq
     wake_at: float | None = None                       # idle: wake by then at the latest
+    hits: list[int] = field(default_factory=list)      # per prefill seq: cached hash blocks
+    chunks: list[tuple[Seq, int]] = field(default_factory=list)  # mixed: (seq, new tokens)
 
 
-def _never_fits(st: ReplicaState, s: Seq, cap_tokens: int) -> str:
+def never_fits(st: ReplicaState, s: Seq, cap_tokens: int) -> str:
     n = s.tokens_to_prefill
     if n > cap_tokens:
         return f"prompt of {n} tokens exceeds the per-step limit of {cap_tokens}"
@@ -89,18 +105,19 @@ class ContinuousPolicy:
         cap = min(spec.max_num_batched_tokens, st.max_model_len)
         tokens, seqs, blocks = 0, len(st.batch), 0
         for s in st.waiting:
-            reason = _never_fits(st, s, cap)
+            reason = never_fits(st, s, cap)
             if reason:
                 plan.reject.append(s)
                 plan.reasons.append(reason)
                 continue
-            n = s.tokens_to_prefill
-            need = st.admission_need(s)
+            h, cached, need = st.admission(s)
+            n = s.tokens_to_prefill - cached
             if tokens + n > spec.max_num_batched_tokens or seqs + 1 > spec.max_num_seqs:
                 break
             if not kv.can_allocate(blocks + need, self.watermark):
                 break
             plan.prefill.append(s)
+            plan.hits.append(h)
             tokens += n
             seqs += 1
             blocks += need
@@ -119,12 +136,12 @@ class ContinuousPolicy:
             swap_room = st.swap_free_blocks
             for victim in reversed(batch.members):
                 held = batch.held_blocks(victim)
-                if self.swap and held <= swap_room:
+                if self.swap and held <= swap_room and st.prefix is None:
                     plan.swap_out.append(victim)
                     swap_room -= held
                 else:
                     plan.preempt.append(victim)
-                free += held
+                free += st.freed_by(victim, held)
                 need -= batch.needs_block(victim)
                 if need <= free:
                     break
@@ -132,13 +149,19 @@ class ContinuousPolicy:
             seqs = len(batch)
             for s in st.swapped:
                 n = -(-(s.prompt + s.generated) // kv.block_size)  # room to grow one token
+                if n > kv.num_blocks:  # it outgrew the whole cache
+                    plan.reject.append(s)
+                    plan.reasons.append(f"grew to {s.prompt + s.generated} tokens, more than "
+                                        f"the KV cache holds")
+                    continue
                 if seqs + 1 > self.spec.max_num_seqs or free - n - need < self.watermark:
                     break
                 plan.swap_in.append(s)
                 free -= n
                 seqs += 1
         if len(batch) - len(plan.preempt) - len(plan.swap_out) + len(plan.swap_in) == 0:
-            plan.kind = "idle" if not (plan.preempt or plan.swap_out) else "preempt"
+            plan.kind = "preempt" if (plan.preempt or plan.swap_out) else (
+                "reject" if plan.reject else "idle")
         return plan
 
 
@@ -161,7 +184,7 @@ class StaticPolicy:
         plan = StepPlan("prefill")
         chosen: list[Seq] = []
         for s in st.waiting:
-            reason = _never_fits(st, s, st.max_model_len)
+            reason = never_fits(st, s, st.max_model_len)
             if not reason and self.batch_reservation(st, [s]) > st.kv.num_blocks:
                 reason = (f"its prompt and output cap need {self.batch_reservation(st, [s])} "
                           f"KV slots/blocks, more than the {st.kv.num_blocks} that exist")
@@ -176,6 +199,7 @@ class StaticPolicy:
                 break
             chosen = trial
         plan.prefill = chosen
+        plan.hits = [0] * len(chosen)
         if not chosen:
             plan.kind = "reject" if plan.reject else "idle"
         return plan
@@ -189,5 +213,3 @@ class StaticPolicy:
     def batch_reservation(self, st: ReplicaState, seqs: list[Seq]) -> int:
         return self.per_request_reservation(st, seqs) * len(seqs)
 
-
-POLICIES = {"continuous": ContinuousPolicy, "static": StaticPolicy}

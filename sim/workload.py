@@ -27,6 +27,7 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from sim.prefix import MultiTurnSpec, SharedPrefixSpec, declare_prefixes
 from sim.specload import ROOT, SpecError
 
 MOONCAKE_BLOCK_TOKENS = 512  # a Mooncake hash_id names one 512-token prompt block
@@ -145,6 +146,8 @@ class WorkloadSpec:
     lengths: LengthsSpec | None = None
     trace: TraceSpec | None = None
     max_output_tokens: int | None = field(default=None, metadata=_ONE)
+    shared_prefix: SharedPrefixSpec | None = None  # see sim/prefix.py
+    multi_turn: MultiTurnSpec | None = None
 
     def check(self) -> _Problem:
         kind = self.arrival.kind if self.arrival is not None else None
@@ -157,6 +160,8 @@ class WorkloadSpec:
                 return "num_requests", f"arrival kind '{kind}' needs num_requests or duration_s (or both)"
             if self.num_requests is None and self.duration_s * self.arrival.rate > MAX_REQUESTS:
                 return "duration_s", f"{self.duration_s} s x rate {self.arrival.rate} is over {MAX_REQUESTS} requests (allowed: fewer, or set num_requests)"
+        if self.shared_prefix is not None and self.multi_turn is not None:
+            return "multi_turn", "give either shared_prefix or multi_turn, not both"
         if self.lengths is not None and (self.prompt is not None or self.output is not None):
             return "lengths", "give either lengths or prompt/output, not both"
         for name in ("prompt", "output"):
@@ -236,9 +241,12 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
     hashes = None  # prefix blocks describe the trace's prompts: dropped when prompts are redrawn
     if tr is not None and tr.hashes is not None and spec.prompt is None and spec.lengths is None:
         hashes = tr.hashes[:n] if n <= len(tr.hashes) else tuple(tr.hashes[i] for i in rows)
-    return Workload(np.array(arrival, dtype=np.float64), np.array(prompt, dtype=np.int64),
-                    np.array(output, dtype=np.int64), np.full(n, max_tok, dtype=np.int64),
-                    hashes, MOONCAKE_BLOCK_TOKENS if hashes is not None else None)
+    wl = Workload(np.array(arrival, dtype=np.float64), np.array(prompt, dtype=np.int64),
+                  np.array(output, dtype=np.int64), np.full(n, max_tok, dtype=np.int64),
+                  hashes, MOONCAKE_BLOCK_TOKENS if hashes is not None else None)
+    if (spec.shared_prefix or spec.multi_turn) and hashes is not None:
+        raise SpecError(file, f"{path}.shared_prefix", "the trace brings its own prefix hashes (allowed: no shared_prefix/multi_turn with a mooncake trace)")
+    return declare_prefixes(wl, spec.shared_prefix, spec.multi_turn, rng)
 
 
 def _arrivals(a: ArrivalSpec, n: int | None, duration: float | None,

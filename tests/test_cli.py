@@ -70,7 +70,7 @@ BAD = {
     "malformed trace": ("workload:\n  trace: {path: bad.csv}\n", "bad.csv: line 3: prompt_tokens"),
     "malformed yaml": ("workload: [1, 2\n", "malformed YAML"),
     "bad policy": (QUICK.replace("policy: continuous", "policy: greedy"),
-                   "scheduler.policy: unknown 'greedy' (allowed: continuous, static)"),
+                   "scheduler.policy: unknown 'greedy' (allowed: continuous, static, chunked)"),
     "paged kernel on contiguous kv": (QUICK.replace("manager: paged", "manager: contiguous"),
                                       "attention.decode: 'paged' needs kv.manager: paged"),
 }

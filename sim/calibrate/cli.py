@@ -1,7 +1,123 @@
-"""`llmsim calibrate` and `llmsim validate` (filled in by the calibration harness)."""
+"""`llmsim calibrate` and `llmsim validate` (PyTorch is imported only when they run).
+
+    llmsim calibrate --models llama-3-8b,llama-3.2-1b --device auto \\
+        --out gpu_profiles/my-gpu --budget-s 600
+    llmsim validate tests/fixtures/calibrate/tiny.yaml --profile gpu_profiles/my-gpu \\
+        --out reports/my-gpu
+
+Exit status: 0 done (also when a time budget cut the run short); 2 an error (no
+PyTorch, no such device, a bad scenario, out of memory in the reference engine),
+with one line on stderr; 130 interrupted (the partial profile is kept).
+"""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+NO_TORCH = "llmsim: error: calibrate needs PyTorch: pip install 'llmsim[calibrate]'"
+
+
+def _need_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print(NO_TORCH, file=sys.stderr)
+        return False
+    return True
+
+
+def _fail(msg: str) -> int:
+    print(f"llmsim: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def cmd_calibrate(a) -> int:
+    if not _need_torch():
+        return 2
+    from .calibrate import calibrate
+    from .device import DeviceError
+
+    out = Path(a.out)
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    argv = ["calibrate", f"--models {a.models}", f"--device {a.device}", f"--dtype {a.dtype}",
+            f"--out {a.out}"] + ([f"--budget-s {a.budget_s:g}"] if a.budget_s else []) \
+        + (["--quick"] if a.quick else []) + ([f"--threads {a.threads}"] if a.threads else [])
+    try:
+        res = calibrate(models, out, device=a.device, dtype=a.dtype, quick=a.quick,
+                        budget_s=a.budget_s, progress=not a.no_progress, threads=a.threads,
+                        argv=argv)
+    except DeviceError as e:
+        return _fail(str(e))
+    except KeyboardInterrupt:
+        print(f"llmsim: interrupted: kept the partial profile in {out}/ "
+              "(see calibration.json for what was measured)", file=sys.stderr)
+        return 130
+    rows = ", ".join(f"{t} {n}" for t, n in res.rows.items())
+    print(f"wrote {out}/ in {res.seconds:.0f} s: {res.measured}/{res.total} points ({rows})")
+    if res.skipped:
+        print(f"  {res.skipped} shapes skipped (too large or out of memory): {out}/skipped.csv")
+    if res.stopped == "budget":
+        print(f"  the {a.budget_s:g} s budget ran out: the most important points were measured "
+              "first; the profile is partial (analytic: partial where a table is missing)")
+    for mode, errs in res.runtimes.items():
+        e = errs["all"]
+        print(f"  runtime-{mode}.yaml: fit to {e['rows']} steps, mean |error| {e['mape']:.1%}, "
+              f"max {e['max']:.1%}")
+    return 0
+
+
+def cmd_validate(a) -> int:
+    if not _need_torch():
+        return 2
+    from .device import DeviceError, is_oom
+    from .validate import markdown, validate
+
+    try:
+        report = validate(a.scenario, a.profile, a.out, device=a.device, dtype=a.dtype,
+                          runtime=a.runtime, runs=a.runs, threads=a.threads)
+    except DeviceError as e:
+        return _fail(str(e))
+    except (RuntimeError, MemoryError) as e:
+        if not is_oom(e):
+            raise
+        return _fail("out of memory in the reference engine: "
+                     + str(e).splitlines()[0][:160] + " (lower kv.num_blocks or the model size)")
+    except KeyboardInterrupt:
+        print("llmsim: interrupted: no report written", file=sys.stderr)
+        return 130
+    print(markdown(report))
+    print(f"wrote {a.out}/ (report.md, report.json, real-1/, real-2/, sim/)")
+    return 0
 
 
 def add_parsers(sub) -> None:
     """Register the calibration subcommands on the main parser's subparsers."""
+    c = sub.add_parser("calibrate", help="measure a GPU profile (needs PyTorch)",
+                       description="Measure kernel tables and whole-iteration latencies on this "
+                       "machine's GPU (or CPU) and write a profile folder.")
+    c.add_argument("--models", default="llama-3-8b,llama-3.2-1b",
+                   help="comma-separated models/ names whose shapes to measure")
+    c.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    c.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="auto: bfloat16 on CUDA, float32 on the CPU")
+    c.add_argument("--out", required=True, help="profile folder to write, e.g. gpu_profiles/NAME")
+    c.add_argument("--budget-s", type=float, default=None,
+                   help="stop after this many seconds, most important measurements first")
+    c.add_argument("--quick", action="store_true", help="small grids (CI, trying it on a CPU)")
+    c.add_argument("--threads", type=int, help="CPU only: intra-op threads (default 1)")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(fn=cmd_calibrate)
+    v = sub.add_parser("validate", help="compare the simulator with the reference engine",
+                       description="Replay a scenario's trace through the reference engine "
+                       "(twice) and through the simulator with a measured profile; write a report.")
+    v.add_argument("scenario", help="scenario YAML (its gpu is replaced by --profile)")
+    v.add_argument("--profile", required=True, help="profile folder written by llmsim calibrate")
+    v.add_argument("--runtime", help="runtime YAML (default PROFILE/runtime-eager.yaml)")
+    v.add_argument("--out", required=True, help="report folder")
+    v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    v.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    v.add_argument("--threads", type=int,
+                   help="CPU only: intra-op threads (default: the profile's, else 1)")
+    v.add_argument("--runs", type=int, default=2, help="real runs (the 2nd gives the spread)")
+    v.set_defaults(fn=cmd_validate)

@@ -1,0 +1,241 @@
+"""Microbenchmarks: one `Point` per measured row of the profile's kernel tables.
+
+A point checks that its tensors fit before allocating them (`Device.check_fits`),
+builds random inputs, times the call (`Device.time_ms`) and returns the rows to
+write. Shapes come from the models' specs: every distinct GEMM (K, N) of
+`ModelSpec.gemm_shapes()` including the LM head, every distinct attention head
+configuration (hq, hkv, d), and the widths the step model looks elementwise ops
+up at (`sim.latency`: rmsnorm and residual add at hidden, SiLU·mul at ffn, rotary
+at q_dim + kv_dim, KV write at 2·kv_dim, embedding at hidden).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from sim.models import ModelSpec
+
+from . import ops
+from .device import Device, TooLarge
+from .grids import every, tier_of, tiers
+
+
+@dataclass(frozen=True)
+class Point:
+    table: str  # the CSV its rows go to
+    tier: int  # 0: coarse grid, measured first
+    label: str  # for the progress bar and skipped.csv
+    run: Callable[[Device], list[dict]]
+
+
+def _esize(dev: Device) -> int:
+    return torch.finfo(dev.dtype).bits // 8
+
+
+# ---- GEMM ------------------------------------------------------------------------------
+
+def gemm_point(M: int, K: int, N: int, tier: int) -> Point:
+    def run(dev: Device) -> list[dict]:
+        dev.check_fits((M * K + N * K + M * N) * _esize(dev), f"gemm {M}x{K}x{N}")
+        x, w = dev.randn(M, K), dev.randn(N, K, scale=K ** -0.5)
+        return [{"M": M, "K": K, "N": N, "ms": dev.time_ms(lambda: F.linear(x, w))}]
+    return Point("gemm", tier, f"gemm M={M} K={K} N={N}", run)
+
+
+# ---- attention ---------------------------------------------------------------------------
+
+def prefill_point(impl: str, b: int, s: int, cfg: tuple[int, int, int], tier: int) -> Point:
+    hq, hkv, d = cfg
+
+    def run(dev: Device) -> list[dict]:
+        io = (2 * b * hq * s * d + 2 * b * hkv * s * d) * _esize(dev)
+        scratch = b * hq * s * s * 10 + 2 * b * hq * s * d * _esize(dev) if impl == "naive" else 0
+        dev.check_fits(io + scratch, f"{impl} prefill batch {b} seq {s}")
+        q = dev.randn(b, hq, s, d)
+        k, v = dev.randn(b, hkv, s, d), dev.randn(b, hkv, s, d)
+        fn = {"flash": ops.prefill_flash, "naive": ops.prefill_naive}[impl]
+        ms = dev.time_ms(lambda: fn(q, k, v))
+        peak = dev.peak_bytes(lambda: fn(q, k, v))
+        return [{"impl": impl, "batch": b, "seq": s, "hq": hq, "hkv": hkv, "d": d, "ms": ms,
+                 "peak_mib": max(peak, 1) / 2**20}]
+    return Point("attn_prefill", tier, f"{impl} prefill b={b} s={s} {hq}/{hkv}/{d}", run)
+
+
+_TRITON_CHECKED: dict[str, float] = {}
+
+
+def _check_triton(dev: Device) -> None:
+    """Compare the Triton kernel with the PyTorch one once per process, before timing it."""
+    if dev.cuda and "err" not in _TRITON_CHECKED:
+        from .triton_paged import check_paged_attention
+
+        _TRITON_CHECKED["err"] = check_paged_attention(dev.device, dev.dtype)
+
+
+def decode_point(impl: str, b: int, lens: list[int] | int, cfg: tuple[int, int, int],
+                 block: int, tier: int) -> Point:
+    """One decode step of attention; `lens` an int (uniform) or one context per sequence."""
+    hq, hkv, d = cfg
+    lengths = [lens] * b if isinstance(lens, int) else list(lens)
+    sum_ctx, max_ctx = sum(lengths), max(lengths)
+    label = f"{impl} decode b={b} ctx={sum_ctx // b}" + ("" if isinstance(lens, int)
+                                                        else f" max={max_ctx}")
+
+    def run(dev: Device) -> list[dict]:
+        blocks = [-(-n // block) for n in lengths]
+        kv_bytes = 2 * (sum(blocks) + 1) * block * hkv * d * _esize(dev)
+        gather = 2 * b * max(blocks) * block * hkv * d * _esize(dev) * (2 if impl != "paged" else 1)
+        dev.check_fits(kv_bytes + gather, label)
+        q = dev.randn(b, hq, d)
+        if impl == "contiguous":
+            k, v = dev.randn(b, hkv, max_ctx, d), dev.randn(b, hkv, max_ctx, d)
+            q4 = q[:, :, None, :]
+            ms = dev.time_ms(lambda: ops.decode_contiguous(q4, k, v))
+        else:
+            if impl == "paged":
+                _check_triton(dev)
+            kc = dev.randn(sum(blocks) + 1, block, hkv, d)
+            vc = dev.randn(sum(blocks) + 1, block, hkv, d)
+            perm = (dev.randperm(sum(blocks)) + 1).tolist()  # pages in random order
+            width, tables, i = max(blocks), [], 0
+            for nb in blocks:
+                tables.append(perm[i:i + nb] + [0] * (width - nb))
+                i += nb
+            bt = torch.tensor(tables, device=dev.device)
+            ctx = torch.tensor(lengths, device=dev.device, dtype=torch.int32)
+            fn = ops.DECODE_PAGED[impl]
+            ms = dev.time_ms(lambda: fn(q, kc, vc, bt, ctx))
+        return [{"impl": impl, "batch": b, "ctx": round(sum_ctx / b), "sum_ctx": sum_ctx,
+                 "max_ctx": max_ctx, "hq": hq, "hkv": hkv, "d": d, "block": block, "ms": ms}]
+    return Point("attn_decode", tier, label, run)
+
+
+def mixed_lengths(b: int, max_ctx: int) -> list[int]:
+    """Deterministic mixed contexts: evenly spread over [max/8, max], the longest first."""
+    lo = max(1, max_ctx // 8)
+    return [max_ctx - round(i * (max_ctx - lo) / max(1, b - 1)) for i in range(b)]
+
+
+# ---- elementwise, embedding, sampling --------------------------------------------------------
+
+def _elementwise_fn(op: str, M: int, H: int, d: int, vocab: int, dev: Device) -> Callable:
+    if op == "rmsnorm":
+        x, w = dev.randn(M, H), 1 + dev.randn(H, scale=0.02)
+        return lambda: ops.rms_norm(x, w)
+    if op == "residual_add":
+        a, b = dev.randn(M, H), dev.randn(M, H)
+        return lambda: a + b
+    if op == "silu_mul":
+        gu = dev.randn(M, 2 * H)
+        return lambda: ops.silu_mul(gu)
+    if op == "rotary":
+        x = dev.randn(M, H // d, d)
+        table = ops.rope_tables(max(M, 2), d, dev.device)
+        pos = dev.randint(max(M, 2), M)
+        return lambda: ops.rotary(x, table[pos])
+    if op == "kv_write":
+        hkv = H // (2 * d)
+        k, v = dev.randn(M, hkv, d), dev.randn(M, hkv, d)
+        slots_total = max(4 * M, 4096)
+        kc, vc = dev.randn(slots_total, 1, hkv, d), dev.randn(slots_total, 1, hkv, d)
+        slots = dev.randperm(slots_total)[:M]
+        return lambda: ops.kv_write(kc, vc, k, v, slots)
+    if op == "embedding":
+        table, ids = dev.randn(vocab, H), dev.randint(vocab, M)
+        return lambda: table[ids]
+    raise ValueError(f"unknown elementwise op {op!r}")
+
+
+def elementwise_point(op: str, M: int, H: int, d: int, vocab: int, tier: int) -> Point:
+    def run(dev: Device) -> list[dict]:
+        dev.check_fits((6 * M * H + (vocab * H if op == "embedding" else 0)) * _esize(dev),
+                       f"{op} M={M}")
+        fn = _elementwise_fn(op, M, H, d, vocab, dev)
+        return [{"op": op, "M": M, "H": H, "ms": dev.time_ms(fn)}]
+    return Point("elementwise", tier, f"{op} M={M} H={H}", run)
+
+
+def sampling_point(M: int, V: int, tier: int) -> Point:
+    def run(dev: Device) -> list[dict]:
+        dev.check_fits(4 * M * V * 4, f"sampling M={M}")
+        logits = dev.randn(M, V)
+        return [{"op": "sample", "M": M, "V": V, "ms": dev.time_ms(
+            lambda: ops.sample(logits, dev.gen))}]
+    return Point("sampling", tier, f"sample M={M} V={V}", run)
+
+
+def elementwise_shapes(m: ModelSpec) -> list[tuple[str, int, int]]:
+    """(op, H, head_dim) at the widths sim.latency looks them up at."""
+    return [("rmsnorm", m.hidden, m.head_dim), ("residual_add", m.hidden, m.head_dim),
+            ("silu_mul", m.ffn, m.head_dim), ("rotary", m.q_dim + m.kv_dim, m.head_dim),
+            ("kv_write", 2 * m.kv_dim, m.head_dim), ("embedding", m.hidden, m.head_dim)]
+
+
+# ---- all kernel points -------------------------------------------------------------------------
+
+def kernel_points(models: list[ModelSpec], g: dict) -> list[Point]:
+    """Every microbenchmark point for these models, unordered (see calibrate.order)."""
+    pts: list[Point] = []
+    shapes = dict.fromkeys((k, n) for m in models for k, n in m.gemm_shapes().values())
+    for k, n in shapes:
+        pts += [gemm_point(M, k, n, tier_of(g["gemm_m"], M)) for M in every(g["gemm_m"])]
+    cfgs = dict.fromkeys((m.heads, m.kv_heads, m.head_dim) for m in models)
+    block = g["block"]
+    for cfg in cfgs:
+        for b in every(g["decode_batch"]):
+            for c in every(g["decode_ctx"]):
+                if b * c > g["decode_max_tokens"]:
+                    continue
+                tier = max(tier_of(g["decode_batch"], b), tier_of(g["decode_ctx"], c))
+                pts += [decode_point(i, b, c, cfg, block, tier)
+                        for i in ("paged", "contiguous", "paged_gather")]
+        for b in g["mixed"]["batch"]:
+            for mx in g["mixed"]["max_ctx"]:
+                if b * mx <= g["decode_max_tokens"]:
+                    pts += [decode_point(i, b, mixed_lengths(b, mx), cfg, block, 1)
+                            for i in ("paged", "paged_gather")]
+        for b in g["prefill_batch"]:
+            for s in every(g["prefill_seq"]):
+                tier = tier_of(g["prefill_seq"], s)
+                pts += [prefill_point(i, b, s, cfg, tier) for i in ("flash", "naive")]
+    seen = set()
+    for m in models:
+        for op, h, d in elementwise_shapes(m):
+            if (op, h) not in seen:
+                seen.add((op, h))
+                pts += [elementwise_point(op, M, h, d, m.vocab, tier_of(g["elementwise_m"], M))
+                        for M in every(g["elementwise_m"])]
+    for v in dict.fromkeys(m.vocab for m in models):
+        pts += [sampling_point(M, v, tier_of(g["sampling_m"], M)) for M in every(g["sampling_m"])]
+    return pts
+
+
+def ceilings(dev: Device, copy_mib: int, n: int) -> dict[str, float]:
+    """Measured memory bandwidth (TB/s, a device-to-device copy counted as read + write),
+    dense matmul rate (TFLOP/s, an n³ GEMM) and host-link rate (GB/s)."""
+    elems = copy_mib * 2**20 // 4
+    dev.check_fits(2 * elems * 4 + 3 * n * n * _esize(dev), "ceiling measurements")
+    src = dev.randn(elems, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    copy_ms = dev.time_ms(lambda: dst.copy_(src), flush=False)
+    a, b = dev.randn(n, n), dev.randn(n, n, scale=n ** -0.5)
+    gemm_ms = dev.time_ms(lambda: a @ b)
+    out = {"mem_bw_tbs": 2 * elems * 4 / (copy_ms * 1e9), "peak_tflops": 2 * n**3 / (gemm_ms * 1e9)}
+    if dev.cuda:
+        host = torch.empty(elems, dtype=torch.float32).pin_memory()
+        link_ms = dev.time_ms(lambda: src.copy_(host, non_blocking=True), flush=False)
+        out["pcie_gbs"] = elems * 4 / (link_ms * 1e6)
+    else:
+        out["pcie_gbs"] = out["mem_bw_tbs"] * 1e3 / 2  # swap on a CPU is a memory copy
+    return out
+
+
+def first_tier(points: list[Point]) -> list[Point]:
+    return [p for p in points if p.tier == 0]
+
+
+__all__ = ["Point", "TooLarge", "kernel_points", "ceilings", "first_tier", "tiers"]

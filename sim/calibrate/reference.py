@@ -1,0 +1,330 @@
+"""A reference serving engine in plain PyTorch: the real loop the simulator is checked against.
+
+A Llama-architecture model is built from a `models/` spec with random weights (no
+downloads). Keys and values live in a paged cache: one pool of fixed-size blocks
+per layer (`k[layer, block, offset, kv_head, d]`) and a block table per sequence.
+Block 0 is scratch: rows that only pad a static batch write there.
+
+Scheduling is the simulator's, literally: the loop asks the same policy
+(`sim.scheduler.POLICIES`) for a `StepPlan` from the same `ReplicaState`, and
+applies it with the simulator's own accounting verbs (`sim.engine.Replica`:
+admission, KV counts, preemption, finishing, inter-token gaps). The only
+differences are that each plan runs on the device and that the clock is the wall
+clock: a request joins the queue once its arrival time has passed, and a step
+lasts as long as it really takes (scheduling included, from the top of the loop to
+the tokens being back on the host).
+
+* prefill: one call per step; the step's tokens go through the dense layers
+  together, attention runs per sequence (`ops.prefill_flash` or `prefill_naive`)
+  and writes its keys and values into the sequence's blocks;
+* decode: one token per running sequence, batched, attending over the pages
+  (`ops.paged`: the Triton kernel on CUDA, portable PyTorch elsewhere; or
+  `ops.paged_gather`);
+* the LM head runs on each sequence's last row; tokens are sampled (softmax with
+  an exponential race) but the trace's output length decides when a request ends.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from sim.batch import FINISHED, RunningBatch, Seq
+from sim.engine import Replica, RunResult
+from sim.kv import make_kv
+from sim.models import ModelSpec
+from sim.scenario import Scenario
+from sim.scheduler import ContinuousPolicy, ReplicaState, StaticPolicy
+from sim.specload import SpecError
+from sim.workload import Workload
+
+from . import ops
+from .device import Device
+
+POLICIES = {"continuous": ContinuousPolicy, "static": StaticPolicy}  # the ones it implements
+
+
+class Llama:
+    """Weights of a Llama-style decoder, random normal with std 1/sqrt(fan-in)."""
+
+    def __init__(self, spec: ModelSpec, dev: Device):
+        self.spec, self.dev = spec, dev
+        m = spec
+
+        def w(n: int, k: int) -> torch.Tensor:
+            return dev.randn(n, k, scale=k ** -0.5)
+
+        def norm() -> torch.Tensor:
+            return 1 + dev.randn(m.hidden, scale=0.02)
+
+        self.embed = dev.randn(m.vocab, m.hidden)
+        self.layers = [dict(
+            attn_norm=norm(), wqkv=w(m.q_dim + 2 * m.kv_dim, m.hidden), wo=w(m.hidden, m.q_dim),
+            ffn_norm=norm(), w13=w((2 if m.gated_mlp else 1) * m.ffn, m.hidden),
+            w2=w(m.hidden, m.ffn),
+        ) for _ in range(m.layers)]
+        self.norm = norm()
+        self.lm_head = self.embed if m.tied_embeddings else w(m.vocab, m.hidden)
+        self.rope = ops.rope_tables(m.max_len, m.head_dim, dev.device)
+
+    def mlp(self, x: torch.Tensor, lw: dict) -> torch.Tensor:
+        h = ops.rms_norm(x, lw["ffn_norm"])
+        up = F.linear(h, lw["w13"])
+        return F.linear(ops.silu_mul(up) if self.spec.gated_mlp else F.gelu(up), lw["w2"])
+
+    def qkv(self, x: torch.Tensor, lw: dict, positions: torch.Tensor):
+        m = self.spec
+        h = ops.rms_norm(x, lw["attn_norm"])
+        q, k, v = F.linear(h, lw["wqkv"]).split([m.q_dim, m.kv_dim, m.kv_dim], dim=-1)
+        cs = self.rope[positions]
+        q = ops.rotary(q.view(-1, m.heads, m.head_dim), cs)
+        k = ops.rotary(k.view(-1, m.kv_heads, m.head_dim), cs)
+        return q, k, v.reshape(-1, m.kv_heads, m.head_dim)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(ops.rms_norm(x, self.norm), self.lm_head)
+
+
+class PagedCache:
+    """Per-layer block pools and a block table per sequence; block 0 is scratch."""
+
+    def __init__(self, spec: ModelSpec, num_blocks: int, block: int, dev: Device):
+        shape = (spec.layers, num_blocks + 1, block, spec.kv_heads, spec.head_dim)
+        dev.check_fits(2 * np.prod(shape) * torch.finfo(dev.dtype).bits / 8, "the KV cache")
+        self.k, self.v = dev.randn(*shape), dev.randn(*shape)
+        self.block = block
+        self.free_list = list(range(num_blocks, 0, -1))
+        self.tables: dict[int, list[int]] = {}
+
+    def ensure(self, rid: int, tokens: int) -> list[int]:
+        """Grow `rid`'s table to hold `tokens` tokens; returns the table."""
+        table = self.tables.setdefault(rid, [])
+        while len(table) * self.block < tokens:
+            if not self.free_list:
+                raise RuntimeError("reference KV pool exhausted (scheduler accounting bug)")
+            table.append(self.free_list.pop())
+        return table
+
+    def free(self, rid: int) -> list[int]:
+        table = self.tables.pop(rid, [])
+        self.free_list.extend(reversed(table))
+        return table
+
+    def slot(self, table: list[int], pos: int) -> int:
+        return table[pos // self.block] * self.block + pos % self.block
+
+
+def prefill_step(model: Llama, cache: PagedCache, rows: list[tuple[int, list[int]]],
+                 attn: Callable = ops.prefill_flash) -> torch.Tensor:
+    """Prefill `rows` of (request id, token ids) from position 0; one sampled token each."""
+    m, dev = model.spec, model.dev.device
+    lens = [len(t) for _, t in rows]
+    ids = torch.tensor([t for _, toks in rows for t in toks], device=dev)
+    pos = torch.cat([torch.arange(n) for n in lens]).to(dev)
+    slots = torch.tensor([cache.slot(cache.ensure(rid, n), p) for (rid, _), n in zip(rows, lens,
+                          strict=True) for p in range(n)], device=dev)
+    x = model.embed[ids]
+    for li, lw in enumerate(model.layers):
+        q, k, v = model.qkv(x, lw, pos)
+        ops.kv_write(cache.k[li], cache.v[li], k, v, slots)
+        outs, start = [], 0
+        for n in lens:
+            sl = slice(start, start + n)
+            o = attn(q[sl].transpose(0, 1)[None], k[sl].transpose(0, 1)[None],
+                     v[sl].transpose(0, 1)[None])
+            outs.append(o[0].transpose(0, 1).reshape(n, m.q_dim))
+            start += n
+        x = x + F.linear(torch.cat(outs), lw["wo"])
+        x = x + model.mlp(x, lw)
+    last = torch.tensor(np.cumsum(lens) - 1, device=dev)
+    return ops.sample(model.logits(x[last]), model.dev.gen)
+
+
+def decode_step(model: Llama, cache: PagedCache, ids: torch.Tensor, pos: torch.Tensor,
+                slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                attn: Callable = ops.paged, greedy: bool = False) -> torch.Tensor:
+    """One token for each row: ids, pos, slots, lens [B], tables [B, max_blocks]."""
+    m = model.spec
+    x = model.embed[ids]
+    for li, lw in enumerate(model.layers):
+        q, k, v = model.qkv(x, lw, pos)
+        ops.kv_write(cache.k[li], cache.v[li], k, v, slots)
+        o = attn(q, cache.k[li], cache.v[li], tables, lens)
+        x = x + F.linear(o.reshape(-1, m.q_dim), lw["wo"])
+        x = x + model.mlp(x, lw)
+    logits = model.logits(x)
+    return logits.argmax(-1) if greedy else ops.sample(logits, model.dev.gen)
+
+
+@dataclass
+class StepDetail:
+    """What each real step computed, so the step model can be replayed on it."""
+
+    kind: list[str] = field(default_factory=list)
+    prefill_lens: list[list[int]] = field(default_factory=list)  # [] for decode steps
+    sum_ctx: list[int] = field(default_factory=list)  # decode: the simulator's sum_ctx, max_ctx
+    max_ctx: list[int] = field(default_factory=list)
+
+    def add(self, kind: str, lens: list[int], sum_ctx: int, max_ctx: int) -> None:
+        self.kind.append(kind)
+        self.prefill_lens.append(lens)
+        self.sum_ctx.append(sum_ctx)
+        self.max_ctx.append(max_ctx)
+
+
+def check_supported(sc: Scenario) -> None:
+    """A one-line SpecError for what the reference engine does not implement."""
+    where = sc.file or None
+    if sc.kv.manager != "paged":
+        raise SpecError(where, "kv.manager", f"'{sc.kv.manager}': the reference engine "
+                        "keeps a paged cache (allowed: paged)")
+    if sc.scheduler.policy not in POLICIES:
+        raise SpecError(where, "scheduler.policy", f"'{sc.scheduler.policy}' is not implemented "
+                        f"by the reference engine (allowed: {', '.join(POLICIES)})")
+    if sc.scheduler.preemption != "recompute":
+        raise SpecError(where, "scheduler.preemption", "'swap' is not implemented by the "
+                        "reference engine (allowed: recompute)")
+    if getattr(sc.kv, "prefix_caching", False):
+        raise SpecError(where, "kv.prefix_caching", "not implemented by the reference engine "
+                        "(allowed: false)")
+    if sc.decode_attention not in ops.DECODE_PAGED:
+        raise SpecError(where, "attention.decode", f"{sc.decode_attention!r} (allowed: "
+                        f"{', '.join(ops.DECODE_PAGED)})")
+
+
+class _NoLatency:
+    """The simulator's accounting asks for a step's latency up front; the real step is timed."""
+
+    def prefill(self, chunks) -> float:
+        return 0.0
+
+    def decode(self, n, sum_ctx, max_ctx=0) -> float:
+        return 0.0
+
+
+class ReferenceEngine:
+    """Replays a workload through the model in wall-clock time, with the simulator's policy.
+
+    The plan is applied with `sim.engine.Replica`'s verbs, in the order its
+    `replica()` process applies them; only the step itself and the clock differ.
+    """
+
+    def __init__(self, sc: Scenario, model: Llama, kv_tokens: int, max_model_len: int):
+        check_supported(sc)
+        self.sc, self.model, self.dev = sc, model, model.dev
+        self.kv_tokens, self.max_len = kv_tokens, max_model_len
+        self.prefill_attn = {"flash": ops.prefill_flash, "naive": ops.prefill_naive}[
+            sc.attention.prefill]
+        self.decode_attn = ops.DECODE_PAGED[sc.decode_attention]
+        rows = sc.scheduler.max_num_seqs if sc.scheduler.policy == "continuous" \
+            else sc.scheduler.max_batch_size
+        self.cache = PagedCache(model.spec, kv_tokens // sc.kv.block_size + rows,
+                                sc.kv.block_size, model.dev)
+
+    def run(self, wl: Workload, seed: int = 0) -> tuple[RunResult, StepDetail]:
+        """Serve every request of `wl`; returns the simulator's RunResult and step details."""
+        sc, cache = self.sc, self.cache
+        kv = make_kv("paged", self.kv_tokens, sc.kv.block_size)
+        static = sc.scheduler.policy == "static"
+        batch = RunningBatch(kv.block_size, paged=True, keep_finished=static)
+        st = ReplicaState(kv=kv, batch=batch, max_model_len=self.max_len)
+        policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
+        rep = Replica(st, policy, _NoLatency(), self.model.spec.kv_bytes_per_token, 1.0)
+        rng = np.random.default_rng(seed)
+        seqs = [Seq(i, float(a), int(p), int(o), int(mx)) for i, (a, p, o, mx) in enumerate(
+            zip(wl.arrival_s, wl.prompt_tokens, wl.output_tokens, wl.max_tokens, strict=True))]
+        tokens = {s.rid: rng.integers(0, self.model.spec.vocab, s.prompt).tolist() for s in seqs}
+        for rid in list(cache.tables):
+            cache.free(rid)
+        detail, padding = StepDetail(), []
+        rep.pending, nxt = len(seqs), 0
+        t0 = time.perf_counter()
+
+        def clock() -> float:
+            return time.perf_counter() - t0
+
+        while rep.pending > 0:
+            now = clock()
+            while nxt < len(seqs) and seqs[nxt].arrival <= now:
+                st.waiting.append(seqs[nxt])
+                nxt += 1
+            plan = policy.schedule(st, now)
+            if plan.reject:
+                rep._reject(plan)
+            if plan.kind in ("decode", "preempt") and plan.preempt:
+                rep._preempt(plan)
+                for v in plan.preempt:
+                    cache.free(v.rid)
+            if plan.kind == "decode":
+                need = batch.new_blocks_needed()
+                if need:
+                    rep._alloc(need)
+                n, sum_ctx, max_ctx = batch.n_compute, batch.sum_ctx(), batch.max_ctx()
+                live = list(batch.members)
+                new = self._decode(live, padding, tokens)
+                t_end = clock()
+                for s, tok in zip(live, new, strict=True):
+                    tokens[s.rid].append(tok)
+                detail.add("decode", [], sum_ctx, max_ctx)
+                for s in batch.advance(t_end, rep.gaps, rep.weights):
+                    rep._release(s)
+                    padding.append((s.rid, cache.free(s.rid), len(tokens[s.rid])))
+                rep._record(now, t_end, 1, n, n)
+            elif plan.kind == "prefill":
+                _, n, ntok = rep.prefill_step(plan, now)
+                rows = [(s.rid, tokens[s.rid][:s.tokens_to_prefill]) for s in plan.prefill]
+                new = prefill_step(self.model, cache, rows, self.prefill_attn).tolist()
+                t_end = clock()
+                for s, tok in zip(plan.prefill, new, strict=True):
+                    tokens[s.rid].append(tok)
+                detail.add("prefill", [len(r) for _, r in rows], 0, 0)
+                rep.finish_prefill_step(plan, t_end)
+                for s in plan.prefill:
+                    if s.state == FINISHED:
+                        cache.free(s.rid)
+                rep._record(now, t_end, 0, n, ntok)
+            elif plan.kind == "idle":
+                wake = seqs[nxt].arrival if nxt < len(seqs) else float("inf")
+                wake = min(wake, plan.wake_at if plan.wake_at is not None else wake)
+                if wake == float("inf"):
+                    break  # nothing will arrive or wake the policy: accounted for below
+                time.sleep(max(0.0, wake - clock()))
+            if static and len(batch) == 0 and batch.n_compute:
+                rep._end_static_batch()
+                padding.clear()
+        if rep.pending:
+            raise RuntimeError(f"reference run ended with {rep.pending} requests unaccounted for")
+        return RunResult(seqs, rep.log, rep.gaps, rep.weights, kv, clock()), detail
+
+    def _decode(self, live: list[Seq], padding: list[tuple[int, list[int], int]],
+                tokens: dict[int, list[int]]) -> list[int]:
+        """Run one decode step for the live rows (and a static batch's padding rows)."""
+        cache, dev = self.cache, self.dev.device
+        ids, pos, slots, tables, lens = [], [], [], [], []
+        for s in live:
+            toks = tokens[s.rid]
+            p = len(toks) - 1
+            table = cache.ensure(s.rid, p + 1)
+            ids.append(toks[-1])
+            pos.append(p)
+            slots.append(cache.slot(table, p))
+            tables.append(table)
+            lens.append(p + 1)
+        for rid, table, length in padding:  # finished rows computed as padding; write to scratch
+            ids.append(tokens[rid][-1])
+            pos.append(length - 1)
+            slots.append(0)
+            tables.append(table)
+            lens.append(length)
+        width = max(len(t) for t in tables)
+        grid = [t + [0] * (width - len(t)) for t in tables]
+        out = decode_step(
+            self.model, cache, torch.tensor(ids, device=dev), torch.tensor(pos, device=dev),
+            torch.tensor(slots, device=dev), torch.tensor(grid, device=dev),
+            torch.tensor(lens, device=dev, dtype=torch.int32), self.decode_attn)
+        return out.tolist()[: len(live)]

@@ -1,0 +1,198 @@
+"""Prefix caching (vLLM automatic prefix caching / SGLang radix cache, block-level).
+
+A KV block is identified by the hash of its tokens and of every block before it,
+so two prompts share cached blocks exactly as far as their prefixes agree. A
+request reuses the blocks of its longest cached prefix and prefills only the
+rest; after its prefill, its own full prompt blocks join the cache. Blocks
+nobody references stay cached but count as free, and are evicted
+least-recently-used when an allocation needs the room (as vLLM's free-block
+queue does).
+
+Hashes come from the workload: the Mooncake trace's `hash_ids` (512-token
+blocks), or prefixes a synthetic workload declares (`workload.shared_prefix`:
+a system prompt shared by a fraction of requests; `workload.multi_turn`:
+conversations whose turns resend the history). One cache entry spans
+`hash_tokens` tokens = `units` KV blocks.
+
+Accounting, with the KV manager's `free_blocks` counting evictable blocks as free:
+a hash block is allocated once, when it goes from evictable (or new) to
+referenced, and freed once, when its last reference goes; a request's logical
+blocks are its whole sequence, and on release it frees those not still
+referenced by another request.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .batch import Seq
+from .kv import PagedKV
+
+
+@dataclass(frozen=True)
+class SharedPrefixSpec:
+    """A system prompt of `tokens` tokens prepended to a `fraction` of the requests,
+    one of `groups` different prompts each (e.g. several applications)."""
+
+    tokens: int = field(metadata={"gt": 0})
+    fraction: float = field(default=1.0, metadata={"ge": 0, "le": 1})
+    groups: int = field(default=1, metadata={"gt": 0})
+
+
+@dataclass(frozen=True)
+class MultiTurnSpec:
+    """Conversations of `turns` requests: request i is turn i // C of conversation
+    i % C (C = requests / turns, so turns interleave in time), and each turn's prompt
+    is the previous turn's prompt and output followed by its own new tokens."""
+
+    turns: int = field(metadata={"gt": 1})
+
+
+HASH_TOKENS = 16  # prefix-hash granularity of synthetic prefixes (one KV block)
+_UNIQUE = 1 << 40  # hash ids from here on belong to one request only
+
+
+def declare_prefixes(wl, shared: SharedPrefixSpec | None, multi: MultiTurnSpec | None,
+                     rng: np.random.Generator):
+    """Add synthetic prefix hashes (and the tokens they add) to a workload."""
+    if shared is None and multi is None:
+        return wl
+    n = len(wl)
+    prompt = wl.prompt_tokens.astype(np.int64).copy()
+    out = wl.output_tokens
+    streams: list[list[int]] = [[] for _ in range(n)]  # block ids of each request's prompt
+    if multi is not None:
+        convs = max(1, n // multi.turns)
+        history: dict[int, tuple[int, int]] = {}  # conversation -> (prompt, output) of last turn
+        for i in range(n):
+            c = i % convs
+            if c in history:
+                p, o = history[c]
+                prompt[i] += p + o
+            history[c] = (int(prompt[i]), int(out[i]))
+            streams[i] = [c * 1_000_003 + j for j in range(-(-int(prompt[i] + out[i]) // HASH_TOKENS))]
+    if shared is not None:
+        chosen = rng.random(n) < shared.fraction
+        group = rng.integers(0, shared.groups, size=n)
+        blocks = shared.tokens // HASH_TOKENS
+        for i in np.flatnonzero(chosen):
+            prompt[i] += shared.tokens
+            head = [-(int(group[i]) * 1_000_003 + j + 1) for j in range(blocks)]
+            tail = streams[i] or [_UNIQUE + i * 1_000_003 + j for j in range(-(-int(prompt[i]) // HASH_TOKENS))]
+            streams[i] = head + tail if shared.tokens % HASH_TOKENS == 0 else head
+    hashes = tuple(tuple(x) for x in streams)
+    return replace(wl, prompt_tokens=prompt, prefix_hashes=hashes, block_tokens=HASH_TOKENS)
+
+
+class PrefixCache:
+    def __init__(self, kv: PagedKV, hash_tokens: int):
+        if hash_tokens % kv.block_size:
+            raise ValueError(f"prefix blocks of {hash_tokens} tokens are not whole KV blocks of "
+                             f"{kv.block_size}")
+        self.kv = kv
+        self.hash_tokens = hash_tokens
+        self.units = hash_tokens // kv.block_size
+        self.refs: dict[int, int] = {}                        # hash -> live references
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # refcount 0, LRU first
+        self.lookups = 0      # full prompt blocks looked up at first admission
+        self.hits = 0         # ... of which were cached
+        self.tokens_saved = 0  # prompt tokens not prefilled, all admissions
+        self.evictions = 0
+
+    # ---- queries (no mutation) ---------------------------------------------------
+    def match(self, s: Seq) -> int:
+        """Leading prompt hash blocks of `s` that are cached (at least one token is left
+        to compute, as vLLM recomputes the last token)."""
+        hashes = s.prefix
+        if not hashes:
+            return 0
+        full = min(len(hashes), s.prompt // self.hash_tokens)
+        h = 0
+        refs, ev = self.refs, self.evictable
+        while h < full and (hashes[h] in refs or hashes[h] in ev):
+            h += 1
+        if h and h * self.hash_tokens >= s.tokens_to_prefill:
+            h -= 1
+        return h
+
+    def admission_blocks(self, s: Seq, h: int, tokens: int | None = None) -> int:
+        """KV blocks admitting `s` takes with `h` cached hash blocks, holding `tokens`
+        tokens after this step (default: its whole prefill): the uncached ones, plus
+        cached blocks nobody references (they leave the free pool)."""
+        t = s.tokens_to_prefill if tokens is None else tokens
+        need = self.kv.blocks_for(t) - h * self.units
+        ev = self.evictable
+        return need + sum(self.units for x in s.prefix[:h] if x in ev)
+
+    def shared_blocks(self, s: Seq) -> int:
+        """KV blocks of `s` that another request also references (not freed with it)."""
+        refs = self.refs
+        return sum(self.units for x in s.prefix_refs if refs[x] > 1)
+
+    # ---- mutation (the engine's) ---------------------------------------------------
+    def acquire(self, s: Seq, h: int, first: bool) -> int:
+        """Reference the first `h` hash blocks of `s`; returns the tokens served from cache."""
+        if first:
+            self.lookups += min(len(s.prefix or ()), s.prompt // self.hash_tokens)
+            self.hits += h
+        refs, ev = self.refs, self.evictable
+        held = []
+        for x in s.prefix[:h] if h else ():
+            if x in ev:
+                del ev[x]
+                refs[x] = 1
+            else:
+                refs[x] += 1
+            held.append(x)
+        s.prefix_refs = held
+        tokens = h * self.hash_tokens
+        self.tokens_saved += tokens
+        return tokens
+
+    def insert(self, s: Seq, tokens: int) -> None:
+        """The request's first `tokens` tokens are computed: their full blocks join the cache."""
+        if not s.prefix:
+            return
+        full = min(len(s.prefix), tokens // self.hash_tokens)
+        refs, ev = self.refs, self.evictable
+        held = s.prefix_refs
+        for x in s.prefix[len(held):full]:
+            if x in refs or x in ev:
+                break  # someone cached this block meanwhile: keep our copy private
+            refs[x] = 1
+            held.append(x)
+
+    def release(self, s: Seq) -> int:
+        """Drop the references of `s`; returns how many of its KV blocks stay in use."""
+        refs, ev = self.refs, self.evictable
+        shared = 0
+        for x in s.prefix_refs or ():
+            r = refs[x] - 1
+            if r:
+                refs[x] = r
+                shared += self.units
+            else:
+                del refs[x]
+                ev[x] = None
+        s.prefix_refs = []
+        return shared
+
+    def evict_to_fit(self) -> None:
+        """Evict least-recently-used cached blocks until the truly free ones cover the rest."""
+        ev, kv = self.evictable, self.kv
+        while ev and kv.free_blocks < len(ev) * self.units:
+            ev.popitem(last=False)
+            self.evictions += 1
+
+    def summary(self) -> dict:
+        return {
+            "hash_block_tokens": self.hash_tokens,
+            "lookups": self.lookups,
+            "hits": self.hits,
+            "hit_rate": self.hits / self.lookups if self.lookups else 0.0,
+            "prompt_tokens_saved": self.tokens_saved,
+            "evictions": self.evictions,
+        }
