@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -49,6 +50,7 @@ ROWS = [
     ("KV used mean / peak", lambda s: f"{s['kv']['util_mean']:.0%} / {s['kv']['util_peak']:.0%}"),
     ("KV reserved but unused", lambda s: f"{s['kv']['reserved_unused_share']:.1%}"),
     ("preemptions", lambda s: s["preemptions"]),
+    ("prefix cache hit rate", lambda s: f"{s['prefix_cache']['hit_rate']:.1%}" if s.get("prefix_cache") else "-"),
     ("goodput (req/s)", lambda s: _fmt(s["goodput"]["requests_per_s"]) if s.get("goodput") else "-"),
     ("lookups measured", lambda s: f"{1 - s['lookup_provenance']['analytic']:.0%}"
         + (" (analytic GPU)" if s.get("gpu_analytic") else "")),
@@ -173,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("llmsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `llmsim ... | head`
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0
 
 
 if __name__ == "__main__":

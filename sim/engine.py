@@ -102,9 +102,10 @@ class Replica:
             s.reject_reason = why
             self.pending -= 1
 
-    def _admit(self, plan: StepPlan, now: float, tokens: list[int] | None = None) -> None:
-        """Take the plan's new requests off the queue and give them KV for `tokens` each
-        (default: their whole prefill), reusing cached prefix blocks."""
+    def _admit(self, plan: StepPlan, now: float, chunk: list[int] | None = None) -> None:
+        """Take the plan's new requests off the queue and give them KV for their whole
+        prefill, or for their cached prefix plus a first `chunk` of tokens each, reusing
+        cached prefix blocks."""
         st, kv, prefix = self.st, self.st.kv, self.st.prefix
         per_row = StaticPolicy.per_request_reservation(st, plan.prefill) if self.static else 0
         for i, (s, h) in enumerate(zip(plan.prefill, plan.hits, strict=True)):
@@ -117,15 +118,17 @@ class Replica:
                 self._alloc(s.reserved)
                 s.prefilled = 0
                 continue
-            upto = None if tokens is None else tokens[i]
             if prefix is not None and s.prefix:
+                # an earlier admission of this step may have evicted part of the match
+                h = min(h, prefix.match(s))
+                upto = None if chunk is None else h * prefix.hash_tokens + chunk[i]
                 need = prefix.admission_blocks(s, h, upto)
                 s.prefilled = prefix.acquire(s, h, first)
                 if first:
                     s.cached_tokens = s.prefilled
             else:
                 s.prefilled = 0
-                need = kv.blocks_for(s.tokens_to_prefill if upto is None else upto)
+                need = kv.blocks_for(s.tokens_to_prefill if chunk is None else chunk[i])
             self._alloc(need)
         if self.static:
             self.static_rows = list(plan.prefill)
@@ -218,9 +221,23 @@ class Replica:
 
     def prefill_step(self, plan: StepPlan, now: float) -> tuple[float, int, int]:
         """Start an all-prefill step; returns (seconds, sequences, tokens)."""
+        loads = self._loads()
         self._admit(plan, now)
         chunks = [(s.tokens_to_prefill - s.prefilled, s.prefilled) for s in plan.prefill]
-        return self.lat.prefill(chunks), len(chunks), sum(q for q, _ in chunks)
+        dur = self.lat.prefill(chunks) + self._load_seconds(loads)
+        return dur, len(chunks), sum(q for q, _ in chunks)
+
+    def _loads(self) -> int:
+        return self.st.prefix.loaded if self.st.prefix is not None else 0
+
+    def _load_seconds(self, before: int) -> float:
+        """PCIe time of the prefix blocks this step copied back from host memory."""
+        prefix = self.st.prefix
+        if prefix is None or prefix.loaded == before:
+            return 0.0
+        nbytes = (prefix.loaded - before) * prefix.units * self.block_bytes
+        self.swap_bytes += nbytes
+        return nbytes / self.pcie
 
     def finish_prefill_step(self, plan: StepPlan, t_end: float) -> None:
         for s in plan.prefill:
@@ -234,8 +251,9 @@ class Replica:
         if plan.preempt:
             self._preempt(plan)
         new = {s: q for s, q in plan.chunks[len(plan.chunks) - len(plan.prefill):]}
+        loads = self._loads()
         if plan.prefill:
-            self._admit(plan, now, [st.admission(s)[1] + new[s] for s in plan.prefill])
+            self._admit(plan, now, [new[s] for s in plan.prefill])
             st.prefilling.extend(plan.prefill)
         chunks = []
         for s, q in plan.chunks:
@@ -246,7 +264,7 @@ class Replica:
         if need:
             self._alloc(need)
         n = batch.n_compute
-        dur = self.lat.mixed(n, batch.sum_ctx(), batch.max_ctx(), chunks)
+        dur = self.lat.mixed(n, batch.sum_ctx(), batch.max_ctx(), chunks) + self._load_seconds(loads)
         kind = (1 if n else 0) if not chunks else (3 if n else 0)
         return dur, kind, n + len(chunks), n + sum(q for q, _ in chunks)
 
@@ -277,7 +295,10 @@ class Replica:
         log.num_seqs.append(seqs)
         log.num_tokens.append(tokens)
         log.kv_blocks_used.append(self.st.kv.used_blocks)
-        log.kv_tokens.append(b.kv_tokens())
+        tokens = b.kv_tokens()
+        if self.st.prefix is not None:  # a shared block holds its tokens once
+            tokens -= self.st.prefix.extra_refs * self.st.prefix.hash_tokens
+        log.kv_tokens.append(tokens)
 
 
 def arrivals(env: simpy.Environment, workload: Workload, rep: Replica, seqs: list[Seq]):
@@ -346,14 +367,16 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
 def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
              max_model_len: int, kv_bytes_per_token: float, pcie_bytes_per_s: float,
              swap_blocks: int = 0, reserve_max_model_len: bool = True,
-             prefix_caching: bool = False, progress=None) -> RunResult:
+             prefix_caching: bool = False, prefix_host_bytes: float = 0.0,
+             progress=None) -> RunResult:
     """Replay `workload` through one replica; every request ends finished or rejected."""
     paged = not isinstance(kv, ContiguousKV)
     batch = RunningBatch(kv.block_size, paged, keep_finished=isinstance(policy, StaticPolicy))
     st = ReplicaState(kv=kv, batch=batch, max_model_len=max_model_len, swap_free_blocks=swap_blocks,
                       reserve_max_model_len=reserve_max_model_len)
     if prefix_caching and workload.prefix_hashes is not None and paged:
-        st.prefix = PrefixCache(kv, workload.block_tokens)
+        hash_bytes = kv_bytes_per_token * workload.block_tokens
+        st.prefix = PrefixCache(kv, workload.block_tokens, int(prefix_host_bytes // hash_bytes))
     rep = Replica(st, policy, latency, kv_bytes_per_token, pcie_bytes_per_s)
     arr = np.asarray(workload.arrival_s, dtype=float).tolist()
     seqs = [

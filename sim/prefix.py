@@ -14,6 +14,9 @@ a system prompt shared by a fraction of requests; `workload.multi_turn`:
 conversations whose turns resend the history). One cache entry spans
 `hash_tokens` tokens = `units` KV blocks.
 
+With `kv.prefix_cache_host_gib`, blocks evicted from the GPU move to a host-memory
+tier (LRU) and a hit there is copied back over PCIe, the copy time added to the step.
+
 Accounting, with the KV manager's `free_blocks` counting evictable blocks as free:
 a hash block is allocated once, when it goes from evictable (or new) to
 referenced, and freed once, when its last reference goes; a request's logical
@@ -88,7 +91,7 @@ def declare_prefixes(wl, shared: SharedPrefixSpec | None, multi: MultiTurnSpec |
 
 
 class PrefixCache:
-    def __init__(self, kv: PagedKV, hash_tokens: int):
+    def __init__(self, kv: PagedKV, hash_tokens: int, host_blocks: int = 0):
         if hash_tokens % kv.block_size:
             raise ValueError(f"prefix blocks of {hash_tokens} tokens are not whole KV blocks of "
                              f"{kv.block_size}")
@@ -101,6 +104,13 @@ class PrefixCache:
         self.hits = 0         # ... of which were cached
         self.tokens_saved = 0  # prompt tokens not prefilled, all admissions
         self.evictions = 0
+        self.extra_refs = 0   # references beyond the first (shared blocks counted once more)
+        # second tier in host memory (as Mooncake's pool, SGLang HiCache, LMCache): blocks
+        # evicted from the GPU land here, LRU; a hit here is copied back over PCIe
+        self.host: OrderedDict[int, None] = OrderedDict()
+        self.host_capacity = host_blocks  # hash blocks
+        self.host_hits = 0
+        self.loaded = 0       # hash blocks copied host -> GPU (the engine charges PCIe time)
 
     # ---- queries (no mutation) ---------------------------------------------------
     def match(self, s: Seq) -> int:
@@ -111,8 +121,8 @@ class PrefixCache:
             return 0
         full = min(len(hashes), s.prompt // self.hash_tokens)
         h = 0
-        refs, ev = self.refs, self.evictable
-        while h < full and (hashes[h] in refs or hashes[h] in ev):
+        refs, ev, host = self.refs, self.evictable, self.host
+        while h < full and (hashes[h] in refs or hashes[h] in ev or hashes[h] in host):
             h += 1
         if h and h * self.hash_tokens >= s.tokens_to_prefill:
             h -= 1
@@ -121,11 +131,12 @@ class PrefixCache:
     def admission_blocks(self, s: Seq, h: int, tokens: int | None = None) -> int:
         """KV blocks admitting `s` takes with `h` cached hash blocks, holding `tokens`
         tokens after this step (default: its whole prefill): the uncached ones, plus
-        cached blocks nobody references (they leave the free pool)."""
+        cached blocks nobody references (they leave the free pool) or that are in host
+        memory (they are copied into new GPU blocks)."""
         t = s.tokens_to_prefill if tokens is None else tokens
         need = self.kv.blocks_for(t) - h * self.units
-        ev = self.evictable
-        return need + sum(self.units for x in s.prefix[:h] if x in ev)
+        refs = self.refs
+        return need + sum(self.units for x in s.prefix[:h] if x not in refs)
 
     def shared_blocks(self, s: Seq) -> int:
         """KV blocks of `s` that another request also references (not freed with it)."""
@@ -138,14 +149,21 @@ class PrefixCache:
         if first:
             self.lookups += min(len(s.prefix or ()), s.prompt // self.hash_tokens)
             self.hits += h
-        refs, ev = self.refs, self.evictable
+        refs, ev, host = self.refs, self.evictable, self.host
         held = []
         for x in s.prefix[:h] if h else ():
             if x in ev:
                 del ev[x]
                 refs[x] = 1
+            elif x in host:
+                del host[x]
+                refs[x] = 1
+                self.loaded += 1
+                if first:
+                    self.host_hits += 1
             else:
                 refs[x] += 1
+                self.extra_refs += 1
             held.append(x)
         s.prefix_refs = held
         tokens = h * self.hash_tokens
@@ -174,6 +192,7 @@ class PrefixCache:
             if r:
                 refs[x] = r
                 shared += self.units
+                self.extra_refs -= 1
             else:
                 del refs[x]
                 ev[x] = None
@@ -182,10 +201,14 @@ class PrefixCache:
 
     def evict_to_fit(self) -> None:
         """Evict least-recently-used cached blocks until the truly free ones cover the rest."""
-        ev, kv = self.evictable, self.kv
+        ev, kv, host = self.evictable, self.kv, self.host
         while ev and kv.free_blocks < len(ev) * self.units:
-            ev.popitem(last=False)
+            x, _ = ev.popitem(last=False)
             self.evictions += 1
+            if self.host_capacity:
+                host[x] = None
+                if len(host) > self.host_capacity:
+                    host.popitem(last=False)
 
     def summary(self) -> dict:
         return {
@@ -193,6 +216,8 @@ class PrefixCache:
             "lookups": self.lookups,
             "hits": self.hits,
             "hit_rate": self.hits / self.lookups if self.lookups else 0.0,
+            "host_hits": self.host_hits,
+            "host_blocks_loaded": self.loaded,
             "prompt_tokens_saved": self.tokens_saved,
             "evictions": self.evictions,
         }

@@ -59,6 +59,7 @@ class KVSpec:
     reserve: Literal["max_model_len", "max_tokens"] = "max_model_len"
     # paged only: reuse KV blocks of cached prompt prefixes (hashes come from the workload)
     prefix_caching: bool = False
+    prefix_cache_host_gib: float = field(default=0.0, metadata={"ge": 0})  # host-memory tier
 
 
 @dataclass(frozen=True)

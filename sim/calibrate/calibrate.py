@@ -24,7 +24,8 @@ import torch
 from sim.models import load_model
 
 from . import bench, itergrid
-from .device import Device, TooLarge, is_oom, pick_device, pick_dtype, set_threads
+from .device import (Device, TooLarge, is_oom, pick_device, pick_dtype, quiet_gc,
+                     set_threads)
 from .grids import GRIDS, TABLE_ORDER
 from .output import TableWriter, fit_runtimes, write_meta, write_profile
 
@@ -106,8 +107,9 @@ def calibrate(models: list[str], out: Path, *, device: str = "auto", dtype: str 
     res.total = len(points)
     ceil: dict = {}
     try:
-        ceil = bench.ceilings(dev, *g["ceilings"][dev_t.type])
-        _measure(points, dev, w, res, t0, budget_s, progress)
+        with quiet_gc():
+            ceil = bench.ceilings(dev, *g["ceilings"][dev_t.type])
+            _measure(points, dev, w, res, t0, budget_s, progress)
     except KeyboardInterrupt:
         res.stopped = "interrupted"
         raise

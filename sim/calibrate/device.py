@@ -21,10 +21,12 @@ the call's. Scratch that a kernel allocates internally and frees before returnin
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from statistics import median
 
 import torch
@@ -33,6 +35,19 @@ from torch.utils._pytree import tree_flatten
 
 FLUSH_BYTES = 256 * 2**20
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@contextmanager
+def quiet_gc() -> Iterator[None]:
+    """Collect garbage now and not while timing (a collection pause is not the device's)."""
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class DeviceError(Exception):
@@ -201,7 +216,8 @@ class Device:
 
     # ---- clocks -----------------------------------------------------------------------
     def time_ms(self, fn: Callable[[], object], *, flush: bool = True) -> float:
-        """Median milliseconds of `fn()` after warm-up; fewer repeats for slow calls."""
+        """Median milliseconds of `fn()` after warm-up; fewer repeats for slow calls.
+        (Callers run this inside `quiet_gc()`: a collection pause is not the device's.)"""
         t0 = time.perf_counter()
         for _ in range(self.warmup):
             fn()
@@ -229,19 +245,21 @@ class Device:
         torch.cuda.synchronize(self.device)
         return [s.elapsed_time(e) for s, e in events]
 
-    def wall_ms(self, fn: Callable[[], object]) -> float:
+    def wall_ms(self, fn: Callable[[], object], max_s: float | None = None,
+                repeats: int | None = None) -> float:
         """Median wall milliseconds of `fn()` including host time, synchronised."""
+        max_s, repeats = max_s or self.max_s, repeats or self.repeats
         for _ in range(self.warmup):
             fn()
         self.sync()
         times = []
         t_start = time.perf_counter()
-        for i in range(self.repeats):
+        for i in range(repeats):
             t = time.perf_counter()
             fn()
             self.sync()
             times.append((time.perf_counter() - t) * 1e3)
-            if i >= 2 and time.perf_counter() - t_start > self.max_s:
+            if i >= 2 and time.perf_counter() - t_start > max_s:
                 break
         return median(times)
 

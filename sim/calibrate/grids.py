@@ -36,6 +36,8 @@ GRIDS: dict[str, dict] = {
         "warmup": 5,
         "repeats": 20,
         "max_s_per_point": 0.5,
+        "iter_repeats": 20,
+        "iter_max_s": 1.0,  # whole iterations: the runtime fit rests on them
     },
     "quick": {
         "gemm_m": ([1, 16, 256], [4, 64, 1024]),
@@ -53,8 +55,10 @@ GRIDS: dict[str, dict] = {
         "block": 16,
         "ceilings": {"cuda": (256, 4096), "cpu": (64, 1024)},
         "warmup": 2,
-        "repeats": 7,
+        "repeats": 15,
         "max_s_per_point": 0.1,
+        "iter_repeats": 40,
+        "iter_max_s": 0.25,
     },
 }
 

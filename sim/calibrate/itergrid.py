@@ -89,7 +89,8 @@ def _row(spec: ModelSpec, kind: str, b: int, new: int, ctx: int, ms: float, mode
             "new_tokens": new, "ctx": ctx, "ms": ms}
 
 
-def prefill_point(spec: ModelSpec, b: int, n: int, pool: int, block: int, tier: int) -> Point:
+def prefill_point(spec: ModelSpec, b: int, n: int, pool: int, block: int, tier: int,
+                  limits: tuple[float, int]) -> Point:
     def run(dev: Device) -> list[dict]:
         model, cache = _Loaded.get(spec, dev, pool, block)
         rows = [(i, dev.randint(spec.vocab, n).tolist()) for i in range(b)]
@@ -98,14 +99,15 @@ def prefill_point(spec: ModelSpec, b: int, n: int, pool: int, block: int, tier: 
             for rid, _ in rows:
                 cache.free(rid)
             return prefill_step(model, cache, rows).tolist()
-        ms = dev.wall_ms(step)
+        ms = dev.wall_ms(step, *limits)
         for rid, _ in rows:
             cache.free(rid)
         return [_row(spec, "prefill", b, n, 0, ms, "eager")]
     return Point("iteration", tier, f"{spec.name} prefill step b={b} n={n}", run)
 
 
-def decode_point(spec: ModelSpec, b: int, ctx: int, pool: int, block: int, tier: int) -> Point:
+def decode_point(spec: ModelSpec, b: int, ctx: int, pool: int, block: int, tier: int,
+                 limits: tuple[float, int]) -> Point:
     def run(dev: Device) -> list[dict]:
         model, cache = _Loaded.get(spec, dev, pool, block)
         nblk = -(-(ctx + 1) // block)
@@ -126,10 +128,10 @@ def decode_point(spec: ModelSpec, b: int, ctx: int, pool: int, block: int, tier:
                                torch.tensor(pos, device=d), torch.tensor(slots, device=d),
                                torch.tensor(tables, device=d),
                                torch.tensor(lens, device=d, dtype=torch.int32)).tolist()
-        out = [_row(spec, "decode", b, 1, ctx, dev.wall_ms(step), "eager")]
+        out = [_row(spec, "decode", b, 1, ctx, dev.wall_ms(step, *limits), "eager")]
         if dev.cuda:
             graph = GraphDecode(model, cache, b, nblk)
-            ms = dev.wall_ms(lambda: graph(ids, pos, slots, tables, lens))
+            ms = dev.wall_ms(lambda: graph(ids, pos, slots, tables, lens), *limits)
             out.append(_row(spec, "decode", b, 1, ctx, ms, "graphs"))
             del graph
         return out
@@ -146,9 +148,11 @@ def iteration_points(models: list[ModelSpec], g: dict) -> list[Point]:
         pool = max([b * (c + block) for b in every(dec["batch"]) for c in every(dec["ctx"])]
                    + [b * (n + block) for b, n in rows])
         pts += [prefill_point(spec, b, n, pool, block,
-                              max(tier_of(pre["batch"], b), tier_of(pre["new_tokens"], n)))
+                              max(tier_of(pre["batch"], b), tier_of(pre["new_tokens"], n)),
+                              (g["iter_max_s"], g["iter_repeats"]))
                 for b, n in rows]
         pts += [decode_point(spec, b, c, pool, block,
-                             max(tier_of(dec["batch"], b), tier_of(dec["ctx"], c)))
+                             max(tier_of(dec["batch"], b), tier_of(dec["ctx"], c)),
+                             (g["iter_max_s"], g["iter_repeats"]))
                 for b in every(dec["batch"]) for c in every(dec["ctx"])]
     return pts

@@ -118,6 +118,12 @@ class PagedCache:
     def slot(self, table: list[int], pos: int) -> int:
         return table[pos // self.block] * self.block + pos % self.block
 
+    def slots(self, table: list[int], n: int) -> torch.Tensor:
+        """The flat slots of positions 0..n-1 (on the host)."""
+        blocks = torch.tensor(table[: -(-n // self.block)])
+        offsets = torch.arange(self.block)
+        return (blocks[:, None] * self.block + offsets[None, :]).flatten()[:n]
+
 
 def prefill_step(model: Llama, cache: PagedCache, rows: list[tuple[int, list[int]]],
                  attn: Callable = ops.prefill_flash) -> torch.Tensor:
@@ -126,8 +132,8 @@ def prefill_step(model: Llama, cache: PagedCache, rows: list[tuple[int, list[int
     lens = [len(t) for _, t in rows]
     ids = torch.tensor([t for _, toks in rows for t in toks], device=dev)
     pos = torch.cat([torch.arange(n) for n in lens]).to(dev)
-    slots = torch.tensor([cache.slot(cache.ensure(rid, n), p) for (rid, _), n in zip(rows, lens,
-                          strict=True) for p in range(n)], device=dev)
+    slots = torch.cat([cache.slots(cache.ensure(rid, n), n) for (rid, _), n in zip(
+        rows, lens, strict=True)]).to(dev)
     x = model.embed[ids]
     for li, lw in enumerate(model.layers):
         q, k, v = model.qkv(x, lw, pos)
@@ -273,7 +279,9 @@ class ReferenceEngine:
                 detail.add("decode", [], sum_ctx, max_ctx)
                 for s in batch.advance(t_end, rep.gaps, rep.weights):
                     rep._release(s)
-                    padding.append((s.rid, cache.free(s.rid), len(tokens[s.rid])))
+                    table = cache.free(s.rid)
+                    if static:  # computed as padding until the batch ends
+                        padding.append((s.rid, table, len(tokens[s.rid])))
                 rep._record(now, t_end, 1, n, n)
             elif plan.kind == "prefill":
                 _, n, ntok = rep.prefill_step(plan, now)

@@ -28,8 +28,8 @@ import triton.language as tl
 @triton.jit
 def _split_kernel(Q, K, V, BT, LENS, M_OUT, L_OUT, ACC_OUT,
                   stride_qb, stride_qh, stride_kb, stride_ks, stride_kh,
-                  stride_vb, stride_vs, stride_vh, stride_bt, blocks_per_split, scale,
-                  NSPLIT: tl.constexpr, H: tl.constexpr, GROUP: tl.constexpr,
+                  stride_vb, stride_vs, stride_vh, stride_bt, blocks_per_split, scale, nsplit,
+                  H: tl.constexpr, GROUP: tl.constexpr,
                   GROUP_P: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -61,22 +61,21 @@ def _split_kernel(Q, K, V, BT, LENS, M_OUT, L_OUT, ACC_OUT,
         l = l * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
-    row = (b * H + heads) * NSPLIT + sp
+    row = (b * H + heads) * nsplit + sp
     tl.store(M_OUT + row, m, mask=gmask)
     tl.store(L_OUT + row, l, mask=gmask)
     tl.store(ACC_OUT + row[:, None] * D + dd[None, :], acc, mask=gmask[:, None])
 
 
 @triton.jit
-def _merge_kernel(M_IN, L_IN, ACC_IN, OUT, stride_ob, stride_oh,
-                  NSPLIT: tl.constexpr, NSPLIT_P: tl.constexpr, H: tl.constexpr,
-                  D: tl.constexpr):
+def _merge_kernel(M_IN, L_IN, ACC_IN, OUT, stride_ob, stride_oh, nsplit,
+                  NSPLIT_P: tl.constexpr, H: tl.constexpr, D: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.arange(0, NSPLIT_P)
     dd = tl.arange(0, D)
-    smask = s < NSPLIT
-    base = (b * H + h) * NSPLIT
+    smask = s < nsplit
+    base = (b * H + h) * nsplit
     m = tl.load(M_IN + base + s, mask=smask, other=float("-inf"))
     l = tl.load(L_IN + base + s, mask=smask, other=0.0)
     acc = tl.load(ACC_IN + (base + s)[:, None] * D + dd[None, :], mask=smask[:, None], other=0.0)
@@ -117,11 +116,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         q, k_cache, v_cache, block_tables, ctx_lens, m, l, acc,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
-        per_split, 1.0 / math.sqrt(d),
-        NSPLIT=nsplit, H=hq, GROUP=group, GROUP_P=_pow2(group), D=d, BLOCK=block)
+        per_split, 1.0 / math.sqrt(d), nsplit, H=hq, GROUP=group, GROUP_P=_pow2(group), D=d, BLOCK=block)
     out = torch.empty_like(q)
-    _merge_kernel[(b, hq)](m, l, acc, out, out.stride(0), out.stride(1),
-                           NSPLIT=nsplit, NSPLIT_P=_pow2(nsplit), H=hq, D=d)
+    _merge_kernel[(b, hq)](m, l, acc, out, out.stride(0), out.stride(1), nsplit,
+                           NSPLIT_P=_pow2(nsplit), H=hq, D=d)
     return out
 
 

@@ -33,12 +33,11 @@ from sim.metrics import requests_frame, steps_frame, summarize
 from sim.models import load_model
 from sim.profiles import load_profile
 from sim.scenario import Scenario, load_scenario
-from sim.scheduler import POLICIES
 from sim.specload import SpecError, build, load_yaml
 from sim.workload import Workload, generate
 
-from .device import Device, pick_device, pick_dtype, set_threads
-from .reference import Llama, ReferenceEngine, StepDetail, check_supported
+from .device import Device, pick_device, pick_dtype, quiet_gc, set_threads
+from .reference import POLICIES, Llama, ReferenceEngine, StepDetail, check_supported
 
 METRICS = [(f"{name} p{p} (ms)", key, f"p{p}", 1e3) for name, key in
            (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"))
@@ -155,7 +154,8 @@ def validate(scenario: str | Path, profile_dir: str | Path, out: str | Path, *,
     engine.run(_warmup_workload(wl), seed=sc.seed)
     real = []
     for _ in range(runs):
-        res, detail = engine.run(wl, seed=sc.seed)
+        with quiet_gc():
+            res, detail = engine.run(wl, seed=sc.seed)
         real.append((*_frames(res, sc), detail))
     sim_res, lat = simulate_with(sc, wl, profile_dir, rt, kv_tokens, max_len)
     sim = _frames(sim_res, sc)

@@ -1,0 +1,120 @@
+"""Chunked prefill and prefix caching: known timelines and KV conservation."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.runner import run
+from tests.test_engine import latency_model, scenario
+
+
+def test_long_prompt_is_prefilled_in_budget_sized_chunks_while_decodes_continue():
+    sc = scenario(
+        scheduler={"policy": "chunked", "max_num_batched_tokens": 512},
+        workload={"num_requests": 2, "arrival": {"kind": "constant", "rate": 2.0},
+                  "prompt": {"kind": "fixed", "value": 4000}, "output": {"kind": "fixed", "value": 300}},
+    )
+    out = run(sc)
+    steps = out.steps
+    # request 0 alone: ceil(4000 / 512) = 8 chunk steps; request 1 (at 0.5 s) then shares
+    # steps with request 0's decodes (511 prompt tokens + 1 decode each)
+    first = steps[steps.t_end <= out.requests.first_token_s[0] + 1e-12]
+    assert (first.kind == "prefill").sum() == 8
+    assert (steps.kind == "mixed").sum() >= 7
+    assert steps.num_tokens.max() <= 512
+    lat = latency_model()
+    expected = sum(lat.prefill([(min(512, 4000 - d), d)]) for d in range(0, 4000, 512))
+    assert out.requests.ttft_s[0] == pytest.approx(expected, rel=1e-9)
+
+
+def test_second_request_reuses_the_cached_system_prompt():
+    sc = scenario(
+        kv={"prefix_caching": True},
+        workload={"num_requests": 2, "arrival": {"kind": "constant", "rate": 0.1},
+                  "prompt": {"kind": "fixed", "value": 200}, "output": {"kind": "fixed", "value": 10},
+                  "shared_prefix": {"tokens": 1024, "fraction": 1.0}},
+    )
+    out = run(sc)
+    req = out.requests
+    assert list(req.prompt_tokens) == [1224, 1224]
+    assert list(req.cached_tokens) == [0, 1024]
+    lat = latency_model()
+    assert req.ttft_s[0] == pytest.approx(lat.prefill([(1224, 0)]), rel=1e-9)
+    assert req.ttft_s[1] == pytest.approx(lat.prefill([(200, 1024)]), rel=1e-9)
+    pc = out.summary["prefix_cache"]
+    assert pc["hits"] == 64 and pc["lookups"] == 2 * (1224 // 16)
+
+
+def test_fully_cached_prompt_still_computes_its_last_block():
+    sc = scenario(
+        kv={"prefix_caching": True},
+        workload={"num_requests": 2, "arrival": {"kind": "constant", "rate": 0.1},
+                  "prompt": {"kind": "fixed", "value": 1}, "output": {"kind": "fixed", "value": 5},
+                  "shared_prefix": {"tokens": 1024, "fraction": 1.0}},
+    )
+    req = run(sc).requests
+    assert req.cached_tokens[1] == 1024  # 1025 tokens: 64 full blocks cached, 1 token computed
+
+
+def test_multi_turn_conversations_resend_their_history_and_hit_the_cache():
+    sc = scenario(
+        kv={"prefix_caching": True},
+        workload={"num_requests": 40, "arrival": {"kind": "poisson", "rate": 2.0},
+                  "prompt": {"kind": "fixed", "value": 100}, "output": {"kind": "fixed", "value": 50},
+                  "multi_turn": {"turns": 4}},
+    )
+    out = run(sc)
+    req = out.requests
+    assert sorted(set(req.prompt_tokens)) == [100, 250, 400, 550]
+    later = req[req.prompt_tokens > 100]
+    assert (later.cached_tokens > 0).mean() > 0.9
+
+
+def test_lru_eviction_under_memory_pressure_keeps_every_block_accounted_for():
+    sc = scenario(
+        kv={"prefix_caching": True, "num_blocks": 300},
+        workload={"num_requests": 200, "arrival": {"kind": "poisson", "rate": 20.0},
+                  "prompt": {"kind": "uniform", "low": 50, "high": 800},
+                  "output": {"kind": "uniform", "low": 5, "high": 200},
+                  "shared_prefix": {"tokens": 512, "fraction": 0.7, "groups": 6}},
+    )
+    out = run(sc)
+    assert out.summary["prefix_cache"]["evictions"] > 0
+    assert out.result.kv.free_blocks == out.result.kv.num_blocks
+    assert (out.requests.status == "finished").all()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.integers(1, 50),
+    rate=st.floats(0.5, 200.0),
+    blocks=st.integers(60, 400),
+    policy=st.sampled_from(["continuous", "chunked"]),
+    budget=st.sampled_from([64, 512, 2048]),
+    caching=st.booleans(),
+    prefix=st.sampled_from([None, {"tokens": 256, "fraction": 0.5, "groups": 2}, "multi"]),
+)
+def test_chunked_and_cached_runs_conserve_requests_and_blocks(seed, n, rate, blocks, policy, budget,
+                                                              caching, prefix):
+    wl = {"num_requests": n, "arrival": {"kind": "poisson", "rate": rate},
+          "prompt": {"kind": "lognormal", "mean": 200, "sigma": 1.0, "max": 1500},
+          "output": {"kind": "lognormal", "mean": 60, "sigma": 1.0, "max": 300}}
+    if prefix == "multi":
+        wl["multi_turn"] = {"turns": 3}
+    elif prefix:
+        wl["shared_prefix"] = prefix
+    sc = scenario(seed=seed,
+                  scheduler={"policy": policy, "max_num_batched_tokens": max(budget, 2048 if policy == "continuous" else budget),
+                             "max_num_seqs": 32},
+                  kv={"num_blocks": blocks, "prefix_caching": caching}, workload=wl)
+    out = run(sc)
+    req = out.requests
+    assert set(req.status) <= {"finished", "rejected"}
+    assert out.result.kv.free_blocks == out.result.kv.num_blocks
+    fin = req[req.status == "finished"]
+    assert (fin.generated_tokens == fin.output_tokens).all()
+    assert (fin.cached_tokens < fin.prompt_tokens).all()
+    assert (out.steps.num_tokens <= max(budget, 2048 if policy == "continuous" else budget) + 32).all()
