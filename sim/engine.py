@@ -18,6 +18,7 @@ from .kv import ContiguousKV, PagedKV
 from .latency import StepLatency
 from .prefix import PrefixCache
 from .scheduler import DECODE, ReplicaState, StaticPolicy, StepPlan
+from .speculative import SpecBatch, Speculator
 from .workload import Workload
 
 KIND_CODES = {"prefill": 0, "decode": 1}
@@ -68,6 +69,7 @@ class Replica:
         self.pending = 0  # requests not yet finished or rejected
         self.swap_bytes = 0.0
         self.arrivals_done = False
+        self.spec = isinstance(state.batch, SpecBatch)
 
     # ---- KV ------------------------------------------------------------------------
     def _alloc(self, blocks: int) -> None:
@@ -217,7 +219,18 @@ class Replica:
         if need:
             self._alloc(need)
         n = batch.n_compute
+        if self.spec:
+            return batch.seconds() + move_s, n
         return self.lat.decode(n, batch.sum_ctx(), batch.max_ctx()) + move_s, n
+
+    def finish_round(self, n: int) -> tuple[int, int]:
+        """After a speculative round: free rolled-back draft slots; (kind code, tokens)."""
+        batch = self.st.batch
+        if batch.rolled_back:
+            self.st.kv.free(batch.rolled_back)
+            batch.rolled_back = 0
+        la = batch._la
+        return (2 if la > 1 else 1), n * la
 
     def prefill_step(self, plan: StepPlan, now: float) -> tuple[float, int, int]:
         """Start an all-prefill step; returns (seconds, sequences, tokens)."""
@@ -333,7 +346,11 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
             t_end = now + dur
             for s in batch.advance(t_end, rep.gaps, rep.weights):
                 rep._release(s)
-            rep._record(now, t_end, 1, n, n)
+            if rep.spec:
+                code, tokens = rep.finish_round(n)
+                rep._record(now, t_end, code, n, tokens)
+            else:
+                rep._record(now, t_end, 1, n, n)
         elif kind == "prefill":
             dur, n, tokens = rep.prefill_step(plan, now)
             yield env.timeout(dur)
@@ -368,10 +385,13 @@ def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
              max_model_len: int, kv_bytes_per_token: float, pcie_bytes_per_s: float,
              swap_blocks: int = 0, reserve_max_model_len: bool = True,
              prefix_caching: bool = False, prefix_host_bytes: float = 0.0,
-             progress=None) -> RunResult:
+             speculator: Speculator | None = None, progress=None) -> RunResult:
     """Replay `workload` through one replica; every request ends finished or rejected."""
     paged = not isinstance(kv, ContiguousKV)
-    batch = RunningBatch(kv.block_size, paged, keep_finished=isinstance(policy, StaticPolicy))
+    if speculator is not None:
+        batch = SpecBatch(kv.block_size, paged, speculator)
+    else:
+        batch = RunningBatch(kv.block_size, paged, keep_finished=isinstance(policy, StaticPolicy))
     st = ReplicaState(kv=kv, batch=batch, max_model_len=max_model_len, swap_free_blocks=swap_blocks,
                       reserve_max_model_len=reserve_max_model_len)
     if prefix_caching and workload.prefix_hashes is not None and paged:

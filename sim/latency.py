@@ -243,6 +243,33 @@ class StepLatency:
         gpu += self.dense_ms(tokens) + self.lm_head_ms(tokens)
         return self._combine(gpu, verify_seqs=len(rows))
 
+    def verify_batch(self, n: int, q: int, sum_ctx: int, max_ctx: int,
+                     rows: list[tuple[int, int]]) -> float:
+        """Verify `q` tokens for each of `n` sequences. With `paged_gather` or `flash`
+        attention runs per sequence (`rows` of (q, cached)); otherwise the decode kernel
+        runs once per query row (each row reads its sequence's whole context)."""
+        if self.verify_impl in ("paged_gather", "flash"):
+            return self.verify(rows)
+        key = ("vb", n, q) + self._ctx_keys(n, sum_ctx, max_ctx)
+        e = self._memo.get(key)
+        if e is not None:
+            e[2] += 1
+            return e[3]
+        ctx_q, max_q = key[3], key[4]
+        k, v = self.shapes["lm_head"]
+        m = self.m
+
+        def compute():
+            ms, tag = self.p.decode_attn(self.decode_impl, n * q, ctx_q * n * q, m.heads,
+                                         m.kv_heads, m.head_dim,
+                                         max_ctx=max_q if max_q > ctx_q else None)
+            return self._dense_parts(n * q) + [self.p.gemm(n * q, k, v), (m.layers * ms, tag)]
+
+        gpu = self._piece(key, compute)
+        e = self._memo[key]
+        e.append(self._combine(gpu, decode=True))
+        return e[3]
+
     def gpu_ms(self, kind: str, n: int, new_tokens: int, ctx: int) -> float:
         """Kernel-only time of a uniform step (for error tables against measured grids)."""
         if kind == "verify":

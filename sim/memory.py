@@ -34,7 +34,9 @@ class MemoryBudget:
         return {k: (v / GIB if k.endswith("_bytes") else v) for k, v in self.__dict__.items()}
 
 
-def memory_budget(sc: Scenario, model: ModelSpec, profile: GPUProfile) -> MemoryBudget:
+def memory_budget(sc: Scenario, model: ModelSpec, profile: GPUProfile,
+                  draft: ModelSpec | None = None) -> MemoryBudget:
+    """The budget; a speculative draft model adds its weights and its own KV per token."""
     max_len = sc.kv.max_model_len or model.max_len
     if sc.scheduler.policy == "static":
         step_tokens = sc.scheduler.max_batch_size * max_len
@@ -46,7 +48,8 @@ def memory_budget(sc: Scenario, model: ModelSpec, profile: GPUProfile) -> Memory
         longest = min(max_len, sc.scheduler.max_num_batched_tokens)
     gpu = profile.facts.memory_gib * GIB
     usable = gpu * sc.kv.gpu_memory_utilization
-    weights = float(model.weight_bytes)
+    weights = float(model.weight_bytes) + (draft.weight_bytes if draft else 0)
+    kv_per_token = model.kv_bytes_per_token + (draft.kv_bytes_per_token if draft else 0)
     act_width = model.hidden * 2 + model.q_dim + 2 * model.kv_dim + 2 * model.ffn
     activations = step_tokens * act_width * model.weight_dtype_bytes + rows * model.vocab * 4
     scratch, _ = profile.prefill_attn_mem_bytes(
@@ -61,10 +64,10 @@ def memory_budget(sc: Scenario, model: ModelSpec, profile: GPUProfile) -> Memory
             raise SpecError(
                 sc.file or None,
                 "model",
-                f"{model.name} does not fit on {profile.name}: weights {weights / GIB:.1f} GiB + "
+                f"{model.name}{' with its draft ' + draft.name if draft else ''} does not fit on {profile.name}: weights {weights / GIB:.1f} GiB + "
                 f"activations {(activations + scratch) / GIB:.1f} GiB > {usable / GIB:.1f} GiB usable "
                 f"at kv.gpu_memory_utilization {sc.kv.gpu_memory_utilization} "
                 "(allowed: a smaller model, a larger GPU, or smaller scheduler limits)",
             )
-        kv_tokens = int(kv_bytes // model.kv_bytes_per_token)
+        kv_tokens = int(kv_bytes // kv_per_token)
     return MemoryBudget(gpu, usable, weights, activations, scratch, max(kv_bytes, 0.0), kv_tokens)

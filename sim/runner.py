@@ -29,6 +29,8 @@ from .models import load_model
 from .profiles import load_profile
 from .scenario import Scenario, load_scenario
 from .scheduler import ContinuousPolicy, StaticPolicy
+from .specload import SpecError
+from .speculative import Speculator
 from .workload import generate
 
 POLICIES = {"continuous": ContinuousPolicy, "static": StaticPolicy, "chunked": ChunkedPolicy}
@@ -71,11 +73,14 @@ def prepare(sc: Scenario):
     model = load_model(sc.model, file=f, path="model")
     profile = load_profile(sc.gpu, file=f, path="gpu")
     runtime = load_runtime(sc.runtime, file=f, path="runtime")
-    budget = memory_budget(sc, model, profile)
+    draft = None
+    if sc.speculative.method == "draft_model":
+        draft = load_model(sc.speculative.draft_model, file=f, path="speculative.draft_model")
+    budget = memory_budget(sc, model, profile, draft)
     rng = np.random.default_rng(sc.seed)
     base = Path(sc.base_dir) if sc.base_dir else None
     wl = generate(sc.workload, rng, file=f, path="workload", base_dir=base)
-    return model, profile, runtime, budget, wl, rng
+    return model, profile, runtime, budget, wl, rng, draft
 
 
 def run(scenario: Scenario | str | Path, overrides: dict | None = None,
@@ -83,11 +88,20 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     """Simulate a scenario (object or YAML path) and return its tables and summary."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     t0 = time.perf_counter()
-    model, profile, runtime, budget, wl, _rng = prepare(sc)
+    model, profile, runtime, budget, wl, rng, draft = prepare(sc)
     max_len = sc.kv.max_model_len or model.max_len
     kv = make_kv(sc.kv.manager, budget.kv_tokens, sc.kv.block_size)
     policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
-    lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention)
+    lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
+                      verify_impl=_verify_impl(sc))
+    spec = None
+    if sc.speculative.method != "none":
+        if sc.speculative.acceptance.kind == "trace" and wl.acceptance is None:
+            raise SpecError(sc.file or None, "speculative.acceptance.kind",
+                            "'trace' needs a csv trace with an 'acceptance' column")
+        draft_lat = StepLatency(draft, profile, runtime, sc.attention.prefill,
+                                sc.decode_attention) if draft else None
+        spec = Speculator(sc.speculative, lat, draft_lat, rng, wl.acceptance)
     swap_blocks = int(sc.kv.swap_space_gib * 1024**3 // (model.kv_bytes_per_token * kv.block_size))
     bar = _progress_bar(float(wl.arrival_s[-1]) if len(wl) else 0.0) if progress else None
     res = simulate(
@@ -99,6 +113,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         reserve_max_model_len=sc.kv.reserve == "max_model_len",
         prefix_caching=sc.kv.prefix_caching,
         prefix_host_bytes=sc.kv.prefix_cache_host_gib * 1024**3,
+        speculator=spec,
         progress=bar.update_to if bar else None,
     )
     if bar:
@@ -118,6 +133,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         **summarize(req, steps, res, sc.slo),
         "memory_gib": budget.as_dict(),
         "prefix_cache": res.prefix_cache,
+        "speculative": spec.summary() if spec else None,
         "lookup_provenance": lat.provenance(),
         "wall_s": time.perf_counter() - t0,
     }
@@ -125,6 +141,11 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         res.prefix_cache.update(prefill_saved(req, lat))
     itl = pd.DataFrame({"gap_s": res.itl_gaps, "count": res.itl_weights})
     return RunOutput(sc, req, steps, summary, itl, res)
+
+
+def _verify_impl(sc: Scenario) -> str:
+    v = sc.attention.verify
+    return sc.decode_attention if v == "decode_kernel" else v
 
 
 def prefill_saved(req: pd.DataFrame, lat: StepLatency) -> dict[str, float]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from .specload import SpecError, build, load_yaml
+from .speculative import SpeculativeSpec
 from .workload import WorkloadSpec
 
 
@@ -29,6 +30,9 @@ class AttentionSpec:
     prefill: Literal["flash", "naive"] = "flash"
     # None: follow the KV manager (paged -> paged kernel, contiguous -> contiguous kernel)
     decode: Literal["paged", "paged_gather", "contiguous"] | None = None
+    # multi-token steps over cached context (speculative verify): the decode kernel once per
+    # query row, or per sequence gather + SDPA (the eager reference stack), or flash
+    verify: Literal["decode_kernel", "paged_gather", "flash"] = "decode_kernel"
 
 
 @dataclass(frozen=True)
@@ -82,12 +86,15 @@ class Scenario:
     scheduler: SchedulerSpec = SchedulerSpec()
     kv: KVSpec = KVSpec()
     slo: SLOSpec = SLOSpec()
+    speculative: SpeculativeSpec = SpeculativeSpec()
     # set by the loader, not by the YAML: the scenario file and its folder (where
     # relative paths resolve)
     base_dir: str = field(default="", init=False, compare=False)
     file: str = field(default="", init=False, compare=False)
 
     def check(self):
+        if self.speculative.method != "none" and self.scheduler.policy != "continuous":
+            return "speculative.method", "needs scheduler.policy: continuous"
         if self.kv.prefix_caching and self.kv.manager != "paged":
             return "kv.prefix_caching", "needs kv.manager: paged"
         if self.kv.prefix_caching and self.scheduler.policy == "static":

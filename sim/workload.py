@@ -180,6 +180,7 @@ class Workload:
     max_tokens: np.ndarray  # int64 [n], >= output_tokens: the output cap reservations plan for
     prefix_hashes: tuple[tuple[int, ...], ...] | None = None  # [n] prompt block ids (mooncake)
     block_tokens: int | None = None  # prompt tokens per prefix hash (512 for mooncake)
+    acceptance: np.ndarray | None = None  # float64 [n]: a csv trace's `acceptance` column
 
     def __post_init__(self) -> None:
         for name in ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens"):
@@ -194,6 +195,7 @@ class _Trace(NamedTuple):
     prompt: np.ndarray  # int64
     output: np.ndarray  # int64
     hashes: tuple[tuple[int, ...], ...] | None
+    acceptance: np.ndarray | None = None  # csv traces: optional per-request draft acceptance
 
 
 def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path | None = None,
@@ -241,9 +243,12 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
     hashes = None  # prefix blocks describe the trace's prompts: dropped when prompts are redrawn
     if tr is not None and tr.hashes is not None and spec.prompt is None and spec.lengths is None:
         hashes = tr.hashes[:n] if n <= len(tr.hashes) else tuple(tr.hashes[i] for i in rows)
+    acc = None
+    if tr is not None and tr.acceptance is not None:
+        acc = tr.acceptance[rows]
     wl = Workload(np.array(arrival, dtype=np.float64), np.array(prompt, dtype=np.int64),
                   np.array(output, dtype=np.int64), np.full(n, max_tok, dtype=np.int64),
-                  hashes, MOONCAKE_BLOCK_TOKENS if hashes is not None else None)
+                  hashes, MOONCAKE_BLOCK_TOKENS if hashes is not None else None, acc)
     if (spec.shared_prefix or spec.multi_turn) and hashes is not None:
         raise SpecError(file, f"{path}.shared_prefix", "the trace brings its own prefix hashes (allowed: no shared_prefix/multi_turn with a mooncake trace)")
     return declare_prefixes(wl, spec.shared_prefix, spec.multi_turn, rng)
@@ -376,9 +381,17 @@ def _parse_trace(p: Path, fmt: str) -> _Trace:
     order = np.argsort(t, kind="stable")  # time order; ties keep file order
     hashes = tuple(hashes[i] for i in order) if hashes is not None else None
     arrays = [t[order] - t[order[0]], prompt[order], output[order]]
+    acc = None
+    if "acceptance" in cols:  # speculative decoding: per-request draft acceptance rate
+        acc = _numbers(p, cols["acceptance"], linenos, "acceptance", integer=False, lo=0)
+        if (acc > 1).any():
+            i = int(np.argmax(acc > 1))
+            raise SpecError(p, f"line {linenos[i]}", f"acceptance: {acc[i]} (allowed: 0 to 1)")
+        acc = acc[order]
+        acc.flags.writeable = False
     for a in arrays:
         a.flags.writeable = False
-    return _Trace(*arrays, hashes)
+    return _Trace(*arrays, hashes, acc)
 
 
 def _read_jsonl(p: Path) -> tuple[dict[str, tuple], np.ndarray, tuple[tuple[int, ...], ...]]:

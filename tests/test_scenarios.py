@@ -51,3 +51,19 @@ def test_naive_attention_costs_kv_memory_and_prefill_time_at_long_prompts():
     assert naive["memory_gib"]["attention_scratch_bytes"] > 50 * flash["memory_gib"]["attention_scratch_bytes"]
     assert naive["kv"]["capacity_tokens"] < 0.9 * flash["kv"]["capacity_tokens"]
     assert naive["ttft_s"]["p50"] > 1.5 * flash["ttft_s"]["p50"]
+
+
+def test_chunked_prefill_lowers_tpot_tail_on_the_azure_conversation_trace():
+    first = run(ROOT / "scenarios" / "prefill_first.yaml").summary
+    chunked = run(ROOT / "scenarios" / "chunked_prefill.yaml").summary
+    assert chunked["tpot_s"]["p99"] < 0.8 * first["tpot_s"]["p99"]
+    assert chunked["itl_s"]["p99"] < 0.5 * first["itl_s"]["p99"]
+    assert chunked["request_throughput"] == pytest.approx(first["request_throughput"], rel=0.01)
+
+
+def test_prefix_caching_on_mooncake_hits_about_the_traces_repeated_share_and_cuts_ttft():
+    s = sweep("prefix_caching_mooncake", "kv.prefix_caching", [False, True])
+    pc = s[True]["prefix_cache"]
+    # the trace repeats 36.6 % of its blocks; only full prompt blocks are looked up
+    assert 0.30 < pc["hit_rate"] < 0.40
+    assert s[True]["ttft_s"]["mean"] < 0.8 * s[False]["ttft_s"]["mean"]
