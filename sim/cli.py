@@ -50,6 +50,8 @@ ROWS = [
     ("KV used mean / peak", lambda s: f"{s['kv']['util_mean']:.0%} / {s['kv']['util_peak']:.0%}"),
     ("KV reserved but unused", lambda s: f"{s['kv']['reserved_unused_share']:.1%}"),
     ("preemptions", lambda s: s["preemptions"]),
+    ("spec. tokens/round", lambda s: f"{s['speculative']['tokens_per_round']:.2f}" if s.get("speculative") else "-"),
+    ("spec. speed-up vs decode", lambda s: f"{s['speculative']['speedup_vs_decode']:.2f}x" if s.get("speculative") else "-"),
     ("prefix cache hit rate", lambda s: f"{s['prefix_cache']['hit_rate']:.1%}" if s.get("prefix_cache") else "-"),
     ("goodput (req/s)", lambda s: _fmt(s["goodput"]["requests_per_s"]) if s.get("goodput") else "-"),
     ("lookups measured", lambda s: f"{1 - s['lookup_provenance']['analytic']:.0%}"

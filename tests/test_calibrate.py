@@ -80,17 +80,18 @@ def test_calibrated_profile_loads_with_every_table_populated(profile):
 
 
 def test_kernel_times_grow_with_problem_size(profile):
-    # endpoints only: every pair is >= 8x more work, far beyond the machine's timing noise
+    # the ends of each grid, where the work differs 8-1024x: small kernels on a CPU are
+    # dominated by call overhead and timing noise (the profile's loader makes every table
+    # monotone anyway), large ones by the work
     gemm = pd.read_csv(profile / "gemm.csv")
     for _, g in gemm.groupby(["K", "N"]):
         g = g.sort_values("M")
         assert g.ms.iloc[-1] > g.ms.iloc[0]
     dec = pd.read_csv(profile / "attn_decode.csv")
-    uniform = dec[dec.ctx == dec.max_ctx]
-    for _, g in uniform.groupby(["impl", "batch"]):
+    uniform = dec[(dec.ctx == dec.max_ctx) & (dec.batch == dec.batch.max())]
+    for _, g in uniform.groupby("impl"):
         g = g.sort_values("ctx")
-        if g.ctx.iloc[-1] >= 8 * g.ctx.iloc[0]:
-            assert g.ms.iloc[-1] > g.ms.iloc[0]
+        assert g.ms.iloc[-1] > g.ms.iloc[0]
     pre = pd.read_csv(profile / "attn_prefill.csv")
     for _, g in pre.groupby("impl"):
         g = g.sort_values("seq")

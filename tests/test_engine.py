@@ -15,6 +15,8 @@ from sim.profiles import load_profile
 from sim.runner import run
 from sim.scenario import scenario_from_dict
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
 
 def scenario(**over):
     base = {
