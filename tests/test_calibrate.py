@@ -8,7 +8,6 @@ is tested without it.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -99,13 +98,16 @@ def test_kernel_times_grow_with_problem_size(profile):
 
 
 def test_flash_memory_grows_linearly_and_naive_quadratically_in_sequence_length(profile):
+    # per doubling of seq: flash's extra memory (output + log-sum-exp) doubles; naive's
+    # (scores + probabilities, plus a linear part) tends to 4x as the s^2 term takes over
     pre = pd.read_csv(profile / "attn_prefill.csv")
-    for impl, power in (("flash", 1), ("naive", 2)):
+    ratios = {}
+    for impl in ("flash", "naive"):
         g = pre[pre.impl == impl].sort_values("seq")
-        mib, seq = g.peak_mib.to_numpy(), g.seq.to_numpy()
-        assert np.all(np.diff(mib) > 0)
-        slope = math.log(mib[-1] / mib[0]) / math.log(seq[-1] / seq[0])
-        assert slope == pytest.approx(power, abs=0.2), (impl, mib)
+        assert list(g.seq) == [64, 128, 256, 512]
+        ratios[impl] = g.peak_mib.to_numpy()[1:] / g.peak_mib.to_numpy()[:-1]
+    assert ratios["flash"] == pytest.approx([2, 2, 2], rel=0.1)
+    assert np.all(np.diff(ratios["naive"]) > 0) and 3.5 < ratios["naive"][-1] <= 4.0
 
 
 # ---- validation ----------------------------------------------------------------------------
@@ -304,7 +306,7 @@ def test_interrupted_calibration_keeps_the_partial_profile_and_exits_130(tmp_pat
 
     def ctrl_c(dev):
         raise KeyboardInterrupt
-    _few_points(monkeypatch, [Point("attn_decode", 0, "decode", ctrl_c)])
+    _few_points(monkeypatch, [Point("sampling", 1, "sample", ctrl_c)])  # after the GEMMs
     out = tmp_path / "part"
     assert main(["calibrate", "--models", "tiny-llama", "--device", "cpu", "--quick",
                  "--no-progress", "--out", str(out)]) == 130
