@@ -182,15 +182,25 @@ class StepLatency:
     # ---- steps (seconds) --------------------------------------------------------
     def _combine(self, gpu_ms: float, prefill_seqs: int = 0, verify_seqs: int = 0,
                  decode: bool = False) -> float:
-        rt = self.rt
-        host = rt.host_ms_per_step + rt.host_ms_per_layer * self.m.layers
+        rt, layers = self.rt, self.m.layers
+        host = rt.host_ms_per_step + rt.host_ms_per_layer * layers
         if decode:
-            host += rt.host_ms_per_layer_decode_extra * self.m.layers
-            return max(host, gpu_ms * rt.gpu_scale_decode) * 1e-3
+            host += rt.host_ms_per_layer_decode_extra * layers
         if prefill_seqs or verify_seqs:
-            host += self.m.layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
-                                     + rt.host_ms_per_verify_seq_layer * verify_seqs)
-        return max(host, gpu_ms * rt.gpu_scale) * 1e-3
+            host += layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
+                              + rt.host_ms_per_verify_seq_layer * verify_seqs)
+        return max(host, gpu_ms * (rt.gpu_scale_decode if decode else rt.gpu_scale)) * 1e-3
+
+    def _step(self, key: tuple, parts) -> float:
+        """Seconds of a whole decode-like step, memoised by `key` (one dict hit when warm)."""
+        e = self._memo.get(key)
+        if e is not None:
+            e[2] += 1
+            return e[3]
+        gpu = self._piece(key, parts)
+        e = self._memo[key]
+        e.append(self._combine(gpu, decode=True))
+        return e[3]
 
     def prefill(self, chunks: list[tuple[int, int]]) -> float:
         """A step prefilling `chunks` of (new tokens, tokens already cached) per sequence."""
@@ -206,17 +216,10 @@ class StepLatency:
         """A step decoding one token for each of `n` sequences attending over `sum_ctx`
         tokens in all (`max_ctx` the longest)."""
         ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
-        key = ("decode", n, ctx_q, max_q)  # (for a decode step, not the GPU piece alone)
-        e = self._memo.get(key)  # the hot path: one dict hit per decode step
-        if e is not None:
-            e[2] += 1
-            return e[3]
         k, v = self.shapes["lm_head"]
-        gpu = self._piece(key, lambda: self._dense_parts(n) + [self.p.gemm(n, k, v)]
+        return self._step(("decode", n, ctx_q, max_q),  # the hot path: one dict hit per step
+                          lambda: self._dense_parts(n) + [self.p.gemm(n, k, v)]
                           + self._decode_attn_parts(n, ctx_q, max_q))
-        e = self._memo[key]
-        e.append(self._combine(gpu, decode=True))
-        return e[3]
 
     def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]]) -> float:
         """A chunked-prefill step: `n` decodes (over `sum_ctx` tokens, longest `max_ctx`)
@@ -250,12 +253,7 @@ class StepLatency:
         runs once per query row (each row reads its sequence's whole context)."""
         if self.verify_impl in ("paged_gather", "flash"):
             return self.verify(rows)
-        key = ("vb", n, q) + self._ctx_keys(n, sum_ctx, max_ctx)
-        e = self._memo.get(key)
-        if e is not None:
-            e[2] += 1
-            return e[3]
-        ctx_q, max_q = key[3], key[4]
+        ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
         k, v = self.shapes["lm_head"]
         m = self.m
 
@@ -265,10 +263,7 @@ class StepLatency:
                                          max_ctx=max_q if max_q > ctx_q else None)
             return self._dense_parts(n * q) + [self.p.gemm(n * q, k, v), (m.layers * ms, tag)]
 
-        gpu = self._piece(key, compute)
-        e = self._memo[key]
-        e.append(self._combine(gpu, decode=True))
-        return e[3]
+        return self._step(("verify", n, q, ctx_q, max_q), compute)
 
     def gpu_ms(self, kind: str, n: int, new_tokens: int, ctx: int) -> float:
         """Kernel-only time of a uniform step (for error tables against measured grids)."""
