@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .batch import FINISHED
-from .engine import RunResult
+from .replica import RunResult
 
 REQUEST_COLUMNS = [
     "id", "arrival_s", "prompt_tokens", "output_tokens", "status", "first_token_s", "finish_s",

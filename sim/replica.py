@@ -1,0 +1,309 @@
+"""One replica's state changes: applying a policy's plan and a step's results.
+
+The engine (`sim/engine.py`) owns the clock; this module owns what a step does to
+requests and KV blocks: admission (with prefix-cache reuse), preemption by
+recompute or swap, prefill / decode / mixed (chunked) / speculative steps, first
+tokens, finishes, and the per-step log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import simpy
+
+from .batch import FINISHED, REJECTED, SWAPPED, WAITING, Seq
+from .kv import ContiguousKV, PagedKV
+from .latency import StepLatency
+from .scheduler import DECODE, ReplicaState, StaticPolicy, StepPlan
+from .speculative import SpecBatch
+
+
+@dataclass
+class StepLog:
+    """Column lists, one entry per iteration (cheap appends on the hot path)."""
+
+    t_start: list[float] = field(default_factory=list)
+    t_end: list[float] = field(default_factory=list)
+    kind: list[int] = field(default_factory=list)  # 0 prefill, 1 decode, 2 verify, 3 mixed
+    num_seqs: list[int] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    kv_blocks_used: list[int] = field(default_factory=list)
+    kv_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RunResult:
+    seqs: list[Seq]
+    steps: StepLog
+    itl_gaps: list[float]
+    itl_weights: list[int]
+    kv: PagedKV
+    end_time: float
+    swap_bytes: float = 0.0
+    prefix_cache: dict | None = None
+
+
+class Replica:
+    """One model replica: its state, its policy and its step latency model."""
+
+    def __init__(self, state: ReplicaState, policy, latency: StepLatency, kv_bytes_per_token: float,
+                 pcie_bytes_per_s: float):
+        self.st = state
+        self.policy = policy
+        self.lat = latency
+        self.static = isinstance(policy, StaticPolicy)
+        self.contiguous = isinstance(state.kv, ContiguousKV)
+        self.block_bytes = kv_bytes_per_token * state.kv.block_size
+        self.pcie = pcie_bytes_per_s
+        self.log = StepLog()
+        self.gaps: list[float] = []
+        self.weights: list[int] = []
+        self.static_rows: list[Seq] = []
+        self.wake: simpy.Event | None = None
+        self.pending = 0  # requests not yet finished or rejected
+        self.swap_bytes = 0.0
+        self.arrivals_done = False
+        self.spec = isinstance(state.batch, SpecBatch)
+
+    # ---- KV ------------------------------------------------------------------------
+    def _alloc(self, blocks: int) -> None:
+        self.st.kv.allocate(blocks)
+        if self.st.prefix is not None:
+            self.st.prefix.evict_to_fit()
+
+    def _free(self, s: Seq, held: int) -> None:
+        """`s` lets go of `held` logical blocks; blocks another request shares stay."""
+        prefix = self.st.prefix
+        self.st.kv.free(held - prefix.release(s) if prefix is not None else held)
+
+    def _held(self, s: Seq) -> int:
+        if self.contiguous:
+            return s.reserved
+        if s in self.st.batch.members:
+            return self.st.batch.held_blocks(s)
+        return self.st.kv.blocks_for(s.prefilled)
+
+    # ---- plan application -------------------------------------------------------------
+    def _reject(self, plan: StepPlan) -> None:
+        gone = set(plan.reject)
+        st = self.st
+        st.waiting = type(st.waiting)(s for s in st.waiting if s not in gone)
+        if st.swapped and any(s.state == SWAPPED for s in gone):
+            st.swapped = type(st.swapped)(s for s in st.swapped if s not in gone)
+            for s in gone:
+                if s.state == SWAPPED:
+                    st.swap_free_blocks += s.reserved
+        for s, why in zip(plan.reject, plan.reasons, strict=True):
+            s.state = REJECTED
+            s.reject_reason = why
+            self.pending -= 1
+
+    def _admit(self, plan: StepPlan, now: float, chunk: list[int] | None = None) -> None:
+        """Take the plan's new requests off the queue and give them KV for their whole
+        prefill, or for their cached prefix plus a first `chunk` of tokens each, reusing
+        cached prefix blocks."""
+        st, kv, prefix = self.st, self.st.kv, self.st.prefix
+        per_row = StaticPolicy.per_request_reservation(st, plan.prefill) if self.static else 0
+        for i, (s, h) in enumerate(zip(plan.prefill, plan.hits, strict=True)):
+            st.waiting.popleft()
+            first = s.sched_t < 0
+            if first:
+                s.sched_t = now
+            if self.contiguous:
+                s.reserved = per_row or st.admission_need(s)
+                self._alloc(s.reserved)
+                s.prefilled = 0
+                continue
+            if prefix is not None and s.prefix:
+                # an earlier admission of this step may have evicted part of the match
+                h = min(h, prefix.match(s))
+                upto = None if chunk is None else h * prefix.hash_tokens + chunk[i]
+                need = prefix.admission_blocks(s, h, upto)
+                s.prefilled = prefix.acquire(s, h, first)
+                if first:
+                    s.cached_tokens = s.prefilled
+            else:
+                s.prefilled = 0
+                need = kv.blocks_for(s.tokens_to_prefill if chunk is None else chunk[i])
+            self._alloc(need)
+        if self.static:
+            self.static_rows = list(plan.prefill)
+
+    def _first_token(self, s: Seq, t_end: float) -> None:
+        """`s` finished its (re)prefill at `t_end`: one token out, then decode or finish."""
+        s.generated += 1
+        if s.first_token_t < 0:
+            s.first_token_t = t_end
+        else:  # resumed after a recompute preemption: one long gap
+            self.gaps.append(t_end - s.last_token_t)
+            self.weights.append(1)
+        if self.st.prefix is not None:
+            self.st.prefix.insert(s, s.prompt)
+        if s.generated >= s.output:
+            s.finish_t = t_end
+            self._release(s)
+        else:
+            self.st.batch.join(s, t_end)
+
+    def _release(self, s: Seq) -> None:
+        """A finished request gives back its KV (static contiguous rows wait for the batch)."""
+        s.state = FINISHED
+        self.pending -= 1
+        if self.contiguous:
+            if not self.static:
+                self.st.kv.free(s.reserved)
+            return
+        tokens = s.prompt + s.generated - 1
+        if self.st.prefix is not None:
+            self.st.prefix.insert(s, tokens)
+        self._free(s, self.st.kv.blocks_for(tokens))
+
+    def _preempt(self, plan: StepPlan) -> None:
+        """Recompute preemption: victims lose their KV and go back to the queue's front."""
+        st, batch = self.st, self.st.batch
+        for v in plan.preempt:
+            held = self._held(v)
+            if v in batch.members:
+                batch.leave(v)
+            else:
+                st.prefilling.remove(v)
+            self._free(v, held)
+            v.prefilled = 0
+            v.state = WAITING
+            v.preemptions += 1
+        st.waiting.extendleft(reversed(plan.preempt))
+
+    def _swap(self, plan: StepPlan) -> float:
+        """Swap victims out and swapped requests back in; returns the seconds spent."""
+        st, batch, kv = self.st, self.st.batch, self.st.kv
+        moved = 0
+        for v in plan.swap_out:
+            held = batch.held_blocks(v)
+            batch.leave(v)
+            kv.free(held)
+            st.swap_free_blocks -= held
+            v.reserved = held
+            v.state = SWAPPED
+            v.preemptions += 1
+            st.swapped.append(v)
+            moved += held
+        for s in plan.swap_in:
+            st.swapped.popleft()
+            self._alloc(s.reserved)
+            st.swap_free_blocks += s.reserved
+            moved += s.reserved
+            batch.join(s, s.last_token_t)
+        if not moved:
+            return 0.0
+        nbytes = moved * self.block_bytes
+        self.swap_bytes += nbytes
+        return nbytes / self.pcie
+
+    # ---- steps ------------------------------------------------------------------------
+    def decode_step(self, plan: StepPlan) -> tuple[float, int]:
+        """Start a decode step (after any preemption or swapping); returns (seconds, rows)."""
+        batch = self.st.batch
+        move_s = 0.0
+        if plan is not DECODE:
+            if plan.preempt:
+                self._preempt(plan)
+            if plan.swap_out or plan.swap_in:
+                move_s = self._swap(plan)
+        need = batch.new_blocks_needed()
+        if need:
+            self._alloc(need)
+        n = batch.n_compute
+        if self.spec:
+            return batch.seconds() + move_s, n
+        return self.lat.decode(n, batch.sum_ctx(), batch.max_ctx()) + move_s, n
+
+    def finish_round(self, n: int) -> tuple[int, int]:
+        """After a speculative round: free rolled-back draft slots; (kind code, tokens)."""
+        batch = self.st.batch
+        if batch.rolled_back:
+            self.st.kv.free(batch.rolled_back)
+            batch.rolled_back = 0
+        la = batch._la
+        return (2 if la > 1 else 1), n * la
+
+    def prefill_step(self, plan: StepPlan, now: float) -> tuple[float, int, int]:
+        """Start an all-prefill step; returns (seconds, sequences, tokens)."""
+        loads = self._loads()
+        self._admit(plan, now)
+        chunks = [(s.tokens_to_prefill - s.prefilled, s.prefilled) for s in plan.prefill]
+        dur = self.lat.prefill(chunks) + self._load_seconds(loads)
+        return dur, len(chunks), sum(q for q, _ in chunks)
+
+    def _loads(self) -> int:
+        return self.st.prefix.loaded if self.st.prefix is not None else 0
+
+    def _load_seconds(self, before: int) -> float:
+        """PCIe time of the prefix blocks this step copied back from host memory."""
+        prefix = self.st.prefix
+        if prefix is None or prefix.loaded == before:
+            return 0.0
+        nbytes = (prefix.loaded - before) * prefix.units * self.block_bytes
+        self.swap_bytes += nbytes
+        return nbytes / self.pcie
+
+    def finish_prefill_step(self, plan: StepPlan, t_end: float) -> None:
+        for s in plan.prefill:
+            s.prefilled = s.tokens_to_prefill
+            self._first_token(s, t_end)
+
+    def mixed_step(self, plan: StepPlan, now: float) -> tuple[float, int, int, int]:
+        """Start a chunked step (decodes + prefill chunks); returns (seconds, kind,
+        sequences, tokens)."""
+        st, batch, kv = self.st, self.st.batch, self.st.kv
+        if plan.preempt:
+            self._preempt(plan)
+        new = {s: q for s, q in plan.chunks[len(plan.chunks) - len(plan.prefill):]}
+        loads = self._loads()
+        if plan.prefill:
+            self._admit(plan, now, [new[s] for s in plan.prefill])
+            st.prefilling.extend(plan.prefill)
+        chunks = []
+        for s, q in plan.chunks:
+            if s not in new:
+                self._alloc(kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled))
+            chunks.append((q, s.prefilled))
+        need = batch.new_blocks_needed()
+        if need:
+            self._alloc(need)
+        n = batch.n_compute
+        dur = self.lat.mixed(n, batch.sum_ctx(), batch.max_ctx(), chunks) + self._load_seconds(loads)
+        kind = (1 if n else 0) if not chunks else (3 if n else 0)
+        return dur, kind, n + len(chunks), n + sum(q for q, _ in chunks)
+
+    def finish_mixed_step(self, plan: StepPlan, t_end: float) -> None:
+        st = self.st
+        if st.batch.n_compute:
+            for s in st.batch.advance(t_end, self.gaps, self.weights):
+                self._release(s)
+        for s, q in plan.chunks:
+            s.prefilled += q
+            if s.prefilled >= s.tokens_to_prefill:
+                st.prefilling.remove(s)
+                self._first_token(s, t_end)
+
+    def _end_static_batch(self) -> None:
+        """The batch's longest request finished: every row gives its slot back."""
+        if self.contiguous:
+            for s in self.static_rows:
+                self.st.kv.free(s.reserved)
+        self.static_rows = []
+        self.st.batch.clear_padding()
+
+    def _record(self, t0: float, t1: float, kind: int, seqs: int, tokens: int) -> None:
+        log, b = self.log, self.st.batch
+        log.t_start.append(t0)
+        log.t_end.append(t1)
+        log.kind.append(kind)
+        log.num_seqs.append(seqs)
+        log.num_tokens.append(tokens)
+        log.kv_blocks_used.append(self.st.kv.used_blocks)
+        tokens = b.kv_tokens()
+        if self.st.prefix is not None:  # a shared block holds its tokens once
+            tokens -= self.st.prefix.extra_refs * self.st.prefix.hash_tokens
+        log.kv_tokens.append(tokens)
