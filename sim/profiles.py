@@ -15,7 +15,8 @@ context) are filled by roofline scaling. An unmeasured head configuration (or
 elementwise width) is looked up in the nearest measured one at the equivalent
 batch (or token count): batch × the ratio of per-sequence work (hq·d for prefill,
 hkv·d for decode); an unmeasured GEMM (K, N) scales the nearest shape's time by
-K·N / (K₀·N₀), the ratio of both roofline terms at equal M.
+K·N / (K₀·N₀), the ratio of both roofline terms at equal M. The CSV reading and
+the grid machinery live in `sim/tables.py`; this module supplies the roofline costs.
 
 Decode is looked up at (batch, mean context = sum_ctx / batch). On the H200's
 mixed-length rows (max context ≈ 8k, mean 3.3k–6.5k) the mean alone underpredicts
@@ -29,10 +30,8 @@ within 9.2 % (paged, mean 4.9 %) and 2.8 % (paged_gather, mean 1.2 %).
 
 from __future__ import annotations
 
-import csv
 import functools
 import math
-from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +39,23 @@ from statistics import median
 from typing import Literal
 
 from sim.specload import ROOT, SpecError, build, known_names, load_yaml
+from sim.tables import (
+    ANALYTIC,
+    EXACT,
+    EXTRAPOLATED,
+    INTERPOLATED,
+    Grid,
+    bracket,
+    group,
+    nearest,
+    read_table,
+    scaled,
+)
 
-EXACT = "exact"
-INTERPOLATED = "interpolated"
-EXTRAPOLATED = "extrapolated"
-ANALYTIC = "analytic"
+__all__ = ["ANALYTIC", "BF16", "ELEMENTWISE_BYTES", "EXACT", "EXTRAPOLATED", "IMPLS",
+           "INTERPOLATED", "PROFILES_DIR", "TABLES", "Efficiency", "GPUFacts", "GPUProfile",
+           "known_profiles", "load_profile"]
+
 _RANK = {EXACT: 0, INTERPOLATED: 1, EXTRAPOLATED: 2, ANALYTIC: 3}
 
 PROFILES_DIR = ROOT / "gpu_profiles"
@@ -118,136 +129,6 @@ class GPUFacts:
     notes: str = ""
 
 
-def _read_table(file: Path, columns: dict[str, type], names: tuple[str, ...]) -> list[dict]:
-    """Typed rows of a CSV; a missing column or a bad value is a one-line SpecError."""
-    with file.open(newline="") as f:
-        reader = csv.DictReader(f)
-        for c in columns:
-            if c not in (reader.fieldnames or []):
-                raise SpecError(file, "", f"missing column {c!r} (columns: {', '.join(columns)})")
-        rows = []
-        for line, raw in enumerate(reader, start=2):
-            row: dict = {}
-            for c, tp in columns.items():
-                text, where = (raw.get(c) or "").strip(), f"line {line}, column {c!r}"
-                if tp is str:
-                    if text not in names:
-                        allowed = ", ".join(names)
-                        raise SpecError(file, where, f"unknown {text!r} (allowed: {allowed})")
-                    row[c] = text
-                    continue
-                try:
-                    v = float(text)
-                except ValueError:
-                    v = math.nan
-                if not (math.isfinite(v) and v > 0) or (tp is int and not v.is_integer()):
-                    kind = "a positive integer" if tp is int else "a positive number"
-                    raise SpecError(file, where, f"expected {kind}, got {text!r}")
-                row[c] = int(v) if tp is int else v
-            rows.append(row)
-    return rows
-
-
-def _bracket(xs: list[float], logs: list[float], x: float) -> tuple[int, float]:
-    """i and the log-linear weight w of x between xs[i] and xs[i+1] (x within range)."""
-    if len(xs) == 1:
-        return 0, 0.0
-    i = min(bisect_right(xs, x) - 1, len(xs) - 2)
-    return i, (math.log(x) - logs[i]) / (logs[i + 1] - logs[i])
-
-
-class _Grid:
-    """Values on an x × y grid: monotone, log-log bilinear inside, cost-scaled outside.
-
-    `cost(x, y)` is the roofline model of the same quantity; outside the grid the
-    value at the clamped point is scaled by cost(x, y) / cost(clamped), never below
-    1 when `floor_below` (a kernel smaller than the smallest measured is no faster).
-    """
-
-    def __init__(self, points: dict[tuple[float, float], float],
-                 cost: Callable[[float, float], float], floor_below: bool = True):
-        self.xs, self.ys = sorted({p[0] for p in points}), sorted({p[1] for p in points})
-        self.lx, self.ly = [math.log(x) for x in self.xs], [math.log(y) for y in self.ys]
-        self.cost, self.floor_below = cost, floor_below
-        v = [[points.get((x, y)) for y in self.ys] for x in self.xs]
-        self.measured = [[t is not None for t in row] for row in v]
-        before = [row[:] for row in v]
-        lines = [[(i, j) for j in range(len(self.ys))] for i in range(len(self.xs))]
-        lines += [[(i, j) for i in range(len(self.xs))] for j in range(len(self.ys))]
-        changed = True
-        while changed:  # suffix minimum along both axes over the measured cells
-            changed = False
-            for line in lines:
-                low = math.inf
-                for i, j in reversed(line):
-                    if v[i][j] is not None:
-                        changed |= v[i][j] > low
-                        low = v[i][j] = min(v[i][j], low)
-        self.adjusted = sum(a != b for ra, rb in zip(v, before, strict=True)
-                            for a, b in zip(ra, rb, strict=True))
-        self._fill(v)
-        self.v, self.logv = v, [[math.log(t) for t in row] for row in v]
-
-    def _fill(self, v: list[list[float | None]]) -> None:
-        """A missing cell: the smallest roofline scaling of the nearest measured cells in
-        its row or column, raised to its smaller neighbours."""
-        xs, ys, cost = self.xs, self.ys, self.cost
-        known = [(i, j) for i in range(len(xs)) for j in range(len(ys)) if self.measured[i][j]]
-        for i in range(len(xs)):
-            for j in range(len(ys)):
-                if v[i][j] is None:
-                    same = [(a, b) for a, b in known if a == i or b == j] or known
-                    near = min(abs(a - i) + abs(b - j) for a, b in same)
-                    v[i][j] = min(v[a][b] * cost(xs[i], ys[j]) / cost(xs[a], ys[b])
-                                  for a, b in same if abs(a - i) + abs(b - j) == near)
-                lower = ([v[i - 1][j]] if i else []) + ([v[i][j - 1]] if j else [])
-                v[i][j] = max([v[i][j], *lower])
-
-    def lookup(self, x: float, y: float) -> tuple[float, str]:
-        xs, ys = self.xs, self.ys
-        xc, yc = min(max(x, xs[0]), xs[-1]), min(max(y, ys[0]), ys[-1])
-        (i, wx), (j, wy) = _bracket(xs, self.lx, xc), _bracket(ys, self.ly, yc)
-        logv, corners, measured, last = 0.0, 0, True, 0.0
-        for di, a in ((0, 1 - wx), (1, wx)):
-            for dj, b in ((0, 1 - wy), (1, wy)):
-                if a * b > 0:
-                    logv += a * b * self.logv[i + di][j + dj]
-                    measured &= self.measured[i + di][j + dj]
-                    corners, last = corners + 1, self.v[i + di][j + dj]
-        tag = (EXACT if corners == 1 else INTERPOLATED) if measured else EXTRAPOLATED
-        t = last if corners == 1 else math.exp(logv)  # a grid value exactly
-        if (xc, yc) != (x, y):
-            ratio = self.cost(x, y) / self.cost(xc, yc)
-            t, tag = t * (max(1.0, ratio) if self.floor_below else ratio), EXTRAPOLATED
-        return t, tag
-
-
-@functools.lru_cache(maxsize=4096)
-def _nearest(keys: tuple[tuple, ...], key: tuple) -> tuple | None:
-    """The key with the same name (str) fields closest in summed |log| of the numeric ones."""
-    p = sum(isinstance(f, str) for f in key)
-    same = [k for k in keys if k[:p] == key[:p]]
-
-    def distance(k: tuple) -> float:
-        return sum(abs(math.log(a / b)) for a, b in zip(k[p:], key[p:], strict=True))
-    return min(same, key=distance, default=None)
-
-
-def _scaled(grids: dict[tuple, _Grid], key: tuple, x: float, y: float,
-            scale: Callable[[tuple], float], by_x: bool = True) -> tuple[float, str] | None:
-    """The grid of `key` at (x, y), else the nearest grid's, extrapolated: at the equivalent
-    size (x · scale(nearest), y) when `by_x` (x is a batch or token count, and the work
-    is proportional to x times the config's cost), else its time · scale(nearest)."""
-    if key in grids:
-        return grids[key].lookup(x, y)
-    near = _nearest(tuple(grids), key)
-    if near is None:
-        return None
-    f = scale(near)
-    return (grids[near].lookup(x * f, y)[0] if by_x else grids[near].lookup(x, y)[0] * f,
-            EXTRAPOLATED)
-
-
 def _memoised(method: Callable) -> Callable:
     """Cache a lookup on the instance, keyed by its arguments (the simulator's hot path)."""
     name = method.__name__
@@ -274,25 +155,25 @@ class GPUProfile:
         self._gemm_rate = facts.datasheet_tflops * 1e9 * e.flops  # FLOP per ms
         self._bw = facts.datasheet_mem_bw_tbs * 1e9 * e.mem_bw  # bytes per ms
         cfg, bs = ("impl", "hq", "hkv", "d"), ("batch", "seq")
-        self._gemm = {k: _Grid(p, lambda m, _, k=k: self.gemm_model(m, *k))
-                      for k, p in _group(tables.get("gemm", []), ("K", "N"), ("M",)).items()}
-        elem = _group(tables.get("elementwise", []), ("op", "H"), ("M",))
-        self._elem = {k: _Grid(p, lambda m, _, k=k: self.elementwise_model(k[0], m, k[1]))
+        self._gemm = {k: Grid(p, lambda m, _, k=k: self.gemm_model(m, *k))
+                      for k, p in group(tables.get("gemm", []), ("K", "N"), ("M",)).items()}
+        elem = group(tables.get("elementwise", []), ("op", "H"), ("M",))
+        self._elem = {k: Grid(p, lambda m, _, k=k: self.elementwise_model(k[0], m, k[1]))
                       for k, p in elem.items()}
         pre = tables.get("attn_prefill", [])
-        self._pre = {c: _Grid(p, lambda b, s, c=c: self.prefill_model(c[0], b, s, s, *c[1:]))
-                     for c, p in _group(pre, cfg, bs).items()}
-        self._pre_mem = {c: _Grid({k: mib * 2**20 for k, mib in p.items()},
+        self._pre = {c: Grid(p, lambda b, s, c=c: self.prefill_model(c[0], b, s, s, *c[1:]))
+                     for c, p in group(pre, cfg, bs).items()}
+        self._pre_mem = {c: Grid({k: mib * 2**20 for k, mib in p.items()},
                                   lambda b, s, c=c: self.prefill_mem_model(c[0], b, s, *c[1:]),
                                   floor_below=False)
-                         for c, p in _group(pre, cfg, bs, "peak_mib").items()}
+                         for c, p in group(pre, cfg, bs, "peak_mib").items()}
         dec = tables.get("attn_decode", [])
         self.mixed_decode_rows = [r for r in dec if not _uniform(r)]
-        uniform = _group([r for r in dec if _uniform(r)], cfg, ("batch", "ctx"))
-        self._dec = {c: _Grid(p, lambda b, x, c=c: self.decode_model(c[0], b, b * x, *c[1:]))
+        uniform = group([r for r in dec if _uniform(r)], cfg, ("batch", "ctx"))
+        self._dec = {c: Grid(p, lambda b, x, c=c: self.decode_model(c[0], b, b * x, *c[1:]))
                      for c, p in uniform.items()}
         self._mix: dict[tuple, tuple[list[int], list[float]]] = {}  # cfg -> (batches, weights)
-        mixed = _group(self.mixed_decode_rows, cfg, ("batch", "sum_ctx", "max_ctx"))
+        mixed = group(self.mixed_decode_rows, cfg, ("batch", "sum_ctx", "max_ctx"))
         for c, rows in mixed.items():
             by_batch: dict[int, list[float]] = {}
             for (b, s, mx), ms in rows.items():
@@ -347,7 +228,7 @@ class GPUProfile:
         if min(M, K, N) < 1:
             raise ValueError(f"gemm sizes must be >= 1, got M={M}, K={K}, N={N}")
         # an unmeasured (K, N): both roofline terms scale as K·N at equal M; never below the floor
-        hit = _scaled(self._gemm, (K, N), M, 1, lambda k: K * N / (k[0] * k[1]), by_x=False)
+        hit = scaled(self._gemm, (K, N), M, 1, lambda k: K * N / (k[0] * k[1]), by_x=False)
         if hit is None:
             return self.gemm_model(M, K, N), ANALYTIC
         return max(hit[0], self.facts.efficiency.gemm_floor_ms), hit[1]
@@ -356,7 +237,7 @@ class GPUProfile:
     def elementwise(self, op: str, M: int, H: int) -> tuple[float, str]:
         """rmsnorm, residual_add, silu_mul (measured) or rotary, kv_write, embedding on M×H."""
         _check(op, "elementwise", M=M, H=H)
-        return (_scaled(self._elem, (op, H), M, 1, lambda k: H / k[1])
+        return (scaled(self._elem, (op, H), M, 1, lambda k: H / k[1])
                 or (self.elementwise_model(op, M, H), ANALYTIC))
 
     @_memoised
@@ -372,7 +253,7 @@ class GPUProfile:
         if kv_len < q_len:
             raise ValueError(f"need kv_len >= q_len, got q_len={q_len}, kv_len={kv_len}")
         seq = math.sqrt(2 * q_len * kv_len - q_len * q_len)
-        hit = _scaled(self._pre, (impl, hq, hkv, d), batch, seq, lambda c: hq * d / (c[1] * c[3]))
+        hit = scaled(self._pre, (impl, hq, hkv, d), batch, seq, lambda c: hq * d / (c[1] * c[3]))
         if hit is None:
             return self.prefill_model(impl, batch, q_len, kv_len, hq, hkv, d), ANALYTIC
         if kv_len == q_len:
@@ -386,7 +267,7 @@ class GPUProfile:
         """Extra GPU memory of a prefill call: naive O(batch·hq·seq²), flash O(batch·seq)."""
         _check(impl, "attn_prefill", batch=batch, seq=seq, hq=hq, hkv=hkv, d=d)
         per_seq = (lambda c: hq / c[1]) if impl == "naive" else (lambda c: hq * d / (c[1] * c[3]))
-        return (_scaled(self._pre_mem, (impl, hq, hkv, d), batch, seq, per_seq)
+        return (scaled(self._pre_mem, (impl, hq, hkv, d), batch, seq, per_seq)
                 or (self.prefill_mem_model(impl, batch, seq, hq, hkv, d), ANALYTIC))
 
     @_memoised
@@ -404,16 +285,16 @@ class GPUProfile:
             raise ValueError(f"need batch <= sum_ctx and mean <= max_ctx <= sum_ctx, got "
                              f"batch={batch}, sum_ctx={sum_ctx}, max_ctx={max_ctx}")
         cfg = (impl, hq, hkv, d)
-        lo = _scaled(self._dec, cfg, batch, sum_ctx / batch, lambda c: hkv * d / (c[2] * c[3]))
+        lo = scaled(self._dec, cfg, batch, sum_ctx / batch, lambda c: hkv * d / (c[2] * c[3]))
         if lo is None:
             return self.decode_model(impl, batch, sum_ctx, hq, hkv, d), ANALYTIC
-        near = cfg if cfg in self._mix else _nearest(tuple(self._mix), cfg)
+        near = cfg if cfg in self._mix else nearest(tuple(self._mix), cfg)
         if max_ctx is None or max_ctx * batch == sum_ctx or near is None:
             return lo
         hi = self.decode_attn(impl, batch, max_ctx * batch, hq, hkv, d)
         batches, weights = self._mix[near]
         b = min(max(batch, batches[0]), batches[-1])
-        i, w = _bracket(batches, [math.log(x) for x in batches], b)
+        i, w = bracket(batches, [math.log(x) for x in batches], b)
         mix = weights[i] + w * (weights[i + 1] - weights[i]) if len(batches) > 1 else weights[0]
         own = INTERPOLATED if near == cfg else EXTRAPOLATED
         tag = max(lo[1], hi[1], own, key=_RANK.__getitem__)
@@ -426,16 +307,6 @@ class GPUProfile:
         return {"name": self.name, "analytic": self.facts.analytic, "tables": dict(self.rows),
                 "envelope_adjusted": sum(g.adjusted for g in grids),
                 "mixed_decode_rows": len(self.mixed_decode_rows)}
-
-
-def _group(rows: list[dict], keys: tuple[str, ...], axes: tuple[str, ...],
-           value: str = "ms") -> dict[tuple, dict[tuple, float]]:
-    """rows -> {key: {point: value}}; a one-axis point gets y = 1."""
-    out: dict[tuple, dict[tuple, float]] = {}
-    for r in rows:
-        point = tuple(r[a] for a in axes) + ((1,) if len(axes) == 1 else ())
-        out.setdefault(tuple(r[k] for k in keys), {})[point] = r[value]
-    return out
 
 
 def _uniform(row: dict) -> bool:
@@ -484,7 +355,7 @@ def load_profile(name: str, *, file: str | Path | None = None, path: str = "gpu"
         if facts.name != folder.name:
             raise SpecError(yaml_file, "name", f"{facts.name!r} differs from the folder name "
                             f"(allowed: {folder.name!r})")
-        tables = {t: _read_table(folder / f"{t}.csv", cols, IMPLS.get(t, ()))
+        tables = {t: read_table(folder / f"{t}.csv", cols, IMPLS.get(t, ()))
                   for t, cols in TABLES.items() if (folder / f"{t}.csv").is_file()}
         _LOADED[folder] = GPUProfile(facts, tables)
     return _LOADED[folder]

@@ -12,25 +12,22 @@ distributions, a length file, or a trace (`data/traces/README.md`).
   (outputs are cut to it), else the output distribution's max (fixed value, uniform high,
   lognormal max, file or trace column max), else the largest output drawn.
 - Relative paths resolve against the scenario file's folder, then the repository root.
+- Files are read, validated and cached by `sim/traces.py`.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import numpy as np
 
 from sim.prefix import MultiTurnSpec, SharedPrefixSpec, declare_prefixes
-from sim.specload import ROOT, SpecError
+from sim.specload import SpecError
+from sim.traces import MOONCAKE_BLOCK_TOKENS, length_column, resolve, trace_window
 
-MOONCAKE_BLOCK_TOKENS = 512  # a Mooncake hash_id names one 512-token prompt block
 MAX_REQUESTS = 50_000_000  # guard against a duration_s x rate that would not fit in memory
 
 _Problem = tuple[str, str] | None  # what check() returns: (field, message) or None
@@ -40,11 +37,6 @@ _ARRIVAL_FIELDS = {"poisson": ("rate",), "gamma": ("rate", "cv"), "constant": ("
 _LENGTH_FIELDS = {"fixed": ("value",), "uniform": ("low", "high"), "file": ("path", "column"),
                   "lognormal": ("mean", "median", "sigma", "min", "max")}
 _Drawn = tuple[np.ndarray, int | None]  # lengths (int64) and the distribution's max
-_TRACE_COLUMNS = {  # format -> (time, prompt, output) column or key names
-    "csv": ("arrival_s", "prompt_tokens", "output_tokens"),
-    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
-    "mooncake": ("timestamp", "input_length", "output_length"),  # + hash_ids; time in ms
-}
 
 
 def _kind_problem(spec: Any, table: dict[str, tuple[str, ...]], need: Sequence[str]) -> _Problem:
@@ -190,14 +182,6 @@ class Workload:
         return len(self.arrival_s)
 
 
-class _Trace(NamedTuple):
-    t: np.ndarray  # float64, seconds since the first request, sorted
-    prompt: np.ndarray  # int64
-    output: np.ndarray  # int64
-    hashes: tuple[tuple[int, ...], ...] | None
-    acceptance: np.ndarray | None = None  # csv traces: optional per-request draft acceptance
-
-
 def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path | None = None,
              path: str = "workload", base_dir: str | Path | None = None) -> Workload:
     """Draw the workload `spec` describes; `file` and `path` name the spec in errors."""
@@ -205,15 +189,12 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
 
     def column(sub: str, p: str, name: str, key: str = "column") -> Callable[[], np.ndarray]:
         def read() -> np.ndarray:  # an integer column (>= 1) of a CSV length file
-            src = _resolve(p, base, file, f"{path}.{sub}.path")
-            cols, linenos = _cached(("csv",), src, lambda: _read_csv(src))
-            if name not in cols:
-                raise SpecError(file, f"{path}.{sub}.{key}", f"no column {name!r} in {src.name} (columns: {', '.join(cols)})")
-            return _cached(("col", name), src, lambda: _numbers(src, cols[name], linenos, name, integer=True, lo=1))
+            src = resolve(p, base, file, f"{path}.{sub}.path")
+            return length_column(src, name, file, f"{path}.{sub}.{key}")
         return read
 
     ts = spec.trace
-    tr = _trace_window(ts, _resolve(ts.path, base, file, f"{path}.trace.path"), file, f"{path}.trace") if ts else None
+    tr = trace_window(ts, resolve(ts.path, base, file, f"{path}.trace.path"), file, f"{path}.trace") if ts else None
     if spec.arrival is None or spec.arrival.kind == "trace":
         arrival = (tr.t - spec.trace.start_s) * spec.trace.time_scale
         n = min(len(arrival), spec.num_requests or len(arrival))
@@ -277,141 +258,3 @@ def _arrivals(a: ArrivalSpec, n: int | None, duration: float | None,
         total += chunk
     t = np.concatenate(parts)[:n]
     return t[t < duration]
-
-
-_CACHE: dict[tuple, Any] = {}  # parsed files, by (what, path, modification time, size)
-
-
-def _resolve(p: str, base: Path | None, file: Any, field_path: str) -> Path:
-    rel = Path(p).expanduser()
-    tries = [rel] if rel.is_absolute() else [d / rel for d in (base, ROOT) if d is not None]
-    for c in tries:
-        if c.is_file():
-            return c.resolve()
-    raise SpecError(file, field_path, f"file not found: {p!r} (looked for {', '.join(map(str, tries))})")
-
-
-def _cached(key: tuple, p: Path, make: Callable[[], Any]) -> Any:
-    full = (*key, str(p), p.stat().st_mtime_ns, p.stat().st_size)
-    if full not in _CACHE:
-        _CACHE[full] = make()
-    return _CACHE[full]
-
-
-def _read_csv(p: Path, need: Sequence[str] = ()) -> tuple[dict[str, tuple[str, ...]], np.ndarray]:
-    """A CSV's columns (as strings) by header name, and each data row's line number."""
-    lines = p.read_text(encoding="utf-8-sig", errors="replace").splitlines()
-    if not lines or not lines[0].strip():
-        raise SpecError(p, "line 1", "missing header line (allowed: a CSV with column names)")
-    header = [h.strip() for h in next(csv.reader(lines[:1]))]
-    missing = [c for c in need if c not in header]
-    if missing:
-        raise SpecError(p, "line 1", f"no column {missing[0]!r} (needed: {', '.join(need)}; is trace.format right?)")
-    rows, linenos = [], []
-    for i, row in enumerate(csv.reader(lines[1:]), start=2):
-        if row and len(row) != len(header):
-            raise SpecError(p, f"line {i}", f"{len(row)} fields, expected {len(header)} ({', '.join(header)[:80]})")
-        if row:
-            rows.append(row)
-            linenos.append(i)
-    if not rows:
-        raise SpecError(p, "", "no data rows (allowed: a header line, then one row per request)")
-    return dict(zip(header, zip(*rows, strict=True), strict=True)), np.array(linenos)
-
-
-def _first_bad(raw: Sequence[Any], convert: Callable[[Any], Any]) -> int:
-    for i, s in enumerate(raw):
-        try:
-            convert(s)
-        except (ValueError, TypeError):
-            return i
-    return 0
-
-
-def _numbers(p: Path, raw: Sequence[Any], linenos: np.ndarray, name: str, *,
-             integer: bool, lo: float) -> np.ndarray:
-    """A column as float64 (int64 if `integer`), every value finite and >= lo; read-only."""
-    what = f"allowed: {'integers' if integer else 'numbers'} >= {lo:g}"
-    try:
-        v = np.array(raw, dtype=str if isinstance(raw[0], str) else object).astype(np.float64)
-    except (ValueError, TypeError):
-        i = _first_bad(raw, float)
-        raise SpecError(p, f"line {linenos[i]}", f"{name}: {raw[i]!r} is not a number ({what})") from None
-    ok = np.isfinite(v) & (v >= lo) & ((v == np.floor(v)) if integer else True)
-    if not ok.all():
-        i = int(np.flatnonzero(~ok)[0])
-        raise SpecError(p, f"line {linenos[i]}", f"{name}: {raw[i]!r} is out of range ({what})")
-    v = v.astype(np.int64) if integer else v
-    v.flags.writeable = False
-    return v
-
-
-def _trace_window(ts: TraceSpec, p: Path, file: Any, path: str) -> _Trace:
-    """The trace's rows from start_s on, at most `limit` of them."""
-    tr = _cached(("trace", ts.format), p, lambda: _parse_trace(p, ts.format))
-    i0 = int(np.searchsorted(tr.t, ts.start_s, side="left"))
-    if i0 == len(tr.t):
-        raise SpecError(file, f"{path}.start_s", f"{ts.start_s} is past the last request (allowed: <= {tr.t[-1]:.3f})")
-    window = slice(i0, i0 + ts.limit if ts.limit else None)
-    return _Trace(*(a[window] if a is not None else None for a in tr))
-
-
-def _parse_trace(p: Path, fmt: str) -> _Trace:
-    tcol, pcol, ocol = _TRACE_COLUMNS[fmt]
-    hashes = None
-    if fmt == "mooncake":
-        cols, linenos, hashes = _read_jsonl(p)
-    else:
-        cols, linenos = _read_csv(p, need=_TRACE_COLUMNS[fmt])
-    if fmt == "azure":  # date-times (2023-11-16 18:15:46.6805900)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # numpy warns about (and ignores) time zones
-            try:
-                ts = np.array(cols[tcol], dtype="datetime64[ns]")
-                i = int(np.argmax(np.isnat(ts))) if np.isnat(ts).any() else -1
-            except ValueError:
-                i = _first_bad(cols[tcol], lambda s: np.datetime64(s, "ns"))
-        if i >= 0:
-            raise SpecError(p, f"line {linenos[i]}", f"{tcol}: {cols[tcol][i]!r} is not a date-time (allowed: YYYY-MM-DD HH:MM:SS.fffffff)")
-        t = (ts - ts.min()) / np.timedelta64(1, "s")
-    else:
-        t = _numbers(p, cols[tcol], linenos, tcol, integer=False, lo=0) / (1000.0 if fmt == "mooncake" else 1.0)
-    prompt = _numbers(p, cols[pcol], linenos, pcol, integer=True, lo=1)
-    output = _numbers(p, cols[ocol], linenos, ocol, integer=True, lo=1)
-    order = np.argsort(t, kind="stable")  # time order; ties keep file order
-    hashes = tuple(hashes[i] for i in order) if hashes is not None else None
-    arrays = [t[order] - t[order[0]], prompt[order], output[order]]
-    acc = None
-    if "acceptance" in cols:  # speculative decoding: per-request draft acceptance rate
-        acc = _numbers(p, cols["acceptance"], linenos, "acceptance", integer=False, lo=0)
-        if (acc > 1).any():
-            i = int(np.argmax(acc > 1))
-            raise SpecError(p, f"line {linenos[i]}", f"acceptance: {acc[i]} (allowed: 0 to 1)")
-        acc = acc[order]
-        acc.flags.writeable = False
-    for a in arrays:
-        a.flags.writeable = False
-    return _Trace(*arrays, hashes, acc)
-
-
-def _read_jsonl(p: Path) -> tuple[dict[str, tuple], np.ndarray, tuple[tuple[int, ...], ...]]:
-    """Mooncake JSON lines: {timestamp (ms), input_length, output_length, hash_ids}."""
-    keys = (*_TRACE_COLUMNS["mooncake"], "hash_ids")
-    pick = itemgetter(*keys)
-    rows, linenos = [], []
-    with p.open(encoding="utf-8") as f:
-        for ln, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                values = pick(json.loads(line))
-            except (ValueError, KeyError, TypeError):  # JSONDecodeError is a ValueError
-                raise SpecError(p, f"line {ln}", f"expected a JSON object with keys {', '.join(keys)}") from None
-            if not isinstance(values[-1], list) or not all(type(x) is int for x in values[-1]):
-                raise SpecError(p, f"line {ln}", f"hash_ids: {str(values[-1])[:40]} (allowed: a list of integers)")
-            rows.append(values)
-            linenos.append(ln)
-    if not rows:
-        raise SpecError(p, "", "no data rows (allowed: one JSON object per line)")
-    cols = dict(zip(keys, zip(*rows, strict=True), strict=True))
-    return cols, np.array(linenos), tuple(map(tuple, cols["hash_ids"]))

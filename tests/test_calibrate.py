@@ -327,3 +327,20 @@ def test_time_budget_measures_the_most_important_tables_first(tmp_path):
         or res.rows.get("gemm", 0) >= 15
     meta = json.loads((tmp_path / "b" / "calibration.json").read_text())
     assert meta["stopped"] == "budget"
+
+
+@pytest.mark.parametrize("scenario", sorted(FIXTURES.glob("*.yaml")), ids=lambda p: p.stem)
+def test_validation_scenarios_load_and_suit_the_reference_engine(scenario):
+    from sim.models import load_model
+    from sim.scenario import load_scenario
+    from sim.workload import generate
+
+    sc = load_scenario(scenario)
+    assert sc.kv.num_blocks, "validation scenarios fix the KV capacity"
+    pytest.importorskip("torch")
+    from sim.calibrate.reference import check_supported
+
+    check_supported(sc)
+    wl = generate(sc.workload, np.random.default_rng(sc.seed), file=sc.file,
+                  base_dir=sc.base_dir)
+    assert len(wl) and wl.prompt_tokens.max() <= load_model(sc.model).max_len

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import workload as wl
+from sim import traces
 from sim.specload import ROOT, SpecError, build
 from sim.workload import Workload, WorkloadSpec, generate
 
@@ -149,7 +149,7 @@ def test_max_output_tokens_caps_outputs_and_sets_max_tokens():
 
 
 def test_azure_conv_trace_loads_an_hour_of_19366_requests():
-    wl._CACHE.clear()
+    traces._CACHE.clear()
     t0 = time.perf_counter()
     w = make({"trace": AZURE_CONV})
     assert time.perf_counter() - t0 < 0.5

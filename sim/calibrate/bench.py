@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from sim.models import ModelSpec
 
 from . import ops
-from .device import Device, TooLarge
-from .grids import every, tier_of, tiers
+from .device import Device, DeviceError
+from .grids import every, tier_of
 
 
 @dataclass(frozen=True)
@@ -71,9 +71,14 @@ _TRITON_CHECKED: dict[str, float] = {}
 def _check_triton(dev: Device) -> None:
     """Compare the Triton kernel with the PyTorch one once per process, before timing it."""
     if dev.cuda and "err" not in _TRITON_CHECKED:
-        from .triton_paged import check_paged_attention
+        try:
+            from .triton_paged import check_paged_attention
 
-        _TRITON_CHECKED["err"] = check_paged_attention(dev.device, dev.dtype)
+            _TRITON_CHECKED["err"] = check_paged_attention(dev.device, dev.dtype)
+        except ImportError as e:
+            raise DeviceError(f"the paged-attention kernel needs Triton ({e})") from None
+        except AssertionError as e:
+            raise DeviceError(f"Triton paged attention failed its check: {e}") from None
 
 
 def decode_point(impl: str, b: int, lens: list[int] | int, cfg: tuple[int, int, int],
@@ -234,8 +239,3 @@ def ceilings(dev: Device, copy_mib: int, n: int) -> dict[str, float]:
     return out
 
 
-def first_tier(points: list[Point]) -> list[Point]:
-    return [p for p in points if p.tier == 0]
-
-
-__all__ = ["Point", "TooLarge", "kernel_points", "ceilings", "first_tier", "tiers"]

@@ -24,8 +24,7 @@ import torch
 from sim.models import load_model
 
 from . import bench, itergrid
-from .device import (Device, TooLarge, is_oom, pick_device, pick_dtype, quiet_gc,
-                     set_threads)
+from .device import Device, TooLarge, is_oom, pick_device, pick_dtype, quiet_gc, set_threads
 from .grids import GRIDS, TABLE_ORDER
 from .output import TableWriter, fit_runtimes, write_meta, write_profile
 

@@ -58,8 +58,11 @@ def cmd_calibrate(a) -> int:
     if res.skipped:
         print(f"  {res.skipped} shapes skipped (too large or out of memory): {out}/skipped.csv")
     if res.stopped == "budget":
-        print(f"  the {a.budget_s:g} s budget ran out: the most important points were measured "
-              "first; the profile is partial (analytic: partial where a table is missing)")
+        missing = [t for t in ("gemm", "attn_decode", "attn_prefill", "elementwise", "sampling",
+                               "iter_grid_eager") if t not in res.rows]
+        print(f"  the {a.budget_s:g} s budget ran out (most important points first); "
+              + (f"not reached: {', '.join(missing)}" if missing else "every table has rows")
+              + ("" if res.runtimes else "; no runtime fitted (no whole-iteration rows)"))
     for mode, errs in res.runtimes.items():
         e = errs["all"]
         print(f"  runtime-{mode}.yaml: fit to {e['rows']} steps, mean |error| {e['mape']:.1%}, "

@@ -163,6 +163,13 @@ class Device:
     def name(self) -> str:
         if self.cuda:
             return torch.cuda.get_device_name(self.device)
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
         import platform
 
         return platform.processor() or platform.machine() or "cpu"
@@ -197,8 +204,8 @@ class Device:
 
     def randn(self, *shape: int, dtype: torch.dtype | None = None, scale: float = 1.0):
         """Normal random data (never zeros: some kernels skip zero work)."""
-        t = torch.randn(*shape, generator=self.gen, device=self.device, dtype=torch.float32)
-        return (t * scale).to(dtype or self.dtype)
+        t = torch.empty(*shape, device=self.device, dtype=dtype or self.dtype)
+        return t.normal_(0.0, scale, generator=self.gen)  # in place: no fp32 copy of a pool
 
     def randint(self, high: int, *shape: int):
         return torch.randint(0, high, shape, generator=self.gen, device=self.device)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from sim.profiles import TABLES, load_profile
+from sim.latency import RUNTIMES_DIR
+from sim.profiles import PROFILES_DIR, TABLES, load_profile
 from sim.runtime_fit import error_summary, fit
 
 COLUMNS = {
@@ -31,6 +32,8 @@ COLUMNS = {
 }
 OWNED = [f"{t}.csv" for t in COLUMNS] + ["profile.yaml", "calibration.json",
                                          "runtime-eager.yaml", "runtime-graphs.yaml"]
+SOURCE_KEYS = ("device_name", "device", "driver", "torch", "triton", "dtype", "threads", "date",
+               "command", "models", "grid", "host")
 # Roofline parameters used when a table needed for their fit was not measured.
 FALLBACK = {"flops": 0.75, "mem_bw": 0.75, "gemm_floor_ms": 0.01, "attn_prefill_flops": 0.3,
             "attn_prefill_floor_ms": 0.02, "naive_bytes_per_score": 40.0,
@@ -110,7 +113,7 @@ def write_profile(w: TableWriter, meta: dict, ceil: dict, dev_facts: dict, note:
         "name": w.out.name,
         "description": f"{meta['device_name']}: measured by llmsim calibrate ({meta['dtype']})",
         "analytic": False if len(measured) == len(TABLES) else "partial",
-        "source": [f"{k}: {v}" for k, v in meta.items()] + [
+        "source": [f"{k}: {v}" for k, v in meta.items() if k in SOURCE_KEYS] + [
             "method: medians after warm-up (CUDA events with the L2 flushed on CUDA, "
             "perf_counter on the CPU), random inputs; see docs/calibration.md",
             "datasheet_* fields hold the measured ceilings (copy bandwidth, large GEMM)"],
@@ -134,7 +137,8 @@ def write_profile(w: TableWriter, meta: dict, ceil: dict, dev_facts: dict, note:
 
 
 def fit_runtimes(w: TableWriter) -> dict[str, dict]:
-    """runtime-eager.yaml (and runtime-graphs.yaml) fitted to the iteration grids."""
+    """runtime-eager.yaml (and runtime-graphs.yaml) fitted to the iteration grids; for a
+    profile written into gpu_profiles/, also gpu_profiles/runtimes/NAME-eager.yaml."""
     out: dict[str, dict] = {}
     load_profile(str(w.out))  # fails loudly if the tables just written do not load
     for mode, kinds in (("eager", ("prefill", "decode")), ("graphs", ("decode",))):
@@ -145,7 +149,10 @@ def fit_runtimes(w: TableWriter) -> dict[str, dict]:
         spec, table = fit(rows, str(w.out), f"{w.out.name}-{mode}", kinds=kinds)
         spec = replace(spec, description=f"{mode} reference engine on {w.out.name}",
                        source=f"fitted by sim.runtime_fit to {w.out.name}/iter_grid_{mode}.csv")
-        (w.out / f"runtime-{mode}.yaml").write_text(yaml.safe_dump(asdict(spec), sort_keys=False))
+        text = yaml.safe_dump(asdict(spec), sort_keys=False)
+        (w.out / f"runtime-{mode}.yaml").write_text(text)
+        if w.out.parent.resolve() == PROFILES_DIR.resolve():  # usable as `runtime: NAME-eager`
+            (RUNTIMES_DIR / f"{spec.name}.yaml").write_text(text)
         out[mode] = {k: {kk: (round(vv, 4) if isinstance(vv, float) and math.isfinite(vv) else vv)
                          for kk, vv in v.items()} for k, v in error_summary(table).items()}
     return out

@@ -7,7 +7,7 @@ Block 0 is scratch: rows that only pad a static batch write there.
 
 Scheduling is the simulator's, literally: the loop asks the same policy
 (`sim.scheduler.POLICIES`) for a `StepPlan` from the same `ReplicaState`, and
-applies it with the simulator's own accounting verbs (`sim.engine.Replica`:
+applies it with the simulator's own accounting verbs (`sim.replica.Replica`:
 admission, KV counts, preemption, finishing, inter-token gaps). The only
 differences are that each plan runs on the device and that the clock is the wall
 clock: a request joins the queue once its arrival time has passed, and a step
@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 
 from sim.batch import FINISHED, RunningBatch, Seq
-from sim.engine import Replica, RunResult
 from sim.kv import make_kv
 from sim.models import ModelSpec
+from sim.replica import Replica, RunResult
 from sim.scenario import Scenario
 from sim.scheduler import ContinuousPolicy, ReplicaState, StaticPolicy
 from sim.specload import SpecError
@@ -212,6 +212,23 @@ def _wait_until(clock: Callable[[], float], t: float) -> None:
         pass
 
 
+@dataclass
+class _Run:
+    """One replay's state: the simulator's replica, the requests and their token ids."""
+
+    rep: Replica
+    seqs: list[Seq]
+    tokens: dict[int, list[int]]  # prompt + generated token ids per request
+    static: bool
+    t0: float
+    next: int = 0  # the next request to arrive
+    padding: list[tuple[int, list[int], int]] = field(default_factory=list)  # static rows
+    detail: StepDetail = field(default_factory=StepDetail)
+
+    def clock(self) -> float:
+        return time.perf_counter() - self.t0
+
+
 class _NoLatency:
     """The simulator's accounting asks for a step's latency up front; the real step is timed."""
 
@@ -225,7 +242,7 @@ class _NoLatency:
 class ReferenceEngine:
     """Replays a workload through the model in wall-clock time, with the simulator's policy.
 
-    The plan is applied with `sim.engine.Replica`'s verbs, in the order its
+    The plan is applied with `sim.replica.Replica`'s verbs, in the order its
     `replica()` process applies them; only the step itself and the clock differ.
     """
 
@@ -243,7 +260,39 @@ class ReferenceEngine:
 
     def run(self, wl: Workload, seed: int = 0) -> tuple[RunResult, StepDetail]:
         """Serve every request of `wl`; returns the simulator's RunResult and step details."""
-        sc, cache = self.sc, self.cache
+        r = self._start(wl, seed)
+        st, rep, seqs = r.rep.st, r.rep, r.seqs
+        while rep.pending > 0:
+            now = r.clock()
+            while r.next < len(seqs) and seqs[r.next].arrival <= now:
+                st.waiting.append(seqs[r.next])
+                r.next += 1
+            plan = rep.policy.schedule(st, now)
+            if plan.reject:
+                rep._reject(plan)
+            if plan.kind == "preempt":
+                rep._preempt(plan)
+                for v in plan.preempt:
+                    self.cache.free(v.rid)
+            if plan.kind == "decode":
+                self._decode_plan(r, plan, now)
+            elif plan.kind == "prefill":
+                self._prefill_plan(r, plan, now)
+            elif plan.kind == "idle":
+                wake = seqs[r.next].arrival if r.next < len(seqs) else float("inf")
+                wake = min(wake, plan.wake_at if plan.wake_at is not None else wake)
+                if wake == float("inf"):
+                    break  # nothing will arrive or wake the policy: accounted for below
+                _wait_until(r.clock, wake)
+            if r.static and len(st.batch) == 0 and st.batch.n_compute:
+                rep._end_static_batch()
+                r.padding.clear()
+        if rep.pending:
+            raise RuntimeError(f"reference run ended with {rep.pending} requests unaccounted for")
+        return RunResult(seqs, rep.log, rep.gaps, rep.weights, st.kv, r.clock()), r.detail
+
+    def _start(self, wl: Workload, seed: int) -> _Run:
+        sc = self.sc
         kv = make_kv("paged", self.kv_tokens, sc.kv.block_size)
         static = sc.scheduler.policy == "static"
         batch = RunningBatch(kv.block_size, paged=True, keep_finished=static)
@@ -254,69 +303,44 @@ class ReferenceEngine:
         seqs = [Seq(i, float(a), int(p), int(o), int(mx)) for i, (a, p, o, mx) in enumerate(
             zip(wl.arrival_s, wl.prompt_tokens, wl.output_tokens, wl.max_tokens, strict=True))]
         tokens = {s.rid: rng.integers(0, self.model.spec.vocab, s.prompt).tolist() for s in seqs}
-        for rid in list(cache.tables):
-            cache.free(rid)
-        detail, padding = StepDetail(), []
-        rep.pending, nxt = len(seqs), 0
-        t0 = time.perf_counter()
+        for rid in list(self.cache.tables):
+            self.cache.free(rid)
+        rep.pending = len(seqs)
+        return _Run(rep, seqs, tokens, static, time.perf_counter())
 
-        def clock() -> float:
-            return time.perf_counter() - t0
+    def _decode_plan(self, r: _Run, plan, now: float) -> None:
+        rep, batch = r.rep, r.rep.st.batch
+        _, n = rep.decode_step(plan)  # preemption and block allocation, as simulated
+        for v in plan.preempt:
+            self.cache.free(v.rid)
+        sum_ctx, max_ctx = batch.sum_ctx(), batch.max_ctx()
+        live = list(batch.members)
+        new = self._decode(live, r.padding, r.tokens)
+        t_end = r.clock()
+        for s, tok in zip(live, new, strict=True):
+            r.tokens[s.rid].append(tok)
+        r.detail.add("decode", [], sum_ctx, max_ctx)
+        for s in batch.advance(t_end, rep.gaps, rep.weights):
+            rep._release(s)
+            table = self.cache.free(s.rid)
+            if r.static:  # computed as padding until the batch ends
+                r.padding.append((s.rid, table, len(r.tokens[s.rid])))
+        rep._record(now, t_end, 1, n, n)
 
-        while rep.pending > 0:
-            now = clock()
-            while nxt < len(seqs) and seqs[nxt].arrival <= now:
-                st.waiting.append(seqs[nxt])
-                nxt += 1
-            plan = policy.schedule(st, now)
-            if plan.reject:
-                rep._reject(plan)
-            if plan.kind in ("decode", "preempt") and plan.preempt:
-                rep._preempt(plan)
-                for v in plan.preempt:
-                    cache.free(v.rid)
-            if plan.kind == "decode":
-                need = batch.new_blocks_needed()
-                if need:
-                    rep._alloc(need)
-                n, sum_ctx, max_ctx = batch.n_compute, batch.sum_ctx(), batch.max_ctx()
-                live = list(batch.members)
-                new = self._decode(live, padding, tokens)
-                t_end = clock()
-                for s, tok in zip(live, new, strict=True):
-                    tokens[s.rid].append(tok)
-                detail.add("decode", [], sum_ctx, max_ctx)
-                for s in batch.advance(t_end, rep.gaps, rep.weights):
-                    rep._release(s)
-                    table = cache.free(s.rid)
-                    if static:  # computed as padding until the batch ends
-                        padding.append((s.rid, table, len(tokens[s.rid])))
-                rep._record(now, t_end, 1, n, n)
-            elif plan.kind == "prefill":
-                _, n, ntok = rep.prefill_step(plan, now)
-                rows = [(s.rid, tokens[s.rid][:s.tokens_to_prefill]) for s in plan.prefill]
-                new = prefill_step(self.model, cache, rows, self.prefill_attn).tolist()
-                t_end = clock()
-                for s, tok in zip(plan.prefill, new, strict=True):
-                    tokens[s.rid].append(tok)
-                detail.add("prefill", [len(r) for _, r in rows], 0, 0)
-                rep.finish_prefill_step(plan, t_end)
-                for s in plan.prefill:
-                    if s.state == FINISHED:
-                        cache.free(s.rid)
-                rep._record(now, t_end, 0, n, ntok)
-            elif plan.kind == "idle":
-                wake = seqs[nxt].arrival if nxt < len(seqs) else float("inf")
-                wake = min(wake, plan.wake_at if plan.wake_at is not None else wake)
-                if wake == float("inf"):
-                    break  # nothing will arrive or wake the policy: accounted for below
-                _wait_until(clock, wake)
-            if static and len(batch) == 0 and batch.n_compute:
-                rep._end_static_batch()
-                padding.clear()
-        if rep.pending:
-            raise RuntimeError(f"reference run ended with {rep.pending} requests unaccounted for")
-        return RunResult(seqs, rep.log, rep.gaps, rep.weights, kv, clock()), detail
+    def _prefill_plan(self, r: _Run, plan, now: float) -> None:
+        rep = r.rep
+        _, n, ntok = rep.prefill_step(plan, now)
+        rows = [(s.rid, r.tokens[s.rid][:s.tokens_to_prefill]) for s in plan.prefill]
+        new = prefill_step(self.model, self.cache, rows, self.prefill_attn).tolist()
+        t_end = r.clock()
+        for s, tok in zip(plan.prefill, new, strict=True):
+            r.tokens[s.rid].append(tok)
+        r.detail.add("prefill", [len(toks) for _, toks in rows], 0, 0)
+        rep.finish_prefill_step(plan, t_end)
+        for s in plan.prefill:
+            if s.state == FINISHED:
+                self.cache.free(s.rid)
+        rep._record(now, t_end, 0, n, ntok)
 
     def _decode(self, live: list[Seq], padding: list[tuple[int, list[int], int]],
                 tokens: dict[int, list[int]]) -> list[int]:

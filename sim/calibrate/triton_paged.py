@@ -43,7 +43,7 @@ def _split_kernel(Q, K, V, BT, LENS, M_OUT, L_OUT, ACC_OUT,
     q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + dd[None, :],
                 mask=gmask[:, None], other=0.0).to(tl.float32)
     m = tl.full([GROUP_P], float("-inf"), tl.float32)
-    l = tl.zeros([GROUP_P], tl.float32)
+    den = tl.zeros([GROUP_P], tl.float32)
     acc = tl.zeros([GROUP_P, D], tl.float32)
     first = sp * blocks_per_split
     last = tl.minimum(first + blocks_per_split, tl.cdiv(ctx, BLOCK))
@@ -58,12 +58,12 @@ def _split_kernel(Q, K, V, BT, LENS, M_OUT, L_OUT, ACC_OUT,
         p = tl.exp(s - m_new[:, None])
         v = tl.load(V + blk * stride_vb + t[:, None] * stride_vs + kvh * stride_vh
                     + dd[None, :]).to(tl.float32)
-        l = l * alpha + tl.sum(p, axis=1)
+        den = den * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
         m = m_new
     row = (b * H + heads) * nsplit + sp
     tl.store(M_OUT + row, m, mask=gmask)
-    tl.store(L_OUT + row, l, mask=gmask)
+    tl.store(L_OUT + row, den, mask=gmask)
     tl.store(ACC_OUT + row[:, None] * D + dd[None, :], acc, mask=gmask[:, None])
 
 
@@ -77,11 +77,11 @@ def _merge_kernel(M_IN, L_IN, ACC_IN, OUT, stride_ob, stride_oh, nsplit,
     smask = s < nsplit
     base = (b * H + h) * nsplit
     m = tl.load(M_IN + base + s, mask=smask, other=float("-inf"))
-    l = tl.load(L_IN + base + s, mask=smask, other=0.0)
+    den = tl.load(L_IN + base + s, mask=smask, other=0.0)
     acc = tl.load(ACC_IN + (base + s)[:, None] * D + dd[None, :], mask=smask[:, None], other=0.0)
     top = tl.max(m, axis=0)
     w = tl.where(smask, tl.exp(m - top), 0.0)
-    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(l * w, axis=0)
+    out = tl.sum(acc * w[:, None], axis=0) / tl.sum(den * w, axis=0)
     tl.store(OUT + b * stride_ob + h * stride_oh + dd, out.to(OUT.dtype.element_ty))
 
 
@@ -110,15 +110,15 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     per_split = -(-max_blocks // nsplit)
     nsplit = -(-max_blocks // per_split)
     f32 = dict(device=q.device, dtype=torch.float32)
-    m, l = torch.empty(b, hq, nsplit, **f32), torch.empty(b, hq, nsplit, **f32)
+    m, den = torch.empty(b, hq, nsplit, **f32), torch.empty(b, hq, nsplit, **f32)
     acc = torch.empty(b, hq, nsplit, d, **f32)
     _split_kernel[(b, hkv, nsplit)](
-        q, k_cache, v_cache, block_tables, ctx_lens, m, l, acc,
+        q, k_cache, v_cache, block_tables, ctx_lens, m, den, acc,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0),
         per_split, 1.0 / math.sqrt(d), nsplit, H=hq, GROUP=group, GROUP_P=_pow2(group), D=d, BLOCK=block)
     out = torch.empty_like(q)
-    _merge_kernel[(b, hq)](m, l, acc, out, out.stride(0), out.stride(1), nsplit,
+    _merge_kernel[(b, hq)](m, den, acc, out, out.stride(0), out.stride(1), nsplit,
                            NSPLIT_P=_pow2(nsplit), H=hq, D=d)
     return out
 
