@@ -1,0 +1,186 @@
+"""Reading request files: traces (csv, azure, mooncake) and CSV length files.
+
+Each file is parsed once per (path, modification time, size); columns come back as
+read-only arrays, and a bad value is a SpecError naming the file and its line. Trace
+time is seconds since the trace's first request (mooncake's milliseconds converted,
+azure's date-times subtracted), rows sorted by it (ties keep file order).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import warnings
+from collections.abc import Callable, Sequence
+from operator import itemgetter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from sim.specload import ROOT, SpecError
+
+if TYPE_CHECKING:
+    from sim.workload import TraceSpec
+
+MOONCAKE_BLOCK_TOKENS = 512  # a Mooncake hash_id names one 512-token prompt block
+_TRACE_COLUMNS = {  # format -> (time, prompt, output) column or key names
+    "csv": ("arrival_s", "prompt_tokens", "output_tokens"),
+    "azure": ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+    "mooncake": ("timestamp", "input_length", "output_length"),  # + hash_ids; time in ms
+}
+
+
+class Trace(NamedTuple):
+    t: np.ndarray  # float64, seconds since the first request, sorted
+    prompt: np.ndarray  # int64
+    output: np.ndarray  # int64
+    hashes: tuple[tuple[int, ...], ...] | None
+    acceptance: np.ndarray | None = None  # csv traces: optional per-request draft acceptance
+
+
+_CACHE: dict[tuple, Any] = {}  # parsed files, by (what, path, modification time, size)
+
+
+def resolve(p: str, base: Path | None, file: Any, field_path: str) -> Path:
+    """The file `p` names: absolute, else under `base` (the scenario's folder), else ROOT."""
+    rel = Path(p).expanduser()
+    tries = [rel] if rel.is_absolute() else [d / rel for d in (base, ROOT) if d is not None]
+    for c in tries:
+        if c.is_file():
+            return c.resolve()
+    raise SpecError(file, field_path, f"file not found: {p!r} (looked for {', '.join(map(str, tries))})")
+
+
+def length_column(src: Path, name: str, file: Any, field_path: str) -> np.ndarray:
+    """An integer column (>= 1) of a CSV length file; `field_path` names it in errors."""
+    cols, linenos = _cached(("csv",), src, lambda: _read_csv(src))
+    if name not in cols:
+        raise SpecError(file, field_path, f"no column {name!r} in {src.name} (columns: {', '.join(cols)})")
+    return _cached(("col", name), src, lambda: _numbers(src, cols[name], linenos, name, integer=True, lo=1))
+
+
+def trace_window(ts: TraceSpec, p: Path, file: Any, path: str) -> Trace:
+    """The trace's rows from start_s on, at most `limit` of them."""
+    tr = _cached(("trace", ts.format), p, lambda: _parse_trace(p, ts.format))
+    i0 = int(np.searchsorted(tr.t, ts.start_s, side="left"))
+    if i0 == len(tr.t):
+        raise SpecError(file, f"{path}.start_s", f"{ts.start_s} is past the last request (allowed: <= {tr.t[-1]:.3f})")
+    window = slice(i0, i0 + ts.limit if ts.limit else None)
+    return Trace(*(a[window] if a is not None else None for a in tr))
+
+
+def _cached(key: tuple, p: Path, make: Callable[[], Any]) -> Any:
+    full = (*key, str(p), p.stat().st_mtime_ns, p.stat().st_size)
+    if full not in _CACHE:
+        _CACHE[full] = make()
+    return _CACHE[full]
+
+
+def _read_csv(p: Path, need: Sequence[str] = ()) -> tuple[dict[str, tuple[str, ...]], np.ndarray]:
+    """A CSV's columns (as strings) by header name, and each data row's line number."""
+    lines = p.read_text(encoding="utf-8-sig", errors="replace").splitlines()
+    if not lines or not lines[0].strip():
+        raise SpecError(p, "line 1", "missing header line (allowed: a CSV with column names)")
+    header = [h.strip() for h in next(csv.reader(lines[:1]))]
+    missing = [c for c in need if c not in header]
+    if missing:
+        raise SpecError(p, "line 1", f"no column {missing[0]!r} (needed: {', '.join(need)}; is trace.format right?)")
+    rows, linenos = [], []
+    for i, row in enumerate(csv.reader(lines[1:]), start=2):
+        if row and len(row) != len(header):
+            raise SpecError(p, f"line {i}", f"{len(row)} fields, expected {len(header)} ({', '.join(header)[:80]})")
+        if row:
+            rows.append(row)
+            linenos.append(i)
+    if not rows:
+        raise SpecError(p, "", "no data rows (allowed: a header line, then one row per request)")
+    return dict(zip(header, zip(*rows, strict=True), strict=True)), np.array(linenos)
+
+
+def _first_bad(raw: Sequence[Any], convert: Callable[[Any], Any]) -> int:
+    for i, s in enumerate(raw):
+        try:
+            convert(s)
+        except (ValueError, TypeError):
+            return i
+    return 0
+
+
+def _numbers(p: Path, raw: Sequence[Any], linenos: np.ndarray, name: str, *,
+             integer: bool, lo: float) -> np.ndarray:
+    """A column as float64 (int64 if `integer`), every value finite and >= lo; read-only."""
+    what = f"allowed: {'integers' if integer else 'numbers'} >= {lo:g}"
+    try:
+        v = np.array(raw, dtype=str if isinstance(raw[0], str) else object).astype(np.float64)
+    except (ValueError, TypeError):
+        i = _first_bad(raw, float)
+        raise SpecError(p, f"line {linenos[i]}", f"{name}: {raw[i]!r} is not a number ({what})") from None
+    ok = np.isfinite(v) & (v >= lo) & ((v == np.floor(v)) if integer else True)
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        raise SpecError(p, f"line {linenos[i]}", f"{name}: {raw[i]!r} is out of range ({what})")
+    v = v.astype(np.int64) if integer else v
+    v.flags.writeable = False
+    return v
+
+
+def _parse_trace(p: Path, fmt: str) -> Trace:
+    tcol, pcol, ocol = _TRACE_COLUMNS[fmt]
+    hashes = None
+    if fmt == "mooncake":
+        cols, linenos, hashes = _read_jsonl(p)
+    else:
+        cols, linenos = _read_csv(p, need=_TRACE_COLUMNS[fmt])
+    if fmt == "azure":  # date-times (2023-11-16 18:15:46.6805900)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy warns about (and ignores) time zones
+            try:
+                ts = np.array(cols[tcol], dtype="datetime64[ns]")
+                i = int(np.argmax(np.isnat(ts))) if np.isnat(ts).any() else -1
+            except ValueError:
+                i = _first_bad(cols[tcol], lambda s: np.datetime64(s, "ns"))
+        if i >= 0:
+            raise SpecError(p, f"line {linenos[i]}", f"{tcol}: {cols[tcol][i]!r} is not a date-time (allowed: YYYY-MM-DD HH:MM:SS.fffffff)")
+        t = (ts - ts.min()) / np.timedelta64(1, "s")
+    else:
+        t = _numbers(p, cols[tcol], linenos, tcol, integer=False, lo=0) / (1000.0 if fmt == "mooncake" else 1.0)
+    prompt = _numbers(p, cols[pcol], linenos, pcol, integer=True, lo=1)
+    output = _numbers(p, cols[ocol], linenos, ocol, integer=True, lo=1)
+    order = np.argsort(t, kind="stable")  # time order; ties keep file order
+    hashes = tuple(hashes[i] for i in order) if hashes is not None else None
+    arrays = [t[order] - t[order[0]], prompt[order], output[order]]
+    acc = None
+    if "acceptance" in cols:  # speculative decoding: per-request draft acceptance rate
+        acc = _numbers(p, cols["acceptance"], linenos, "acceptance", integer=False, lo=0)
+        if (acc > 1).any():
+            i = int(np.argmax(acc > 1))
+            raise SpecError(p, f"line {linenos[i]}", f"acceptance: {acc[i]} (allowed: 0 to 1)")
+        acc = acc[order]
+        acc.flags.writeable = False
+    for a in arrays:
+        a.flags.writeable = False
+    return Trace(*arrays, hashes, acc)
+
+
+def _read_jsonl(p: Path) -> tuple[dict[str, tuple], np.ndarray, tuple[tuple[int, ...], ...]]:
+    """Mooncake JSON lines: {timestamp (ms), input_length, output_length, hash_ids}."""
+    keys = (*_TRACE_COLUMNS["mooncake"], "hash_ids")
+    pick = itemgetter(*keys)
+    rows, linenos = [], []
+    with p.open(encoding="utf-8") as f:
+        for ln, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                values = pick(json.loads(line))
+            except (ValueError, KeyError, TypeError):  # JSONDecodeError is a ValueError
+                raise SpecError(p, f"line {ln}", f"expected a JSON object with keys {', '.join(keys)}") from None
+            if not isinstance(values[-1], list) or not all(type(x) is int for x in values[-1]):
+                raise SpecError(p, f"line {ln}", f"hash_ids: {str(values[-1])[:40]} (allowed: a list of integers)")
+            rows.append(values)
+            linenos.append(ln)
+    if not rows:
+        raise SpecError(p, "", "no data rows (allowed: one JSON object per line)")
+    cols = dict(zip(keys, zip(*rows, strict=True), strict=True))
+    return cols, np.array(linenos), tuple(map(tuple, cols["hash_ids"]))
