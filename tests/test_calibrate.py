@@ -273,19 +273,25 @@ def _few_points(monkeypatch, extra):
     monkeypatch.setattr(itergrid, "iteration_points", lambda models, g: [])
 
 
-def test_out_of_memory_shape_is_recorded_and_skipped(tmp_path, monkeypatch):
+def test_out_of_memory_shape_is_recorded_skipped_and_reported_with_exit_2(tmp_path, monkeypatch,
+                                                                         capsys):
     pytest.importorskip("torch")
     from sim.calibrate.bench import Point
-    from sim.calibrate.calibrate import calibrate
+    from sim.cli import main
 
     def oom(dev):
         raise RuntimeError("CUDA out of memory. Tried to allocate 80.00 GiB")
     _few_points(monkeypatch, [Point("attn_prefill", 0, "naive prefill b=1 s=16384", oom)])
-    res = calibrate(["tiny-llama"], tmp_path / "p", device="cpu", quick=True, progress=False)
-    skipped = pd.read_csv(tmp_path / "p" / "skipped.csv")
-    assert res.skipped == 1 and res.measured == 4
+    out = tmp_path / "p"
+    assert main(["calibrate", "--models", "tiny-llama", "--device", "cpu", "--quick",
+                 "--no-progress", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"llmsim: error: 1 shapes ran out of memory and were skipped "
+                   f"({out}/skipped.csv); the profile was written without them"]
+    skipped = pd.read_csv(out / "skipped.csv")
     assert skipped.reason[0].startswith("out of memory: CUDA out of memory")
-    assert len(pd.read_csv(tmp_path / "p" / "gemm.csv")) == 4
+    assert len(pd.read_csv(out / "gemm.csv")) == 4
+    assert json.loads((out / "calibration.json").read_text())["points"]["out_of_memory"] == 1
 
 
 def test_shape_larger_than_free_memory_is_skipped_before_allocating():

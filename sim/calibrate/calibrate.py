@@ -35,6 +35,7 @@ class Outcome:
     measured: int = 0
     total: int = 0
     skipped: int = 0
+    oom: int = 0  # of the skipped: ran out of memory despite the size check
     stopped: str = ""  # "", "budget" or "interrupted"
     seconds: float = 0.0
     runtimes: dict = field(default_factory=dict)
@@ -145,6 +146,7 @@ def _measure(points: list[bench.Point], dev: Device, w: TableWriter, res: Outcom
             w.add("skipped", {"table": p.table, "what": p.label,
                               "reason": "out of memory: " + str(e).splitlines()[0][:120]})
             res.skipped += 1
+            res.oom += 1
             continue
         for row in rows:
             w.add(p.table, row)
@@ -153,7 +155,8 @@ def _measure(points: list[bench.Point], dev: Device, w: TableWriter, res: Outcom
 
 
 def _finish(w: TableWriter, meta: dict, ceil: dict, dev: Device, res: Outcome) -> None:
-    meta["points"] = {"measured": res.measured, "skipped": res.skipped, "total": res.total}
+    meta["points"] = {"measured": res.measured, "skipped": res.skipped, "out_of_memory": res.oom,
+                      "total": res.total}
     meta["stopped"] = res.stopped or "complete"
     meta["seconds"] = round(res.seconds, 1)
     meta["ceilings"] = {k: round(v, 5) for k, v in ceil.items()}
