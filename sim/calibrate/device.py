@@ -6,9 +6,13 @@ Timing follows the usual rules for kernel benchmarks:
   of repeated calls;
 * on CUDA each call sits between two CUDA events, after a 256 MiB buffer is written
   to flush the L2 cache, so the time is the device's and excludes host launch cost;
-* on the CPU each call is timed with `perf_counter` (PyTorch's CPU ops are
-  synchronous; `synchronize` is still called for any other backend). Caches are
-  not flushed on the CPU: a serving loop runs with warm caches there.
+* on the CPU each call is timed with the calling thread's CPU clock
+  (`time.thread_time`): PyTorch's CPU ops are synchronous and, at one intra-op
+  thread, run in the calling thread, so this is the work's own time, and time the
+  thread spends descheduled (a shared virtual machine's steal and neighbours, which
+  here swing wall times by +-50 % over seconds) is not counted. The reference engine
+  uses the same clock on the CPU (`Device.clock`), so profile and replay agree.
+  Caches are not flushed on the CPU: a serving loop runs with warm caches there.
 
 Peak memory of a call (`peak_bytes`): on CUDA, `torch.cuda.max_memory_allocated`
 after `reset_peak_memory_stats`, less what was allocated before the call. On the
@@ -155,6 +159,9 @@ class Device:
         self.cuda = device.type == "cuda"
         self.warmup, self.repeats, self.max_s = warmup, repeats, max_s_per_point
         self.gen = torch.Generator(device=device).manual_seed(seed)
+        # seconds: wall time on a GPU (events time the kernels); the thread's CPU time on
+        # the CPU (see the module docstring)
+        self.clock: Callable[[], float] = time.perf_counter if self.cuda else time.thread_time
         self._flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=device) \
             if self.cuda else None
 
@@ -225,19 +232,20 @@ class Device:
     def time_ms(self, fn: Callable[[], object], *, flush: bool = True) -> float:
         """Median milliseconds of `fn()` after warm-up; fewer repeats for slow calls.
         (Callers run this inside `quiet_gc()`: a collection pause is not the device's.)"""
-        t0 = time.perf_counter()
+        clock = self.clock
+        t0 = clock()
         for _ in range(self.warmup):
             fn()
         self.sync()
-        first = (time.perf_counter() - t0) / max(1, self.warmup)
+        first = (clock() - t0) / max(1, self.warmup)
         reps = max(3, min(self.repeats, math.ceil(self.max_s / max(first, 1e-9))))
         if self.cuda:
             return median(self._cuda_times(fn, reps, flush))
         times = []
         for _ in range(reps):
-            t = time.perf_counter()
+            t = clock()
             fn()
-            times.append((time.perf_counter() - t) * 1e3)
+            times.append((clock() - t) * 1e3)
         return median(times)
 
     def _cuda_times(self, fn: Callable[[], object], reps: int, flush: bool) -> list[float]:
@@ -259,14 +267,15 @@ class Device:
         for _ in range(self.warmup):
             fn()
         self.sync()
+        clock = self.clock
         times = []
-        t_start = time.perf_counter()
+        t_start = clock()
         for i in range(repeats):
-            t = time.perf_counter()
+            t = clock()
             fn()
             self.sync()
-            times.append((time.perf_counter() - t) * 1e3)
-            if i >= 2 and time.perf_counter() - t_start > max_s:
+            times.append((clock() - t) * 1e3)
+            if i >= 2 and clock() - t_start > max_s:
                 break
         return median(times)
 

@@ -115,7 +115,7 @@ def write_profile(w: TableWriter, meta: dict, ceil: dict, dev_facts: dict, note:
         "analytic": False if len(measured) == len(TABLES) else "partial",
         "source": [f"{k}: {v}" for k, v in meta.items() if k in SOURCE_KEYS] + [
             "method: medians after warm-up (CUDA events with the L2 flushed on CUDA, "
-            "perf_counter on the CPU), random inputs; see docs/calibration.md",
+            "the thread's CPU clock on the CPU), random inputs; see docs/calibration.md",
             "datasheet_* fields hold the measured ceilings (copy bandwidth, large GEMM)"],
         "memory_gib": round(dev_facts["total_bytes"] / 2**30, 2),
         "datasheet_memory_gb": round(dev_facts["total_bytes"] / 1e9, 2),

@@ -221,12 +221,13 @@ class _Run:
     tokens: dict[int, list[int]]  # prompt + generated token ids per request
     static: bool
     t0: float
+    clock_fn: Callable[[], float] = time.perf_counter
     next: int = 0  # the next request to arrive
     padding: list[tuple[int, list[int], int]] = field(default_factory=list)  # static rows
     detail: StepDetail = field(default_factory=StepDetail)
 
     def clock(self) -> float:
-        return time.perf_counter() - self.t0
+        return self.clock_fn() - self.t0
 
 
 class _NoLatency:
@@ -240,7 +241,9 @@ class _NoLatency:
 
 
 class ReferenceEngine:
-    """Replays a workload through the model in wall-clock time, with the simulator's policy.
+    """Replays a workload through the model in real time, with the simulator's policy
+    (wall time on a GPU; on the CPU the engine thread's CPU time, which the idle polling
+    loop keeps advancing, so a shared machine's steal does not stretch the replay).
 
     The plan is applied with `sim.replica.Replica`'s verbs, in the order its
     `replica()` process applies them; only the step itself and the clock differ.
@@ -306,7 +309,8 @@ class ReferenceEngine:
         for rid in list(self.cache.tables):
             self.cache.free(rid)
         rep.pending = len(seqs)
-        return _Run(rep, seqs, tokens, static, time.perf_counter())
+        clock = self.dev.clock  # wall time on a GPU, the thread's CPU time on the CPU
+        return _Run(rep, seqs, tokens, static, clock(), clock)
 
     def _decode_plan(self, r: _Run, plan, now: float) -> None:
         rep, batch = r.rep, r.rep.st.batch
