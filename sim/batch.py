@@ -115,6 +115,10 @@ class RunningBatch:
     def needs_block(self, s: Seq) -> bool:
         return self.paged and (s.prompt + self.generated(s) - 1) % self.bs == 0
 
+    def join_growth(self, s: Seq) -> int:
+        """Blocks a request outside the batch would gain in its first step after joining."""
+        return int(self.paged and (s.prompt + s.generated - 1) % self.bs == 0)
+
     def last_token_time(self, s: Seq) -> float:
         return self.last_decode_end if self.D > s.d0 else s.t_join
 

@@ -27,7 +27,7 @@ class ChunkedPolicy:
         need = batch.new_blocks_needed()
         free = kv.free_blocks
         if need > free:
-            free, need = self._preempt(st, plan, free, need)
+            free, need = self.preempt(st, plan, free, need)
         gone = set(plan.preempt)
         budget = spec.max_num_batched_tokens - (len(batch) - len(gone))
         free -= need
@@ -65,11 +65,14 @@ class ChunkedPolicy:
             free -= blocks
             seqs += 1
         if not plan.chunks and len(batch) == len(gone):
+            stuck = [s for s in st.prefilling if s not in gone]
+            if stuck and not plan.reject:  # prefills under way hold the blocks each needs
+                plan.preempt.append(stuck[-1])
             plan.kind = "reject" if plan.reject else ("preempt" if plan.preempt else "idle")
         return plan
 
     @staticmethod
-    def _preempt(st: ReplicaState, plan: StepPlan, free: int, need: int) -> tuple[int, int]:
+    def preempt(st: ReplicaState, plan: StepPlan, free: int, need: int) -> tuple[int, int]:
         """Victims, newest first: prefills under way, then running requests."""
         batch, kv = st.batch, st.kv
         for v in reversed(st.prefilling):

@@ -45,34 +45,34 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
         now = env.now
         plan = policy.schedule(st, now)
         if plan.reject:
-            rep._reject(plan)
+            rep.reject(plan)
         kind = plan.kind
         if kind == "decode":
             dur, n = rep.decode_step(plan)
             yield env.timeout(dur)
             t_end = now + dur
             for s in batch.advance(t_end, rep.gaps, rep.weights):
-                rep._release(s)
+                rep.release(s)
             if rep.spec:
                 code, tokens = rep.finish_round(n)
-                rep._record(now, t_end, code, n, tokens)
+                rep.record(now, t_end, code, n, tokens)
             else:
-                rep._record(now, t_end, 1, n, n)
+                rep.record(now, t_end, 1, n, n)
         elif kind == "prefill":
             dur, n, tokens = rep.prefill_step(plan, now)
             yield env.timeout(dur)
             t_end = now + dur
             rep.finish_prefill_step(plan, t_end)
-            rep._record(now, t_end, 0, n, tokens)
+            rep.record(now, t_end, 0, n, tokens)
         elif kind == "mixed":
             dur, code, n, tokens = rep.mixed_step(plan, now)
             yield env.timeout(dur)
             t_end = now + dur
             rep.finish_mixed_step(plan, t_end)
-            rep._record(now, t_end, code, n, tokens)
+            rep.record(now, t_end, code, n, tokens)
         elif kind == "preempt":
-            rep._preempt(plan)
-            rep._swap(plan)
+            rep.preempt(plan)
+            rep.swap(plan)
         elif kind == "idle":
             if rep.arrivals_done and not st.waiting and not st.swapped and len(batch) == 0:
                 break
@@ -83,7 +83,7 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
                 yield rep.wake
             rep.wake = None
         if rep.static and len(batch) == 0 and batch.n_compute:
-            rep._end_static_batch()
+            rep.end_static_batch()
         if progress is not None and len(log.t_end) % 2000 == 0:
             progress(env.now)
 

@@ -67,17 +67,17 @@ class Replica:
         self.spec = isinstance(state.batch, SpecBatch)
 
     # ---- KV ------------------------------------------------------------------------
-    def _alloc(self, blocks: int) -> None:
+    def alloc(self, blocks: int) -> None:
         self.st.kv.allocate(blocks)
         if self.st.prefix is not None:
             self.st.prefix.evict_to_fit()
 
-    def _free(self, s: Seq, held: int) -> None:
+    def free(self, s: Seq, held: int) -> None:
         """`s` lets go of `held` logical blocks; blocks another request shares stay."""
         prefix = self.st.prefix
         self.st.kv.free(held - prefix.release(s) if prefix is not None else held)
 
-    def _held(self, s: Seq) -> int:
+    def held(self, s: Seq) -> int:
         if self.contiguous:
             return s.reserved
         if s in self.st.batch.members:
@@ -85,7 +85,7 @@ class Replica:
         return self.st.kv.blocks_for(s.prefilled)
 
     # ---- plan application -------------------------------------------------------------
-    def _reject(self, plan: StepPlan) -> None:
+    def reject(self, plan: StepPlan) -> None:
         gone = set(plan.reject)
         st = self.st
         st.waiting = type(st.waiting)(s for s in st.waiting if s not in gone)
@@ -99,7 +99,7 @@ class Replica:
             s.reject_reason = why
             self.pending -= 1
 
-    def _admit(self, plan: StepPlan, now: float, chunk: list[int] | None = None) -> None:
+    def admit(self, plan: StepPlan, now: float, chunk: list[int] | None = None) -> None:
         """Take the plan's new requests off the queue and give them KV for their whole
         prefill, or for their cached prefix plus a first `chunk` of tokens each, reusing
         cached prefix blocks."""
@@ -112,7 +112,7 @@ class Replica:
                 s.sched_t = now
             if self.contiguous:
                 s.reserved = per_row or st.admission_need(s)
-                self._alloc(s.reserved)
+                self.alloc(s.reserved)
                 s.prefilled = 0
                 continue
             if prefix is not None and s.prefix:
@@ -126,11 +126,11 @@ class Replica:
             else:
                 s.prefilled = 0
                 need = kv.blocks_for(s.tokens_to_prefill if chunk is None else chunk[i])
-            self._alloc(need)
+            self.alloc(need)
         if self.static:
             self.static_rows = list(plan.prefill)
 
-    def _first_token(self, s: Seq, t_end: float) -> None:
+    def first_token(self, s: Seq, t_end: float) -> None:
         """`s` finished its (re)prefill at `t_end`: one token out, then decode or finish."""
         s.generated += 1
         if s.first_token_t < 0:
@@ -142,11 +142,11 @@ class Replica:
             self.st.prefix.insert(s, s.prompt)
         if s.generated >= s.output:
             s.finish_t = t_end
-            self._release(s)
+            self.release(s)
         else:
             self.st.batch.join(s, t_end)
 
-    def _release(self, s: Seq) -> None:
+    def release(self, s: Seq) -> None:
         """A finished request gives back its KV (static contiguous rows wait for the batch)."""
         s.state = FINISHED
         self.pending -= 1
@@ -157,24 +157,24 @@ class Replica:
         tokens = s.prompt + s.generated - 1
         if self.st.prefix is not None:
             self.st.prefix.insert(s, tokens)
-        self._free(s, self.st.kv.blocks_for(tokens))
+        self.free(s, self.st.kv.blocks_for(tokens))
 
-    def _preempt(self, plan: StepPlan) -> None:
+    def preempt(self, plan: StepPlan) -> None:
         """Recompute preemption: victims lose their KV and go back to the queue's front."""
         st, batch = self.st, self.st.batch
         for v in plan.preempt:
-            held = self._held(v)
+            held = self.held(v)
             if v in batch.members:
                 batch.leave(v)
             else:
                 st.prefilling.remove(v)
-            self._free(v, held)
+            self.free(v, held)
             v.prefilled = 0
             v.state = WAITING
             v.preemptions += 1
         st.waiting.extendleft(reversed(plan.preempt))
 
-    def _swap(self, plan: StepPlan) -> float:
+    def swap(self, plan: StepPlan) -> float:
         """Swap victims out and swapped requests back in; returns the seconds spent."""
         st, batch, kv = self.st, self.st.batch, self.st.kv
         moved = 0
@@ -190,7 +190,7 @@ class Replica:
             moved += held
         for s in plan.swap_in:
             st.swapped.popleft()
-            self._alloc(s.reserved)
+            self.alloc(s.reserved)
             st.swap_free_blocks += s.reserved
             moved += s.reserved
             batch.join(s, s.last_token_t)
@@ -207,12 +207,12 @@ class Replica:
         move_s = 0.0
         if plan is not DECODE:
             if plan.preempt:
-                self._preempt(plan)
+                self.preempt(plan)
             if plan.swap_out or plan.swap_in:
-                move_s = self._swap(plan)
+                move_s = self.swap(plan)
         need = batch.new_blocks_needed()
         if need:
-            self._alloc(need)
+            self.alloc(need)
         n = batch.n_compute
         if self.spec:
             return batch.seconds() + move_s, n
@@ -230,7 +230,7 @@ class Replica:
     def prefill_step(self, plan: StepPlan, now: float) -> tuple[float, int, int]:
         """Start an all-prefill step; returns (seconds, sequences, tokens)."""
         loads = self._loads()
-        self._admit(plan, now)
+        self.admit(plan, now)
         chunks = [(s.tokens_to_prefill - s.prefilled, s.prefilled) for s in plan.prefill]
         dur = self.lat.prefill(chunks) + self._load_seconds(loads)
         return dur, len(chunks), sum(q for q, _ in chunks)
@@ -250,27 +250,27 @@ class Replica:
     def finish_prefill_step(self, plan: StepPlan, t_end: float) -> None:
         for s in plan.prefill:
             s.prefilled = s.tokens_to_prefill
-            self._first_token(s, t_end)
+            self.first_token(s, t_end)
 
     def mixed_step(self, plan: StepPlan, now: float) -> tuple[float, int, int, int]:
         """Start a chunked step (decodes + prefill chunks); returns (seconds, kind,
         sequences, tokens)."""
         st, batch, kv = self.st, self.st.batch, self.st.kv
         if plan.preempt:
-            self._preempt(plan)
+            self.preempt(plan)
         new = {s: q for s, q in plan.chunks[len(plan.chunks) - len(plan.prefill):]}
         loads = self._loads()
         if plan.prefill:
-            self._admit(plan, now, [new[s] for s in plan.prefill])
+            self.admit(plan, now, [new[s] for s in plan.prefill])
             st.prefilling.extend(plan.prefill)
         chunks = []
         for s, q in plan.chunks:
             if s not in new:
-                self._alloc(kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled))
+                self.alloc(kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled))
             chunks.append((q, s.prefilled))
         need = batch.new_blocks_needed()
         if need:
-            self._alloc(need)
+            self.alloc(need)
         n = batch.n_compute
         dur = self.lat.mixed(n, batch.sum_ctx(), batch.max_ctx(), chunks) + self._load_seconds(loads)
         kind = (1 if n else 0) if not chunks else (3 if n else 0)
@@ -280,14 +280,14 @@ class Replica:
         st = self.st
         if st.batch.n_compute:
             for s in st.batch.advance(t_end, self.gaps, self.weights):
-                self._release(s)
+                self.release(s)
         for s, q in plan.chunks:
             s.prefilled += q
             if s.prefilled >= s.tokens_to_prefill:
                 st.prefilling.remove(s)
-                self._first_token(s, t_end)
+                self.first_token(s, t_end)
 
-    def _end_static_batch(self) -> None:
+    def end_static_batch(self) -> None:
         """The batch's longest request finished: every row gives its slot back."""
         if self.contiguous:
             for s in self.static_rows:
@@ -295,7 +295,7 @@ class Replica:
         self.static_rows = []
         self.st.batch.clear_padding()
 
-    def _record(self, t0: float, t1: float, kind: int, seqs: int, tokens: int) -> None:
+    def record(self, t0: float, t1: float, kind: int, seqs: int, tokens: int) -> None:
         log, b = self.log, self.st.batch
         log.t_start.append(t0)
         log.t_end.append(t1)

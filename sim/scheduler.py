@@ -74,13 +74,15 @@ class StepPlan:
     chunks: list[tuple[Seq, int]] = field(default_factory=list)  # mixed: (seq, new tokens)
 
 
-def never_fits(st: ReplicaState, s: Seq, cap_tokens: int) -> str:
+def never_fits(st: ReplicaState, s: Seq, cap_tokens: int, watermark: int = 0) -> str:
+    """Why `s` can never be admitted, even into an empty replica ("" if it can)."""
     n = s.tokens_to_prefill
     if n > cap_tokens:
         return f"prompt of {n} tokens exceeds the per-step limit of {cap_tokens}"
     need = st.admission_need(s)
-    if need > st.kv.num_blocks:
-        return f"needs {need} KV slots/blocks, more than the {st.kv.num_blocks} that exist"
+    if need > st.kv.num_blocks - watermark:
+        return (f"needs {need} KV slots/blocks, more than the {st.kv.num_blocks - watermark} "
+                f"an empty cache offers above its watermark")
     return ""
 
 
@@ -92,20 +94,20 @@ class ContinuousPolicy:
 
     def schedule(self, st: ReplicaState, now: float) -> StepPlan:
         if st.waiting and not st.swapped:
-            plan = self._admit(st)
+            plan = self.admit(st)
             if plan.prefill or plan.reject:
                 return plan
         if len(st.batch) == 0 and not st.swapped:
             return IDLE
         return self._decode(st)
 
-    def _admit(self, st: ReplicaState) -> StepPlan:
+    def admit(self, st: ReplicaState) -> StepPlan:
         spec, kv = self.spec, st.kv
         plan = StepPlan("prefill")
         cap = min(spec.max_num_batched_tokens, st.max_model_len)
         tokens, seqs, blocks = 0, len(st.batch), 0
         for s in st.waiting:
-            reason = never_fits(st, s, cap)
+            reason = never_fits(st, s, cap, self.watermark)
             if reason:
                 plan.reject.append(s)
                 plan.reasons.append(reason)
@@ -148,7 +150,7 @@ class ContinuousPolicy:
         elif st.swapped:
             seqs = len(batch)
             for s in st.swapped:
-                n = -(-(s.prompt + s.generated) // kv.block_size)  # room to grow one token
+                n = s.reserved + batch.join_growth(s)  # its blocks and room for its next step
                 if n > kv.num_blocks:  # it outgrew the whole cache
                     plan.reject.append(s)
                     plan.reasons.append(f"grew to {s.prompt + s.generated} tokens, more than "

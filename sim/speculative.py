@@ -185,6 +185,10 @@ class SpecBatch:
         length = s.prompt + s.generated
         return -(-(length - 1 + (la or self.lookahead())) // self.bs) - self.held_blocks(s)
 
+    def join_growth(self, s: Seq) -> int:
+        """Blocks a request outside the batch would gain in its first round after joining."""
+        return self.needs_block(s, self.spec.k + 1) if self.paged else 0
+
     def new_blocks_needed(self) -> int:
         if not self.paged:
             return 0

@@ -272,9 +272,9 @@ class ReferenceEngine:
                 r.next += 1
             plan = rep.policy.schedule(st, now)
             if plan.reject:
-                rep._reject(plan)
+                rep.reject(plan)
             if plan.kind == "preempt":
-                rep._preempt(plan)
+                rep.preempt(plan)
                 for v in plan.preempt:
                     self.cache.free(v.rid)
             if plan.kind == "decode":
@@ -288,7 +288,7 @@ class ReferenceEngine:
                     break  # nothing will arrive or wake the policy: accounted for below
                 _wait_until(r.clock, wake)
             if r.static and len(st.batch) == 0 and st.batch.n_compute:
-                rep._end_static_batch()
+                rep.end_static_batch()
                 r.padding.clear()
         if rep.pending:
             raise RuntimeError(f"reference run ended with {rep.pending} requests unaccounted for")
@@ -325,11 +325,11 @@ class ReferenceEngine:
             r.tokens[s.rid].append(tok)
         r.detail.add("decode", [], sum_ctx, max_ctx)
         for s in batch.advance(t_end, rep.gaps, rep.weights):
-            rep._release(s)
+            rep.release(s)
             table = self.cache.free(s.rid)
             if r.static:  # computed as padding until the batch ends
                 r.padding.append((s.rid, table, len(r.tokens[s.rid])))
-        rep._record(now, t_end, 1, n, n)
+        rep.record(now, t_end, 1, n, n)
 
     def _prefill_plan(self, r: _Run, plan, now: float) -> None:
         rep = r.rep
@@ -344,7 +344,7 @@ class ReferenceEngine:
         for s in plan.prefill:
             if s.state == FINISHED:
                 self.cache.free(s.rid)
-        rep._record(now, t_end, 0, n, ntok)
+        rep.record(now, t_end, 0, n, ntok)
 
     def _decode(self, live: list[Seq], padding: list[tuple[int, list[int], int]],
                 tokens: dict[int, list[int]]) -> list[int]:
