@@ -24,6 +24,8 @@ since the host runs ahead of the GPU until the GPU is the bottleneck.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
 
 from .models import ModelSpec
 from .profiles import ANALYTIC, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
@@ -54,10 +56,24 @@ class RuntimeSpec:
     host_ms_per_verify_seq_layer: float = field(default=0.0, metadata={"ge": 0})
     gpu_scale: float = field(default=1.0, metadata={"gt": 0})
     gpu_scale_decode: float = field(default=1.0, metadata={"gt": 0})
+    # max: the host issues kernels ahead of an asynchronous GPU, so the slower of the two
+    # sets the pace; sum: host work and kernels run one after the other (a CPU "device",
+    # where the host thread runs the kernels itself)
+    combine: Literal["max", "sum"] = "max"
     source: str = ""
 
 
-def load_runtime(name: str, *, file=None, path: str = "runtime") -> RuntimeSpec:
+def load_runtime(name: str, *, file=None, path: str = "runtime",
+                 base_dir: str | Path | None = None) -> RuntimeSpec:
+    """A runtime by name (gpu_profiles/runtimes/NAME.yaml) or by a path ending in .yaml
+    (relative paths from the scenario's folder, then the current one)."""
+    if name.endswith((".yaml", ".yml")):
+        f = Path(name)
+        if not f.is_absolute() and base_dir and (Path(base_dir) / f).is_file():
+            f = Path(base_dir) / f
+        if not f.is_file():
+            raise SpecError(file, path, f"file not found: '{name}'")
+        return build(RuntimeSpec, load_yaml(f), file=f)
     f = RUNTIMES_DIR / f"{name}.yaml"
     if not f.is_file():
         known = ", ".join(known_names(RUNTIMES_DIR))
@@ -189,7 +205,8 @@ class StepLatency:
         if prefill_seqs or verify_seqs:
             host += layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
                               + rt.host_ms_per_verify_seq_layer * verify_seqs)
-        return max(host, gpu_ms * (rt.gpu_scale_decode if decode else rt.gpu_scale)) * 1e-3
+        gpu = gpu_ms * (rt.gpu_scale_decode if decode else rt.gpu_scale)
+        return (host + gpu if rt.combine == "sum" else max(host, gpu)) * 1e-3
 
     def _step(self, key: tuple, parts) -> float:
         """Seconds of a whole decode-like step, memoised by `key` (one dict hit when warm)."""

@@ -72,7 +72,7 @@ def prepare(sc: Scenario):
     f = sc.file or None
     model = load_model(sc.model, file=f, path="model")
     profile = load_profile(sc.gpu, file=f, path="gpu")
-    runtime = load_runtime(sc.runtime, file=f, path="runtime")
+    runtime = load_runtime(sc.runtime, file=f, path="runtime", base_dir=sc.base_dir or None)
     draft = None
     if sc.speculative.method == "draft_model":
         draft = load_model(sc.speculative.draft_model, file=f, path="speculative.draft_model")

@@ -65,6 +65,10 @@ def gpu_times(rows: list[dict], gpu: str, prefill_impl="flash", decode_impl="pag
     return np.array(out)
 
 
+def _join(host, gpu, combine: str):
+    return host + gpu if combine == "sum" else np.maximum(host, gpu)
+
+
 def predict(spec: RuntimeSpec, gpu_ms: np.ndarray, layers: np.ndarray, prefill_seqs: np.ndarray,
             verify_seqs: np.ndarray) -> np.ndarray:
     decode = (prefill_seqs + verify_seqs) == 0
@@ -73,7 +77,7 @@ def predict(spec: RuntimeSpec, gpu_ms: np.ndarray, layers: np.ndarray, prefill_s
     host = host + (spec.host_ms_per_prefill_seq_layer * prefill_seqs
                    + spec.host_ms_per_verify_seq_layer * verify_seqs) * layers
     scale = np.where(decode, spec.gpu_scale_decode, spec.gpu_scale)
-    return np.maximum(host, scale * gpu_ms)
+    return _join(host, scale * gpu_ms, spec.combine)
 
 
 def _search(model, ranges: list[np.ndarray], rounds: int = 5) -> tuple[float, ...]:
@@ -92,9 +96,9 @@ def _search(model, ranges: list[np.ndarray], rounds: int = 5) -> tuple[float, ..
 
 
 def fit(rows: list[dict], gpu: str, name: str, kinds=("prefill", "decode", "verify"),
-        **impls) -> tuple[RuntimeSpec, list[dict]]:
+        combine: str = "max", **impls) -> tuple[RuntimeSpec, list[dict]]:
     """Prefill and verify rows fix the shared host terms; decode rows then fit decode's own
-    extra host cost and GPU scale."""
+    extra host cost and GPU scale. `combine`: max (a GPU) or sum (a CPU; see RuntimeSpec)."""
     rows = [r for r in rows if r["kind"] in kinds]
     g = gpu_times(rows, gpu, **impls)
     L = np.array([load_model(r["model"]).layers for r in rows], dtype=float)
@@ -105,24 +109,24 @@ def fit(rows: list[dict], gpu: str, name: str, kinds=("prefill", "decode", "veri
     nd = ~dec if (~dec).any() else dec
 
     def multi(a, b, c, d, s):
-        pred = np.maximum(a + b * L[nd] + (c * P[nd] + d * V[nd]) * L[nd], s * g[nd])
+        pred = _join(a + b * L[nd] + (c * P[nd] + d * V[nd]) * L[nd], s * g[nd], combine)
         return ((pred / y[nd] - 1) ** 2).mean(axis=1)
 
     a, b, c, d, s = _search(multi, [np.linspace(0, 5, 11), np.linspace(0, 1.5, 16),
                                     np.linspace(0, 0.2, 5), np.linspace(0, 0.4, 9),
-                                    np.linspace(0.7, 1.3, 13)])
+                                    np.linspace(0.5, 2.0, 16)])
     e, sd = 0.0, s
     if dec.any():
         def decode(e, sd):
-            pred = np.maximum(a + (b + e) * L[dec], sd * g[dec])
+            pred = _join(a + (b + e) * L[dec], sd * g[dec], combine)
             return ((pred / y[dec] - 1) ** 2).mean(axis=1)
 
-        e, sd = _search(decode, [np.linspace(0, 0.2, 21), np.linspace(0.7, 1.5, 17)])
+        e, sd = _search(decode, [np.linspace(0, 0.2, 21), np.linspace(0.5, 2.0, 16)])
     spec = RuntimeSpec(name=name, host_ms_per_step=round(a, 4), host_ms_per_layer=round(b, 4),
                        host_ms_per_layer_decode_extra=round(e, 5),
                        host_ms_per_prefill_seq_layer=round(c, 5),
                        host_ms_per_verify_seq_layer=round(d, 5), gpu_scale=round(s, 4),
-                       gpu_scale_decode=round(sd, 4))
+                       gpu_scale_decode=round(sd, 4), combine=combine)
     pred = predict(spec, g, L, P, V)
     table = [{**r, "gpu_ms": gi, "pred_ms": p, "err": p / r["ms"] - 1}
              for r, gi, p in zip(rows, g, pred, strict=True)]

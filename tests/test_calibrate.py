@@ -22,10 +22,9 @@ from sim.specload import ROOT
 FIXTURES = Path(__file__).parent / "fixtures" / "calibrate"
 TINY = FIXTURES / "tiny.yaml"
 # Simulator vs the CPU reference engine on tiny.yaml (docs/calibration.md has the figures):
-# on a shared 2-core VM the real engine's own run-to-run spread at p50 is 5-50 %, and
-# the eager runtime's max(host, kernels) form fits a CPU's serial host + kernel time
-# to ~20 %, so request-level p50s are held to 50 % and throughput (arrival-bound here)
-# to 10 %; typical errors are 5-30 %.
+# on a shared 2-core VM the real engine's own run-to-run spread at p50 is 5-50 %, so
+# request-level p50s are held to 50 % and throughput (arrival-bound here) to 10 %;
+# typical errors are 5-30 %.
 TOL_P50 = 0.50
 TOL_THROUGHPUT = 0.10
 

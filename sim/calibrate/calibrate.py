@@ -167,7 +167,7 @@ def _finish(w: TableWriter, meta: dict, ceil: dict, dev: Device, res: Outcome) -
         write_profile(w, meta, ceil, {"total_bytes": dev.total_bytes(), "units": dev.units()},
                       note)
         try:
-            res.runtimes = fit_runtimes(w)
+            res.runtimes = fit_runtimes(w, "max" if dev.cuda else "sum")
             meta["runtime_fit_errors"] = res.runtimes
         except KeyboardInterrupt:  # a second Ctrl-C: keep the tables and profile.yaml
             meta["runtime_fit_errors"] = "interrupted"

@@ -136,9 +136,10 @@ def write_profile(w: TableWriter, meta: dict, ceil: dict, dev_facts: dict, note:
     return p
 
 
-def fit_runtimes(w: TableWriter) -> dict[str, dict]:
+def fit_runtimes(w: TableWriter, combine: str = "max") -> dict[str, dict]:
     """runtime-eager.yaml (and runtime-graphs.yaml) fitted to the iteration grids; for a
-    profile written into gpu_profiles/, also gpu_profiles/runtimes/NAME-eager.yaml."""
+    profile written into gpu_profiles/, also gpu_profiles/runtimes/NAME-eager.yaml.
+    `combine`: max on a GPU (host and kernels overlap), sum on the CPU (they do not)."""
     out: dict[str, dict] = {}
     load_profile(str(w.out))  # fails loudly if the tables just written do not load
     for mode, kinds in (("eager", ("prefill", "decode")), ("graphs", ("decode",))):
@@ -146,7 +147,7 @@ def fit_runtimes(w: TableWriter) -> dict[str, dict]:
         if not len(grid):
             continue
         rows = grid.to_dict("records")
-        spec, table = fit(rows, str(w.out), f"{w.out.name}-{mode}", kinds=kinds)
+        spec, table = fit(rows, str(w.out), f"{w.out.name}-{mode}", kinds=kinds, combine=combine)
         spec = replace(spec, description=f"{mode} reference engine on {w.out.name}",
                        source=f"fitted by sim.runtime_fit to {w.out.name}/iter_grid_{mode}.csv")
         text = yaml.safe_dump(asdict(spec), sort_keys=False)
