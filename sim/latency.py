@@ -39,8 +39,10 @@ RUNTIMES_DIR = ROOT / "gpu_profiles" / "runtimes"
 def _quantize(ctx: int, rel_bits: int) -> int:
     """Round a context length to ~2^-rel_bits relative precision (at least 16 tokens):
     decode attention is memoised on these, so a step's lookup is a dict hit."""
-    q = max(16, 1 << max(0, ctx.bit_length() - rel_bits))
-    return max(q, (ctx + q // 2) // q * q)
+    shift = ctx.bit_length() - rel_bits
+    q = 1 << shift if shift > 4 else 16
+    r = (ctx + (q >> 1)) // q * q
+    return r if r > q else q
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class StepLatency:
         self.verify_impl = verify_impl
         self.shapes = model.gemm_shapes()
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown(4), uses]
+        self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
     def _piece(self, key: tuple, compute) -> float:
@@ -114,6 +117,12 @@ class StepLatency:
         return e[0]
 
     def _dense_parts(self, T: int) -> list[tuple[float, str]]:
+        parts = self._parts.get(("dense", T))
+        if parts is None:
+            parts = self._parts[("dense", T)] = self._dense_lookup(T)
+        return parts
+
+    def _dense_lookup(self, T: int) -> list[tuple[float, str]]:
         m, p, L = self.m, self.p, self.m.layers
         parts = []
         for op in ("qkv", "o", "gate_up", "down"):
