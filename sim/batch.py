@@ -24,7 +24,7 @@ class Seq:
         "rid", "arrival", "prompt", "output", "max_tokens", "generated", "state",
         "first_token_t", "finish_t", "sched_t", "preemptions", "d0", "g0", "t_join",
         "order", "epoch", "reserved", "last_token_t", "reject_reason", "cached_tokens",
-        "prefix", "prefix_refs", "prefilled", "spec",
+        "prefix", "prefix_refs", "prefilled",
     )
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, max_tokens: int):
@@ -51,7 +51,6 @@ class Seq:
         self.prefix = None          # prefix-block hashes, when the workload has them
         self.prefix_refs = []       # prefix-cache blocks this request references
         self.prefilled = 0          # tokens of the current (re)prefill computed so far
-        self.spec = None            # speculative-decoding per-request state
 
     @property
     def tokens_to_prefill(self) -> int:
@@ -121,9 +120,6 @@ class RunningBatch:
 
     def last_token_time(self, s: Seq) -> float:
         return self.last_decode_end if self.D > s.d0 else s.t_join
-
-    def newest(self) -> Seq:
-        return next(reversed(self.members))
 
     # --- membership -----------------------------------------------------------
     def join(self, s: Seq, now: float) -> None:

@@ -84,34 +84,32 @@ def cmd_run(a) -> int:
     return 0
 
 
-def cmd_compare(a) -> int:
+def _run_and_print(names: list[str], scenarios: list, a) -> int:
+    """Run scenarios (all validated already), optionally write each, print one table."""
     from .runner import run
-    from .scenario import load_scenario
 
-    scs = [load_scenario(f, _parse_sets(a.set)) for f in a.scenarios]  # validate all first
-    outs = [run(sc) for sc in scs]
-    names = [o.scenario.name for o in outs]
-    if a.out:
-        for o in outs:
-            o.write(Path(a.out) / o.scenario.name, plots=not a.no_plots)
-    print(table(names, [o.summary for o in outs]))
-    return 0
-
-
-def cmd_sweep(a) -> int:
-    from .runner import run
-    from .scenario import load_scenario
-
-    values = [yaml.safe_load(v) for v in a.values.split(",")]
-    base = _parse_sets(a.set)
-    scs = [load_scenario(a.scenario, {**base, a.field: v}) for v in values]
-    outs = [run(sc) for sc in scs]
-    names = [f"{a.field.split('.')[-1]}={v}" for v in values]
+    outs = [run(sc) for sc in scenarios]
     if a.out:
         for name, o in zip(names, outs, strict=True):
             o.write(Path(a.out) / name.replace("=", "_"), plots=not a.no_plots)
     print(table(names, [o.summary for o in outs]))
     return 0
+
+
+def cmd_compare(a) -> int:
+    from .scenario import load_scenario
+
+    scs = [load_scenario(f, _parse_sets(a.set)) for f in a.scenarios]  # validate all first
+    return _run_and_print([sc.name for sc in scs], scs, a)
+
+
+def cmd_sweep(a) -> int:
+    from .scenario import load_scenario
+
+    values = [yaml.safe_load(v) for v in a.values.split(",")]
+    base = _parse_sets(a.set)
+    scs = [load_scenario(a.scenario, {**base, a.field: v}) for v in values]
+    return _run_and_print([f"{a.field.split('.')[-1]}={v}" for v in values], scs, a)
 
 
 def cmd_models(a) -> int:

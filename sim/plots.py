@@ -45,7 +45,7 @@ def latency_cdfs(out, ax_grid=None, label=None):
 
 
 def timeline(out, axes=None):
-    """Batch size per iteration and KV-cache use over simulated time."""
+    """Running batch size (decode steps), prefill steps, and KV-cache use over time."""
     st = out.steps
     if len(st) > 4000:  # plotting every one of 10^5 steps adds nothing a reader can see
         st = st.iloc[:: len(st) // 4000]
@@ -53,13 +53,17 @@ def timeline(out, axes=None):
     if axes is None:
         fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     ax1, ax2 = axes
-    ax1.step(st.t_start, st.num_seqs, where="post", lw=0.6)
+    dec = st[st.kind != "prefill"]
+    pre = st[st.kind == "prefill"]
+    ax1.step(dec.t_start, dec.num_seqs, where="post", lw=0.7, label="sequences per decode step")
+    ax1.plot(pre.t_start, pre.num_seqs, ".", ms=2, alpha=0.5, label="sequences per prefill step")
     ax1.set_ylabel("sequences in step")
+    ax1.legend(loc="upper right")
     ax1.grid(alpha=0.3)
-    ax2.step(st.t_start, st.kv_blocks_used / kv.num_blocks * 100, where="post", lw=0.6,
-             label="allocated")
-    ax2.step(st.t_start, st.kv_tokens / kv.capacity_tokens * 100, where="post", lw=0.6,
+    ax2.step(st.t_start, st.kv_tokens / kv.capacity_tokens * 100, where="post", lw=1.5,
              label="holding tokens")
+    ax2.step(st.t_start, st.kv_blocks_used / kv.num_blocks * 100, where="post", lw=0.8,
+             ls="--", color="k", label="allocated")
     ax2.set_ylabel("KV cache used (%)")
     ax2.set_xlabel("simulated time (s)")
     ax2.set_ylim(0, 105)
@@ -69,19 +73,18 @@ def timeline(out, axes=None):
 
 
 def plot_run(out, folder: Path) -> list[Path]:
+    """Write latency_cdf.png and timeline.png for one run into `folder`."""
     name = out.summary.get("scenario", "")
-    fig, grid = plt.subplots(2, 2, figsize=(10, 7))
-    latency_cdfs(out, grid)
-    fig.suptitle(f"{name}: latency CDFs")
-    fig.tight_layout()
-    p1 = Path(folder) / "latency_cdf.png"
-    fig.savefig(p1, dpi=110)
-    plt.close(fig)
-    fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    timeline(out, axes)
-    fig.suptitle(f"{name}: batch size and KV cache over time")
-    fig.tight_layout()
-    p2 = Path(folder) / "timeline.png"
-    fig.savefig(p2, dpi=110)
-    plt.close(fig)
-    return [p1, p2]
+    paths = []
+    for fname, title, shape, size, draw in (
+        ("latency_cdf.png", "latency CDFs", (2, 2), (10, 7), latency_cdfs),
+        ("timeline.png", "batch size and KV cache over time", (2, 1), (10, 6), timeline),
+    ):
+        fig, axes = plt.subplots(*shape, figsize=size, sharex=shape == (2, 1))
+        draw(out, axes)
+        fig.suptitle(f"{name}: {title}")
+        fig.tight_layout()
+        paths.append(Path(folder) / fname)
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+    return paths

@@ -195,9 +195,6 @@ class SpecBatch:
         la = self.lookahead()
         return sum(self.needs_block(s, la) for s in self.members)
 
-    def newest(self) -> Seq:
-        return next(reversed(self.members))
-
     def join(self, s: Seq, now: float) -> None:
         self._order += 1
         s.order = self._order
