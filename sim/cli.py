@@ -54,8 +54,9 @@ ROWS = [
     ("spec. speed-up vs decode", lambda s: f"{s['speculative']['speedup_vs_decode']:.2f}x" if s.get("speculative") else "-"),
     ("prefix cache hit rate", lambda s: f"{s['prefix_cache']['hit_rate']:.1%}" if s.get("prefix_cache") else "-"),
     ("goodput (req/s)", lambda s: _fmt(s["goodput"]["requests_per_s"]) if s.get("goodput") else "-"),
-    ("lookups measured", lambda s: f"{1 - s['lookup_provenance']['analytic']:.0%}"
-        + (" (analytic GPU)" if s.get("gpu_analytic") else "")),
+    ("lookups measured", lambda s: f"{1 - s['lookup_provenance']['analytic']:.0%}" + {
+        True: " (analytic GPU profile)", "partial": " (GPU profile partly analytic)"}.get(
+        s.get("gpu_analytic"), "")),
     ("wall time (s)", lambda s: f"{s['wall_s']:.2f}"),
 ]
 
