@@ -1,14 +1,14 @@
-"""Plots of one run: latency CDFs, and batch size and KV use over time."""
+"""Plots of one run: latency CDFs, and batch size and KV use over time.
+
+`latency_cdfs` and `timeline` draw into axes you pass (a notebook's, say) or open a
+pyplot figure; `plot_run` writes PNG files without touching pyplot or its backend."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import numpy as np
+from matplotlib.figure import Figure
 
 
 def _cdf(ax, values, weights=None, label=None):
@@ -28,6 +28,8 @@ def latency_cdfs(out, ax_grid=None, label=None):
     """Four panels: TTFT, TPOT, ITL, E2E empirical CDFs (seconds)."""
     req = out.requests[out.requests.status == "finished"]
     if ax_grid is None:
+        import matplotlib.pyplot as plt  # interactive use: the caller's backend
+
         fig, ax_grid = plt.subplots(2, 2, figsize=(10, 7))
     panels = (
         ("TTFT", req.ttft_s, None),
@@ -51,6 +53,8 @@ def timeline(out, axes=None):
         st = st.iloc[:: len(st) // 4000]
     kv = out.result.kv
     if axes is None:
+        import matplotlib.pyplot as plt  # interactive use: the caller's backend
+
         fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     ax1, ax2 = axes
     dec = st[st.kind != "prefill"]
@@ -80,11 +84,11 @@ def plot_run(out, folder: Path) -> list[Path]:
         ("latency_cdf.png", "latency CDFs", (2, 2), (10, 7), latency_cdfs),
         ("timeline.png", "batch size and KV cache over time", (2, 1), (10, 6), timeline),
     ):
-        fig, axes = plt.subplots(*shape, figsize=size, sharex=shape == (2, 1))
+        fig = Figure(figsize=size)  # no pyplot: files are written whatever the backend
+        axes = fig.subplots(*shape, sharex=shape == (2, 1))
         draw(out, axes)
         fig.suptitle(f"{name}: {title}")
         fig.tight_layout()
         paths.append(Path(folder) / fname)
         fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
     return paths
