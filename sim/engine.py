@@ -106,8 +106,9 @@ def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
         st.prefix = PrefixCache(kv, workload.block_tokens, int(prefix_host_bytes // hash_bytes))
     rep = Replica(st, policy, latency, kv_bytes_per_token, pcie_bytes_per_s)
     arr = np.asarray(workload.arrival_s, dtype=float).tolist()
+    # as in vLLM, generation stops at the context window (a longer prompt is rejected)
     seqs = [
-        Seq(i, a, p, o, m)
+        Seq(i, a, p, max(1, min(o, max_model_len - p)), m)
         for i, (a, p, o, m) in enumerate(zip(
             arr,
             np.asarray(workload.prompt_tokens).tolist(),

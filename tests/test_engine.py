@@ -231,3 +231,11 @@ def test_every_request_is_accounted_for_and_every_kv_block_returns(seed, n, rate
     assert (steps.t_start.iloc[1:].to_numpy() >= steps.t_end.iloc[:-1].to_numpy() - 1e-12).all()
     assert 0 <= out.summary["gpu_busy_fraction"] <= 1
     assert not math.isnan(out.summary["duration_s"])
+
+
+def test_generation_stops_at_the_context_window():
+    out = run(scenario(kv={"max_model_len": 600},
+                       workload={"num_requests": 2, "prompt": {"kind": "fixed", "value": 500},
+                                 "output": {"kind": "fixed", "value": 300}}))
+    assert list(out.requests.output_tokens) == [100, 100]
+    assert (out.requests.generated_tokens == 100).all()
