@@ -28,7 +28,8 @@ SCENARIO = ROOT / "scenarios" / "azure_conv_reference.yaml"
 
 def time_once(runtime: str) -> tuple[float, float, int, int]:
     sc = load_scenario(SCENARIO, {"runtime": runtime})
-    model, profile, rt, budget, wl = prepare(sc)[:5]
+    p = prepare(sc)
+    model, profile, rt, budget, wl = p.model, p.profile, p.runtime, p.budget, p.workload
     kv = make_kv(sc.kv.manager, budget.kv_tokens, sc.kv.block_size)
     policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
     lat = StepLatency(model, profile, rt, sc.attention.prefill, sc.decode_attention)

@@ -137,26 +137,26 @@ def cmd_gpus(a) -> int:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="llmsim", description="Simulate LLM inference serving.")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    def common(p, out_help: str) -> None:
+        p.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                       help="override a scenario field (repeatable)")
+        p.add_argument("--out", help=out_help)
+        p.add_argument("--no-plots", action="store_true")
+
     r = sub.add_parser("run", help="simulate one scenario and write its outputs")
     r.add_argument("scenario", nargs="?", default=str(DEFAULT_SCENARIO))
-    r.add_argument("--out", help="output folder (default runs/<scenario name>)")
-    r.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a scenario field")
-    r.add_argument("--no-plots", action="store_true")
+    common(r, "output folder (default runs/<scenario name>)")
     r.add_argument("--no-progress", action="store_true")
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("compare", help="simulate several scenarios and print them side by side")
     c.add_argument("scenarios", nargs="+")
-    c.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field in all")
-    c.add_argument("--out", help="also write each run's outputs under this folder")
-    c.add_argument("--no-plots", action="store_true")
+    common(c, "also write each run's outputs under this folder")
     c.set_defaults(fn=cmd_compare)
     s = sub.add_parser("sweep", help="run one scenario for several values of one field")
     s.add_argument("scenario")
     s.add_argument("--field", required=True, help="dotted field path, e.g. workload.arrival.rate")
     s.add_argument("--values", required=True, help="comma-separated values, e.g. 1,2,4,8")
-    s.add_argument("--set", action="append", metavar="FIELD=VALUE")
-    s.add_argument("--out")
-    s.add_argument("--no-plots", action="store_true")
+    common(s, "also write each run's outputs under this folder")
     s.set_defaults(fn=cmd_sweep)
     from .calibrate.cli import add_parsers as add_calibrate_parsers
 

@@ -230,13 +230,19 @@ class StepLatency:
 
     def prefill(self, chunks: list[tuple[int, int]]) -> float:
         """A step prefilling `chunks` of (new tokens, tokens already cached) per sequence."""
-        tokens = 0
-        gpu = 0.0
-        for q, cached in chunks:
-            tokens += q
-            gpu += self.prefill_attn_ms(q, q + cached)
+        tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.dense_ms(tokens) + self.lm_head_ms(len(chunks))
         return self._combine(gpu, prefill_seqs=len(chunks))
+
+    @staticmethod
+    def _per_sequence(rows: list[tuple[int, int]], attn) -> tuple[int, float]:
+        """New tokens in all, and attention ms, of rows of (new tokens, cached tokens)."""
+        tokens = 0
+        ms = 0.0
+        for q, cached in rows:
+            tokens += q
+            ms += attn(q, q + cached)
+        return tokens, ms
 
     def decode(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
         """A step decoding one token for each of `n` sequences attending over `sum_ctx`
@@ -254,21 +260,14 @@ class StepLatency:
             return self.decode(n, sum_ctx, max_ctx)
         if not n:
             return self.prefill(chunks)
-        tokens = n
-        gpu = self.decode_attn_ms(n, sum_ctx, max_ctx)
-        for q, done in chunks:
-            tokens += q
-            gpu += self.prefill_attn_ms(q, q + done)
-        gpu += self.dense_ms(tokens) + self.lm_head_ms(n + len(chunks))
+        tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
+        gpu += self.decode_attn_ms(n, sum_ctx, max_ctx)
+        gpu += self.dense_ms(n + tokens) + self.lm_head_ms(n + len(chunks))
         return self._combine(gpu, prefill_seqs=len(chunks), decode=True)
 
     def verify(self, rows: list[tuple[int, int]]) -> float:
         """A step scoring `q` tokens per sequence over its cached context: rows of (q, cached)."""
-        tokens = 0
-        gpu = 0.0
-        for q, cached in rows:
-            tokens += q
-            gpu += self.verify_attn_ms(q, cached + q)
+        tokens, gpu = self._per_sequence(rows, self.verify_attn_ms)
         gpu += self.dense_ms(tokens) + self.lm_head_ms(tokens)
         return self._combine(gpu, verify_seqs=len(rows))
 

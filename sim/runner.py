@@ -15,6 +15,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -22,16 +23,16 @@ import pandas as pd
 from .chunked import ChunkedPolicy
 from .engine import RunResult, simulate
 from .kv import make_kv
-from .latency import StepLatency, load_runtime
-from .memory import memory_budget
+from .latency import RuntimeSpec, StepLatency, load_runtime
+from .memory import MemoryBudget, memory_budget
 from .metrics import requests_frame, steps_frame, summarize
-from .models import load_model
-from .profiles import load_profile
+from .models import ModelSpec, load_model
+from .profiles import GPUProfile, load_profile
 from .scenario import Scenario, load_scenario
 from .scheduler import ContinuousPolicy, StaticPolicy
 from .specload import SpecError
 from .speculative import Speculator
-from .workload import generate
+from .workload import Workload, generate
 
 POLICIES = {"continuous": ContinuousPolicy, "static": StaticPolicy, "chunked": ChunkedPolicy}
 
@@ -67,7 +68,17 @@ class RunOutput:
         return out
 
 
-def prepare(sc: Scenario):
+class Prepared(NamedTuple):
+    model: ModelSpec
+    profile: GPUProfile
+    runtime: RuntimeSpec
+    budget: MemoryBudget
+    workload: Workload
+    rng: np.random.Generator
+    draft: ModelSpec | None  # speculative draft model
+
+
+def prepare(sc: Scenario) -> Prepared:
     """Resolve a scenario's names into model, profile, runtime, memory budget and workload."""
     f = sc.file or None
     model = load_model(sc.model, file=f, path="model")
@@ -80,7 +91,7 @@ def prepare(sc: Scenario):
     rng = np.random.default_rng(sc.seed)
     base = Path(sc.base_dir) if sc.base_dir else None
     wl = generate(sc.workload, rng, file=f, path="workload", base_dir=base)
-    return model, profile, runtime, budget, wl, rng, draft
+    return Prepared(model, profile, runtime, budget, wl, rng, draft)
 
 
 def run(scenario: Scenario | str | Path, overrides: dict | None = None,
