@@ -306,10 +306,15 @@ class StepLatency:
     # ---- reporting ----------------------------------------------------------------
     def provenance(self) -> dict[str, float]:
         """Share of simulated GPU time that came from each kind of lookup."""
-        tot = [0.0, 0.0, 0.0, 0.0]
+        tot = self.provenance_seconds()
+        s = sum(tot.values()) or 1.0
+        return {t: v / s for t, v in tot.items()}
+
+    def provenance_seconds(self) -> dict[str, float]:
+        """Simulated GPU milliseconds that came from each kind of lookup."""
+        tot = [0.0] * len(TAGS)
         for e in self._memo.values():
             br, uses = e[1], e[2]
-            for i in range(4):
+            for i in range(len(TAGS)):
                 tot[i] += br[i] * uses
-        s = sum(tot) or 1.0
-        return {t: tot[i] / s for i, t in enumerate(TAGS)}
+        return dict(zip(TAGS, tot, strict=True))

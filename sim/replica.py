@@ -8,40 +8,88 @@ tokens, finishes, and the per-step log.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import simpy
-
-from .batch import FINISHED, REJECTED, SWAPPED, WAITING, Seq
+from .batch import FINISHED, REJECTED, SWAPPED, TRANSFERRING, WAITING, Seq
 from .kv import ContiguousKV, PagedKV
 from .latency import StepLatency
 from .scheduler import DECODE, ReplicaState, StaticPolicy, StepPlan
 from .speculative import SpecBatch
 
 
+def _floats() -> array:
+    return array("d")
+
+
+def _ints() -> array:
+    return array("q")
+
+
 @dataclass
 class StepLog:
-    """Column lists, one entry per iteration (cheap appends on the hot path)."""
+    """Column arrays, one entry per iteration (cheap appends, 8 bytes an entry)."""
 
-    t_start: list[float] = field(default_factory=list)
-    t_end: list[float] = field(default_factory=list)
-    kind: list[int] = field(default_factory=list)  # 0 prefill, 1 decode, 2 verify, 3 mixed
-    num_seqs: list[int] = field(default_factory=list)
-    num_tokens: list[int] = field(default_factory=list)
-    kv_blocks_used: list[int] = field(default_factory=list)
-    kv_tokens: list[int] = field(default_factory=list)
+    t_start: array = field(default_factory=_floats)
+    t_end: array = field(default_factory=_floats)
+    kind: array = field(default_factory=_ints)  # 0 prefill, 1 decode, 2 verify, 3 mixed
+    num_seqs: array = field(default_factory=_ints)
+    num_tokens: array = field(default_factory=_ints)
+    kv_blocks_used: array = field(default_factory=_ints)
+    kv_tokens: array = field(default_factory=_ints)
+
+
+@dataclass
+class ReplicaResult:
+    """What one replica leaves behind after a run."""
+
+    name: str
+    index: int
+    group: str
+    role: str
+    gpu: str
+    steps: StepLog
+    kv: PagedKV
+    swap_bytes: float = 0.0
+    transfer_bytes: float = 0.0
+    prefix_cache: dict | None = None
+    speculator: object | None = None  # sim.speculative.Speculator, when speculating
+
+    @classmethod
+    def of(cls, rep: Replica) -> ReplicaResult:
+        cfg = rep.config
+        return cls(rep.name, rep.index, cfg.group if cfg else "", cfg.role if cfg else "both",
+                   cfg.profile.name if cfg else "", rep.log, rep.st.kv, rep.swap_bytes,
+                   rep.transfer_bytes,
+                   rep.st.prefix.summary() if rep.st.prefix is not None else None,
+                   rep.speculator)
 
 
 @dataclass
 class RunResult:
     seqs: list[Seq]
-    steps: StepLog
-    itl_gaps: list[float]
-    itl_weights: list[int]
-    kv: PagedKV
+    replicas: list[ReplicaResult]
+    itl_gaps: array
+    itl_weights: array
     end_time: float
-    swap_bytes: float = 0.0
-    prefix_cache: dict | None = None
+
+    @property
+    def kv(self) -> PagedKV:
+        """The KV manager of a one-replica run (fleets: see `replicas`)."""
+        if len(self.replicas) != 1:
+            raise ValueError("a fleet has one KV manager per replica: use .replicas[i].kv")
+        return self.replicas[0].kv
+
+    @property
+    def steps(self) -> StepLog:
+        if len(self.replicas) != 1:
+            raise ValueError("a fleet has one step log per replica: use .replicas[i].steps")
+        return self.replicas[0].steps
+
+    @property
+    def swap_bytes(self) -> float:
+        return sum(r.swap_bytes for r in self.replicas)
 
 
 class Replica:
@@ -57,14 +105,21 @@ class Replica:
         self.block_bytes = kv_bytes_per_token * state.kv.block_size
         self.pcie = pcie_bytes_per_s
         self.log = StepLog()
-        self.gaps: list[float] = []
-        self.weights: list[int] = []
+        self.gaps = array("d")     # inter-token gaps, weighted (see RunningBatch.advance)
+        self.weights = array("q")
         self.static_rows: list[Seq] = []
-        self.wake: simpy.Event | None = None
-        self.pending = 0  # requests not yet finished or rejected
+        self.done = 0  # requests this replica finished or rejected
+        self.handed_over = 0  # disaggregated prefill: requests whose KV left for a decode replica
+        self.transfer_bytes = 0.0  # KV bytes received from prefill replicas
+        self.policy_watermark = getattr(policy, "watermark", 0)
         self.swap_bytes = 0.0
-        self.arrivals_done = False
         self.spec = isinstance(state.batch, SpecBatch)
+        self.name, self.index = "r0", 0
+        self.config = None       # the ReplicaConfig it was built from (sim/build.py)
+        self.speculator = None
+        # disaggregated prefill: called with (seq, t) when a prefill's first token is out
+        # and its KV must move to a decode replica (the seq keeps its blocks here until then)
+        self.handoff: Callable[[Seq, float], None] | None = None
 
     # ---- KV ------------------------------------------------------------------------
     def alloc(self, blocks: int) -> None:
@@ -97,7 +152,7 @@ class Replica:
         for s, why in zip(plan.reject, plan.reasons, strict=True):
             s.state = REJECTED
             s.reject_reason = why
-            self.pending -= 1
+            self.done += 1
 
     def admit(self, plan: StepPlan, now: float, chunk: list[int] | None = None) -> None:
         """Take the plan's new requests off the queue and give them KV for their whole
@@ -143,13 +198,30 @@ class Replica:
         if s.generated >= s.output:
             s.finish_t = t_end
             self.release(s)
+        elif self.handoff is not None:
+            s.state = TRANSFERRING
+            self.handoff(s, t_end)
         else:
             self.st.batch.join(s, t_end)
+
+    def hand_over(self, s: Seq) -> None:
+        """Disaggregated prefill: `s`'s KV reached its decode replica; free it here."""
+        tokens = s.prompt + s.generated - 1
+        if self.st.prefix is not None:
+            self.st.prefix.insert(s, tokens)
+        self.free(s, self.st.kv.blocks_for(tokens))
+        self.handed_over += 1
+
+    def take_over(self, s: Seq, t: float) -> None:
+        """Disaggregated decode: `s`'s KV arrived at `t` (its blocks were taken when the
+        transfer started); its first token streams out now (TTFT ends here, as in DistServe)."""
+        s.first_token_t = t
+        self.st.batch.join(s, t)
 
     def release(self, s: Seq) -> None:
         """A finished request gives back its KV (static contiguous rows wait for the batch)."""
         s.state = FINISHED
-        self.pending -= 1
+        self.done += 1
         if self.contiguous:
             if not self.static:
                 self.st.kv.free(s.reserved)
