@@ -161,6 +161,8 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
     rep = dst.rep
     kv = rep.st.kv
     bytes_per_token = rep.config.model.kv_bytes_per_token
+    max_seqs = rep.config.scenario.scheduler.max_num_seqs
+    in_flight = [0]  # a transfer under way holds a place in the batch
     while True:
         if not dst.transfers:
             dst.link_wake = env.event()
@@ -169,15 +171,17 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
             continue
         s, src = dst.transfers[0]
         need = kv.blocks_for(s.prompt + s.generated - 1)
-        if not kv.can_allocate(need, rep.policy_watermark):
+        if (not kv.can_allocate(need, rep.policy_watermark)
+                or len(rep.st.batch) + len(rep.arrived) + in_flight[0] >= max_seqs):
             dst.room = env.event()
             yield dst.room
             dst.room = None
             continue
         dst.transfers.popleft()
-        rep.alloc(need)
-        nbytes = (s.prompt + s.generated - 1) * bytes_per_token
+        nbytes = rep.reserve_transfer(s) * bytes_per_token
+        in_flight[0] = 1
         yield env.timeout(fleet.link.seconds(nbytes))
+        in_flight[0] = 0
         rep.transfer_bytes += nbytes
         src.rep.hand_over(s)
         src.poke()
@@ -189,50 +193,25 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
 def replica(env: simpy.Environment, node: Node, progress=None):
     """Run iterations for as long as there is work; sleep when there is none."""
     rep = node.rep
-    st, log = rep.st, rep.log
-    batch = st.batch
-    policy = rep.policy
+    st, log, policy = rep.st, rep.log, rep.policy
     while True:
         now = env.now
+        if rep.arrived:
+            rep.join_arrived()
         plan = policy.schedule(st, now)
-        if plan.reject:
-            rep.reject(plan)
-        kind = plan.kind
-        if kind == "decode":
-            dur, n = rep.decode_step(plan)
-            yield env.timeout(dur)
-            t_end = now + dur
-            for s in batch.advance(t_end, rep.gaps, rep.weights):
-                rep.release(s)
-            if rep.spec:
-                code, tokens = rep.finish_round(n)
-                rep.record(now, t_end, code, n, tokens)
-            else:
-                rep.record(now, t_end, 1, n, n)
-        elif kind == "prefill":
-            dur, n, tokens = rep.prefill_step(plan, now)
-            yield env.timeout(dur)
-            t_end = now + dur
-            rep.finish_prefill_step(plan, t_end)
-            rep.record(now, t_end, 0, n, tokens)
-        elif kind == "mixed":
-            dur, code, n, tokens = rep.mixed_step(plan, now)
-            yield env.timeout(dur)
-            t_end = now + dur
-            rep.finish_mixed_step(plan, t_end)
-            rep.record(now, t_end, code, n, tokens)
-        elif kind == "preempt":
-            rep.preempt(plan)
-            rep.swap(plan)
-        elif kind == "idle":
-            node.wake = env.event()
-            if plan.wake_at is not None:
-                yield node.wake | env.timeout(max(0.0, plan.wake_at - now))
-            else:
-                yield node.wake  # a new request, a KV hand-off, or nothing ever again
-            node.wake = None
-        if rep.static and len(batch) == 0 and batch.n_compute:
-            rep.end_static_batch()
+        step = rep.start(plan, now)
+        if step is not None:
+            yield env.timeout(step.seconds)
+            rep.finish(step, now, now + step.seconds)
+        else:
+            if plan.kind == "idle":
+                node.wake = env.event()
+                if plan.wake_at is not None:
+                    yield node.wake | env.timeout(max(0.0, plan.wake_at - now))
+                else:
+                    yield node.wake  # a new request, a KV hand-off, or nothing ever again
+                node.wake = None
+            rep.end_of_step()
         if node.room is not None:
             node.stepped()
         if progress is not None and len(log.t_end) % 2000 == 0:
@@ -267,13 +246,9 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     env = simpy.Environment()
     fleet = Fleet(env, replicas, router, decode_router=decode_router, link=link)
     fleet.fresh_reports = staleness_s == 0
-    env.process(arrivals(env, fleet, seqs))
-    for i, node in enumerate(fleet.nodes):
-        env.process(replica(env, node, progress if i == 0 else None))
-    for node in fleet.back:
-        env.process(kv_link(env, fleet, node))
     finished = [False]
     if staleness_s > 0 and len(fleet.front) > 1 and fleet.needs_loads:
+        # reports first: a report and an arrival at the same instant see the state before it
         env.process(reporter(env, fleet, staleness_s, finished))
 
         def watch():  # stop the reporter once every request is accounted for
@@ -281,6 +256,11 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
                 yield env.timeout(max(staleness_s, 1.0))
             finished[0] = True
         env.process(watch())
+    env.process(arrivals(env, fleet, seqs))
+    for i, node in enumerate(fleet.nodes):
+        env.process(replica(env, node, progress if i == 0 else None))
+    for node in fleet.back:
+        env.process(kv_link(env, fleet, node))
     env.run()
     done = sum(r.done for r in replicas)
     if done != len(seqs):

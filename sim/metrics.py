@@ -53,16 +53,17 @@ def requests_frame(res: RunResult) -> pd.DataFrame:
     })
     names = np.array([r.name for r in res.replicas], dtype=object)
     df["replica"] = names[np.fromiter((s.replica for s in seqs), dtype=np.int64, count=len(seqs))]
+    columns = REQUEST_COLUMNS
     if any(r.role == "prefill" for r in res.replicas):  # disaggregated: where the prefill ran
         pre = np.fromiter((s.prefill_replica for s in seqs), dtype=np.int64, count=len(seqs))
         df["prefill_replica"] = np.where(pre >= 0, names[np.maximum(pre, 0)], "")
-        return df[REQUEST_COLUMNS + ["prefill_replica"]]
+        columns = REQUEST_COLUMNS + ["prefill_replica"]
     df["ttft_s"] = df.first_token_s - df.arrival_s
     df["e2e_s"] = df.finish_s - df.arrival_s
     multi = df.output_tokens > 1
     df["tpot_s"] = np.where(multi, (df.e2e_s - df.ttft_s) / (df.output_tokens - 1).clip(lower=1), nan)
     df["queue_s"] = df.sched_s - df.arrival_s
-    return df[REQUEST_COLUMNS]
+    return df[columns]
 
 
 def steps_frame(res: RunResult) -> pd.DataFrame:
@@ -191,6 +192,8 @@ def per_replica(req: pd.DataFrame, steps: pd.DataFrame, res: RunResult) -> list[
         out.append({
             "replica": r.name, "group": r.group, "role": r.role, "gpu": r.gpu,
             "requests": int(len(rq)), "finished": int(len(fin)),
+            **({"prefills": int((req.prefill_replica == r.name).sum())}
+               if "prefill_replica" in req else {}),
             "rejected": int((rq.status == "rejected").sum()),
             "request_throughput": len(fin) / duration,
             "output_token_throughput": float(fin.output_tokens.sum()) / duration,

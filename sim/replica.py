@@ -92,6 +92,17 @@ class RunResult:
         return sum(r.swap_bytes for r in self.replicas)
 
 
+@dataclass
+class Step:
+    """A step under way: what `Replica.start` began and `Replica.finish` completes."""
+
+    plan: StepPlan
+    seconds: float
+    seqs: int = 0       # sequences computed
+    tokens: int = 0     # tokens computed (or, for speculative rounds, emitted)
+    code: int = 0       # log kind: 0 prefill, 1 decode, 2 verify, 3 mixed
+
+
 class Replica:
     """One model replica: its state, its policy and its step latency model."""
 
@@ -120,6 +131,8 @@ class Replica:
         # disaggregated prefill: called with (seq, t) when a prefill's first token is out
         # and its KV must move to a decode replica (the seq keeps its blocks here until then)
         self.handoff: Callable[[Seq, float], None] | None = None
+        self.arrived: list[tuple[Seq, float]] = []  # disaggregated decode: KV arrived mid-step
+        self.outside_tokens = 0  # disaggregated: KV held for requests outside the batch
 
     # ---- KV ------------------------------------------------------------------------
     def alloc(self, blocks: int) -> None:
@@ -200,6 +213,7 @@ class Replica:
             self.release(s)
         elif self.handoff is not None:
             s.state = TRANSFERRING
+            self.outside_tokens += s.prompt
             self.handoff(s, t_end)
         else:
             self.st.batch.join(s, t_end)
@@ -210,13 +224,28 @@ class Replica:
         if self.st.prefix is not None:
             self.st.prefix.insert(s, tokens)
         self.free(s, self.st.kv.blocks_for(tokens))
+        self.outside_tokens -= s.prompt
         self.handed_over += 1
+
+    def reserve_transfer(self, s: Seq) -> int:
+        """Disaggregated decode: take the blocks for `s`'s incoming KV; returns its tokens."""
+        tokens = s.prompt + s.generated - 1
+        self.alloc(self.st.kv.blocks_for(tokens))
+        self.outside_tokens += s.prompt
+        return tokens
 
     def take_over(self, s: Seq, t: float) -> None:
         """Disaggregated decode: `s`'s KV arrived at `t` (its blocks were taken when the
-        transfer started); its first token streams out now (TTFT ends here, as in DistServe)."""
+        transfer started); its first token streams out now (TTFT ends here, as in DistServe).
+        It joins the running batch at the next step boundary (`join_arrived`)."""
         s.first_token_t = t
-        self.st.batch.join(s, t)
+        self.arrived.append((s, t))
+
+    def join_arrived(self) -> None:
+        for s, t in self.arrived:
+            self.st.batch.join(s, t)
+            self.outside_tokens -= s.prompt
+        self.arrived.clear()
 
     def release(self, s: Seq) -> None:
         """A finished request gives back its KV (static contiguous rows wait for the batch)."""
@@ -375,7 +404,50 @@ class Replica:
         log.num_seqs.append(seqs)
         log.num_tokens.append(tokens)
         log.kv_blocks_used.append(self.st.kv.used_blocks)
-        tokens = b.kv_tokens()
+        tokens = b.kv_tokens() + self.outside_tokens
         if self.st.prefix is not None:  # a shared block holds its tokens once
             tokens -= self.st.prefix.extra_refs * self.st.prefix.hash_tokens
         log.kv_tokens.append(tokens)
+
+    # ---- one plan, start to finish (the engine and the reference engine both use these) --
+    def start(self, plan: StepPlan, now: float) -> Step | None:
+        """Apply `plan` at `now`: rejections, preemption, swaps, admissions and KV for the
+        step; returns the step to compute, or None when the plan computes nothing."""
+        if plan.reject:
+            self.reject(plan)
+        kind = plan.kind
+        if kind == "decode":
+            dur, n = self.decode_step(plan)
+            return Step(plan, dur, n, n, 1)
+        if kind == "prefill":
+            dur, n, tokens = self.prefill_step(plan, now)
+            return Step(plan, dur, n, tokens, 0)
+        if kind == "mixed":
+            dur, code, n, tokens = self.mixed_step(plan, now)
+            return Step(plan, dur, n, tokens, code)
+        if kind == "preempt":
+            self.preempt(plan)
+            self.swap(plan)
+        return None
+
+    def finish(self, step: Step, t0: float, t_end: float) -> None:
+        """The step begun at `t0` ended at `t_end`: tokens out, finished requests free
+        their KV, the step is logged."""
+        kind = step.plan.kind
+        if kind == "decode":
+            for s in self.st.batch.advance(t_end, self.gaps, self.weights):
+                self.release(s)
+            code, tokens = self.finish_round(step.seqs) if self.spec else (1, step.seqs)
+            self.record(t0, t_end, code, step.seqs, tokens)
+        elif kind == "prefill":
+            self.finish_prefill_step(step.plan, t_end)
+            self.record(t0, t_end, 0, step.seqs, step.tokens)
+        else:
+            self.finish_mixed_step(step.plan, t_end)
+            self.record(t0, t_end, step.code, step.seqs, step.tokens)
+        self.end_of_step()
+
+    def end_of_step(self) -> None:
+        """Static batching: once the batch's last row finished, every slot is given back."""
+        if self.static and len(self.st.batch) == 0 and self.st.batch.n_compute:
+            self.end_static_batch()
