@@ -92,7 +92,7 @@ class RunResult:
         return sum(r.swap_bytes for r in self.replicas)
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     """A step under way: what `Replica.start` began and `Replica.finish` completes."""
 
