@@ -161,8 +161,6 @@ def _describe_oserror(e: OSError) -> str:
 def _probe(folder: Path, flag: str, shown: Path) -> None:
     """Create and remove an empty folder in `folder`: whether llmsim can really write there
     (os.access is not enough: root, read-only mounts, /proc)."""
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise OutputError(flag, shown, f"cannot write in {folder} (permission denied)")
     try:
         with _signals_held():
             os.rmdir(tempfile.mkdtemp(prefix=PROBE_PREFIX, dir=folder))
@@ -209,9 +207,9 @@ def _inspect(path: str | Path, flag: str) -> tuple[Path, str]:
         if _within(cwd, target):
             raise OutputError(flag, shown, "holds the current folder, which replacing it would "
                               "delete: run llmsim from elsewhere or choose another folder")
+        _probe(target.parent, flag, shown)
         if not os.access(target, os.W_OK | os.X_OK):
             raise OutputError(flag, shown, "cannot replace the folder (permission denied)")
-        _probe(target.parent, flag, shown)
         return target, "replace"
     ancestor = target.parent
     while not ancestor.exists():
