@@ -9,9 +9,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +21,7 @@ from .build import POLICIES, ReplicaConfig, build_fleet, replica_configs
 from .engine import simulate
 from .latency import StepLatency
 from .metrics import per_replica, requests_frame, steps_frame, summarize
+from .outputs import write_atomically
 from .replica import RunResult
 from .scenario import Scenario, load_scenario
 from .workload import Workload, generate
@@ -41,25 +39,20 @@ class RunOutput:
     result: RunResult
 
     def write(self, out_dir: str | Path, plots: bool = True) -> Path:
-        """Write all outputs into `out_dir` atomically (a temp folder renamed at the end)."""
-        out = Path(out_dir)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
-            self.requests.to_csv(tmp / "requests.csv", index=False, float_format="%.6f")
-            self.steps.to_csv(tmp / "steps.csv", index=False, float_format="%.6f")
-            (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-            if plots:
-                from .plots import plot_run
+        """Write all outputs into the folder `out_dir`, replacing an earlier llmsim run
+        there atomically; any other non-empty folder is refused (see sim.outputs)."""
+        return write_atomically(out_dir, lambda folder: self.write_files(folder, plots),
+                                {"scenario": self.scenario.name})
 
-                plot_run(self, tmp)
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return out
+    def write_files(self, folder: Path, plots: bool = True) -> None:
+        """requests.csv, steps.csv, summary.json (and the plots) into an existing folder."""
+        self.requests.to_csv(folder / "requests.csv", index=False, float_format="%.6f")
+        self.steps.to_csv(folder / "steps.csv", index=False, float_format="%.6f")
+        (folder / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        if plots:
+            from .plots import plot_run
+
+            plot_run(self, folder)
 
 
 class Prepared(NamedTuple):

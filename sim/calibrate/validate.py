@@ -32,6 +32,7 @@ from sim.latency import RuntimeSpec, StepLatency
 from sim.memory import memory_budget
 from sim.metrics import requests_frame, steps_frame, summarize
 from sim.models import load_model
+from sim.outputs import check_out_dir, write_atomically
 from sim.profiles import load_profile
 from sim.scenario import Scenario, load_scenario, replace_scenario
 from sim.specload import SpecError, build, load_yaml
@@ -130,6 +131,7 @@ def validate(scenario: str | Path, profile_dir: str | Path, out: str | Path, *,
     t0 = time.perf_counter()
     profile_dir, out = Path(profile_dir).resolve(), Path(out)
     sc = load_scenario(scenario, {"gpu": str(profile_dir)})
+    check_out_dir(out)  # before the runs, not after them
     check_supported(sc)
     rt_file = Path(runtime) if runtime else profile_dir / "runtime-eager.yaml"
     if not rt_file.is_file():
@@ -157,13 +159,17 @@ def validate(scenario: str | Path, profile_dir: str | Path, out: str | Path, *,
         real.append((*_frames(res, sc), detail))
     sim_res, lat = simulate_with(sc, wl, profile_dir, rt, kv_tokens, max_len)
     sim = _frames(sim_res, sc)
-    for i, (req, steps, summary, _) in enumerate(real, start=1):
-        _write(out / f"real-{i}", req, steps, summary)
-    _write(out / "sim", *sim)
     report = _report(sc, profile_dir, rt_file, dev, real, sim, lat)
     report["seconds"] = round(time.perf_counter() - t0, 1)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "report.md").write_text(markdown(report))
+
+    def write_report(folder: Path) -> None:
+        for i, (req, steps, summary, _) in enumerate(real, start=1):
+            _write(folder / f"real-{i}", req, steps, summary)
+        _write(folder / "sim", *sim)
+        (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        (folder / "report.md").write_text(markdown(report))
+
+    write_atomically(out, write_report, {"scenario": sc.name, "profile": str(profile_dir)})
     return report
 
 
