@@ -27,6 +27,7 @@ from .latency import RuntimeSpec, StepLatency, load_runtime
 from .memory import MemoryBudget, memory_budget
 from .metrics import requests_frame, steps_frame, summarize
 from .models import ModelSpec, load_model
+from .parallel import check_layout, with_dtypes
 from .profiles import GPUProfile, load_profile
 from .scenario import Scenario, load_scenario
 from .scheduler import ContinuousPolicy, StaticPolicy
@@ -81,12 +82,13 @@ class Prepared(NamedTuple):
 def prepare(sc: Scenario) -> Prepared:
     """Resolve a scenario's names into model, profile, runtime, memory budget and workload."""
     f = sc.file or None
-    model = load_model(sc.model, file=f, path="model")
     profile = load_profile(sc.gpu, file=f, path="gpu")
+    model = with_dtypes(load_model(sc.model, file=f, path="model"), sc.dtype, profile, file=f)
     runtime = load_runtime(sc.runtime, file=f, path="runtime", base_dir=sc.base_dir or None)
     draft = None
     if sc.speculative.method == "draft_model":
         draft = load_model(sc.speculative.draft_model, file=f, path="speculative.draft_model")
+    check_layout(sc.parallel, model, profile, file=f, draft=draft)
     budget = memory_budget(sc, model, profile, draft)
     rng = np.random.default_rng(sc.seed)
     base = Path(sc.base_dir) if sc.base_dir else None
@@ -103,22 +105,24 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     max_len = sc.kv.max_model_len or model.max_len
     kv = make_kv(sc.kv.manager, budget.kv_tokens, sc.kv.block_size)
     policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
+    tp = sc.parallel.tensor
     lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
-                      verify_impl=_verify_impl(sc))
+                      verify_impl=_verify_impl(sc), tensor=tp, fp8_weights=sc.dtype.fp8_weights)
     spec = None
     if sc.speculative.method != "none":
         if sc.speculative.acceptance.kind == "trace" and wl.acceptance is None:
             raise SpecError(sc.file or None, "speculative.acceptance.kind",
                             "'trace' needs a csv trace with an 'acceptance' column")
         draft_lat = StepLatency(draft, profile, runtime, sc.attention.prefill,
-                                sc.decode_attention) if draft else None
+                                sc.decode_attention, tensor=tp) if draft else None
         spec = Speculator(sc.speculative, lat, draft_lat, rng, wl.acceptance)
-    swap_blocks = int(sc.kv.swap_space_gib * 1024**3 // (model.kv_bytes_per_token * kv.block_size))
+    kv_bytes_per_token = model.shard(tp).kv_bytes_per_token  # per GPU
+    swap_blocks = int(sc.kv.swap_space_gib * 1024**3 // (kv_bytes_per_token * kv.block_size))
     bar = _progress_bar(float(wl.arrival_s[-1]) if len(wl) else 0.0) if progress else None
     res = simulate(
         wl, kv, policy, lat,
         max_model_len=max_len,
-        kv_bytes_per_token=model.kv_bytes_per_token,
+        kv_bytes_per_token=kv_bytes_per_token,
         pcie_bytes_per_s=profile.facts.pcie_gbs * 1e9,
         swap_blocks=swap_blocks,
         reserve_max_model_len=sc.kv.reserve == "max_model_len",
@@ -141,6 +145,8 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         "kv_manager": sc.kv.manager,
         "attention": {"prefill": sc.attention.prefill, "decode": sc.decode_attention},
         "seed": sc.seed,
+        "parallel": {"tensor": tp, "pipeline": sc.parallel.pipeline},
+        "dtype": {"weights": sc.dtype.weights, "kv_cache": sc.dtype.kv_cache},
         **summarize(req, steps, res, sc.slo),
         "memory_gib": budget.as_dict(),
         "prefix_cache": res.prefix_cache,
