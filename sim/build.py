@@ -23,6 +23,7 @@ from .kv import ContiguousKV, make_kv
 from .latency import RuntimeSpec, StepLatency, load_runtime
 from .memory import MemoryBudget, memory_budget
 from .models import ModelSpec, load_model
+from .parallel import check_layout, with_dtypes
 from .prefix import PrefixCache
 from .profiles import GPUProfile, load_profile
 from .replica import Replica
@@ -57,10 +58,15 @@ class ReplicaConfig:
         return self.scenario.kv.max_model_len or self.model.max_len
 
     @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes one token holds on each GPU of the replica (heads split by tensor parallelism)."""
+        return self.model.shard(self.scenario.parallel.tensor).kv_bytes_per_token
+
+    @property
     def swap_blocks(self) -> int:
         sc = self.scenario
         bs = sc.kv.block_size if sc.kv.manager == "paged" else 1
-        return int(sc.kv.swap_space_gib * 1024**3 // (self.model.kv_bytes_per_token * bs))
+        return int(sc.kv.swap_space_gib * 1024**3 // (self.kv_bytes_per_token * bs))
 
 
 def replica_configs(sc: Scenario, *, runtime: RuntimeSpec | None = None,
@@ -105,21 +111,23 @@ def _resolve(sc: Scenario, name: str, group: str, role: str, where: str,
              runtime: RuntimeSpec | None, kv_tokens: int | None) -> ReplicaConfig:
     f = sc.file or None
     prefix = f"{where}." if where else ""
-    model = load_model(sc.model, file=f, path="model")
     profile = load_profile(sc.gpu, file=f, path=f"{prefix}gpu")
+    model = with_dtypes(load_model(sc.model, file=f, path="model"), sc.dtype, profile, file=f)
     if runtime is None:
         runtime = load_runtime(sc.runtime, file=f, path=f"{prefix}runtime",
                                base_dir=sc.base_dir or None)
     draft = None
     if sc.speculative.method == "draft_model":
         draft = load_model(sc.speculative.draft_model, file=f, path="speculative.draft_model")
+    check_layout(sc.parallel, model, profile, file=f, draft=draft)
     budget = memory_budget(sc, model, profile, draft)
     if kv_tokens is not None:
         budget = dataclasses.replace(budget, kv_tokens=kv_tokens)
+    tp = sc.parallel.tensor
     lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
-                      verify_impl=_verify_impl(sc))
+                      verify_impl=_verify_impl(sc), tensor=tp, fp8_weights=sc.dtype.fp8_weights)
     draft_lat = StepLatency(draft, profile, runtime, sc.attention.prefill,
-                            sc.decode_attention) if draft else None
+                            sc.decode_attention, tensor=tp) if draft else None
     return ReplicaConfig(name, group, role, sc, model, profile, runtime, budget, draft, lat,
                          draft_lat)
 
@@ -153,10 +161,10 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
                          swap_free_blocks=cfg.swap_blocks,
                          reserve_max_model_len=sc.kv.reserve == "max_model_len")
     if sc.kv.prefix_caching and prefix_tokens is not None and paged:
-        hash_bytes = cfg.model.kv_bytes_per_token * prefix_tokens
+        hash_bytes = cfg.kv_bytes_per_token * prefix_tokens
         state.prefix = PrefixCache(kv, prefix_tokens,
                                    int(sc.kv.prefix_cache_host_gib * 1024**3 // hash_bytes))
-    rep = Replica(state, policy, cfg.latency, cfg.model.kv_bytes_per_token,
+    rep = Replica(state, policy, cfg.latency, cfg.kv_bytes_per_token,
                   cfg.profile.facts.pcie_gbs * 1e9)
     rep.name, rep.index, rep.config, rep.speculator = cfg.name, index, cfg, spec
     return rep

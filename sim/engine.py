@@ -160,7 +160,8 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
     blocks, and so admits less, while it waits)."""
     rep = dst.rep
     kv = rep.st.kv
-    bytes_per_token = rep.config.model.kv_bytes_per_token
+    # each GPU of the decode replica receives its own heads' share over its own link
+    bytes_per_token = rep.config.kv_bytes_per_token
     max_seqs = rep.config.scenario.scheduler.max_num_seqs
     in_flight = [0]  # a transfer under way holds a place in the batch
     while True:

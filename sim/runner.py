@@ -100,6 +100,10 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
                       "decode": first.scenario.decode_attention},
         "seed": sc.seed,
         "replicas": len(configs),
+        "parallel": {"tensor": first.scenario.parallel.tensor,
+                     "pipeline": first.scenario.parallel.pipeline},
+        "dtype": {"weights": first.scenario.dtype.weights,
+                  "kv_cache": first.scenario.dtype.kv_cache},
         **summarize(req, steps, res, sc.slo),
         "memory_gib": first.budget.as_dict(),
         "prefix_cache": combine_counts([r.prefix_cache for r in res.replicas], "lookups", "hits"),
@@ -110,7 +114,8 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     if len(configs) > 1:
         summary["per_replica"] = per_replica(req, steps, res)
         summary["groups"] = [{"group": c.group, "role": c.role, "gpu": c.profile.name,
-                              "runtime": c.runtime.name, "memory_gib": c.budget.as_dict()}
+                              "runtime": c.runtime.name, "tensor": c.scenario.parallel.tensor,
+                              "memory_gib": c.budget.as_dict()}
                              for c in {c.group: c for c in configs}.values()]
     if summary["prefix_cache"] is not None:
         summary["prefix_cache"].update(prefill_saved(req, first.latency))

@@ -9,6 +9,8 @@ runtime: cuda-graph          # gpu_profiles/runtimes/<name>.yaml: host overhead 
 attention: {prefill: flash, decode: paged}
 scheduler: {policy: continuous, max_num_seqs: 256, max_num_batched_tokens: 8192}
 kv: {manager: paged, block_size: 16, gpu_memory_utilization: 0.9}
+parallel: {tensor: 1, pipeline: 1}         # optional; see sim/parallel.py
+dtype: {weights: bf16, kv_cache: bf16}    # optional; fp8 on GPUs with FP8 tensor cores
 slo: {ttft_s: 1.0, tpot_s: 0.1}
 workload: {...}              # see sim/workload.py
 ```
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from .cluster import ClusterSpec, ReplicaGroupSpec
+from .parallel import DTypeSpec, ParallelSpec
 from .specload import SpecError, build, load_yaml
 from .speculative import SpeculativeSpec
 from .workload import WorkloadSpec
@@ -89,6 +92,8 @@ class Scenario:
     kv: KVSpec = KVSpec()
     slo: SLOSpec = SLOSpec()
     speculative: SpeculativeSpec = SpeculativeSpec()
+    parallel: ParallelSpec = ParallelSpec()  # GPUs per replica (sim/parallel.py)
+    dtype: DTypeSpec = DTypeSpec()  # weight and KV-cache number formats
     cluster: ClusterSpec | None = None  # replica groups behind a router (sim/cluster.py)
     # set by the loader, not by the YAML: the scenario file and its folder (where
     # relative paths resolve)
