@@ -22,6 +22,7 @@ import pandas as pd
 
 from .chunked import ChunkedPolicy
 from .engine import RunResult, simulate
+from .jitter import jittered
 from .kv import make_kv
 from .latency import RuntimeSpec, StepLatency, load_runtime
 from .memory import MemoryBudget, memory_budget
@@ -116,7 +117,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     swap_blocks = int(sc.kv.swap_space_gib * 1024**3 // (model.kv_bytes_per_token * kv.block_size))
     bar = _progress_bar(float(wl.arrival_s[-1]) if len(wl) else 0.0) if progress else None
     res = simulate(
-        wl, kv, policy, lat,
+        wl, kv, policy, jittered(lat, sc.seed),  # step-time jitter where the runtime has it
         max_model_len=max_len,
         kv_bytes_per_token=model.kv_bytes_per_token,
         pcie_bytes_per_s=profile.facts.pcie_gbs * 1e9,
