@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from sim.engine import simulate
+from sim.jitter import jittered
 from sim.kv import make_kv
 from sim.latency import StepLatency
 from sim.runner import POLICIES, prepare
@@ -32,7 +33,7 @@ def time_once(runtime: str) -> tuple[float, float, int, int]:
     model, profile, rt, budget, wl = p.model, p.profile, p.runtime, p.budget, p.workload
     kv = make_kv(sc.kv.manager, budget.kv_tokens, sc.kv.block_size)
     policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
-    lat = StepLatency(model, profile, rt, sc.attention.prefill, sc.decode_attention)
+    lat = jittered(StepLatency(model, profile, rt, sc.attention.prefill, sc.decode_attention), sc.seed)
     t0, c0 = time.perf_counter(), time.process_time()
     res = simulate(wl, kv, policy, lat, max_model_len=sc.kv.max_model_len or model.max_len,
                    kv_bytes_per_token=model.kv_bytes_per_token,
@@ -47,7 +48,7 @@ def main() -> None:
     a = ap.parse_args()
     print(f"{'runtime':24} {'requests':>9} {'iterations':>10} {'wall s':>7} {'cpu s':>6} "
           f"{'req/s':>9} {'iter/s':>9}")
-    for runtime in ("h200-eager-reference", "cuda-graph"):
+    for runtime in ("h200-eager-reference", "h200-eager-live", "cuda-graph"):
         runs = [time_once(runtime) for _ in range(a.repeat)]
         wall = statistics.median(r[0] for r in runs)
         cpu = statistics.median(r[1] for r in runs)

@@ -300,3 +300,16 @@ def format_fit(f: LogFit) -> str:
     lines.append(f"KV pool in the log: {f.kv_blocks} blocks; prefill lengths from "
                  + ("the requests log" if f.lengths_from_requests else "equal splits (no requests log)"))
     return "\n".join(lines)
+
+
+def write_serving_log(folder: str | Path, requests: pd.DataFrame, steps: pd.DataFrame,
+                      sum_ctx: list[int], num_blocks: int) -> None:
+    """Write a run (simulator frames of sim/metrics.py) in the serving-log format:
+    `serving_steps.csv` and `serving_requests.csv` (the reference engine's runs)."""
+    folder = Path(folder)
+    log = steps[["t_start", "t_end", "kind", "num_seqs", "num_tokens"]].copy()
+    log["sum_ctx"] = np.where(log.kind == "decode", sum_ctx, 0)
+    log["free_blocks"] = num_blocks - steps.kv_blocks_used
+    log.to_csv(folder / "serving_steps.csv", index=False, float_format="%.6f")
+    req = requests.assign(admitted_s=requests.arrival_s + requests.queue_s)
+    req[REQUEST_LOG_COLUMNS].to_csv(folder / "serving_requests.csv", index=False, float_format="%.6f")

@@ -28,6 +28,7 @@ import pandas as pd
 from sim.engine import simulate
 from sim.kv import make_kv
 from sim.latency import RuntimeSpec, StepLatency
+from sim.logfit import write_serving_log
 from sim.memory import memory_budget
 from sim.metrics import requests_frame, steps_frame, summarize
 from sim.models import load_model
@@ -159,8 +160,9 @@ def validate(scenario: str | Path, profile_dir: str | Path, out: str | Path, *,
         real.append((*_frames(res, sc), detail))
     sim_res, lat = simulate_with(sc, wl, profile_dir, rt, kv_tokens, max_len)
     sim = _frames(sim_res, sc)
-    for i, (req, steps, summary, _) in enumerate(real, start=1):
+    for i, (req, steps, summary, detail) in enumerate(real, start=1):
         _write(out / f"real-{i}", req, steps, summary)
+        write_serving_log(out / f"real-{i}", req, steps, detail.sum_ctx, kv_tokens // sc.kv.block_size)
     _write(out / "sim", *sim)
     report = _report(sc, profile_dir, rt_file, dev, real, sim, lat)
     report["seconds"] = round(time.perf_counter() - t0, 1)
