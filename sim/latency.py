@@ -18,7 +18,9 @@ Host overhead comes from a runtime profile (`gpu_profiles/runtimes/`): the
 host issues kernels at a cost per step, per layer, and per sequence and layer for
 the per-sequence attention launches of prefill and of multi-token (verify) steps; the step takes the slower of host and GPU,
 since the host runs ahead of the GPU until the GPU is the bottleneck.
-`cuda-graph` has no host cost (kernels only).
+`cuda-graph` has no host cost (kernels only). Per-sequence host terms add to the host
+side; serial terms (per step, per sequence, and a stall per prefill shape not seen
+before in the run, fitted from live logs by sim/logfit.py) add after the max.
 """
 
 from __future__ import annotations
