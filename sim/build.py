@@ -17,8 +17,7 @@ import numpy as np
 
 from .batch import RunningBatch
 from .chunked import ChunkedPolicy
-from .cluster import ClusterSpec, KVTransferSpec
-from .engine import Link
+from .cluster import ClusterSpec, KVTransferSpec, Link
 from .jitter import jittered
 from .kv import ContiguousKV, make_kv
 from .latency import RuntimeSpec, StepLatency, load_runtime
