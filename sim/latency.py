@@ -14,11 +14,18 @@ contexts, and the LM head runs on one row per sequence (k+1 rows per sequence
 when verifying k draft tokens). Every kernel time comes from the GPU profile
 (measured tables, interpolated or extrapolated, or analytic roofline).
 
-Host overhead comes from a runtime profile (`gpu_profiles/runtimes/`): the
-host issues kernels at a cost per step, per layer, and per sequence and layer for
-the per-sequence attention launches of prefill and of multi-token (verify) steps; the step takes the slower of host and GPU,
-since the host runs ahead of the GPU until the GPU is the bottleneck.
-`cuda-graph` has no host cost (kernels only).
+Host overhead comes from a runtime profile (`gpu_profiles/runtimes/`, one per
+serving stack): the host issues kernels at a cost per step, per layer, and per
+sequence and layer for the per-sequence attention launches of prefill and of
+multi-token (verify) steps, and prepares inputs, samples and detokenises at a cost
+per prefill and per decode sequence. That host work overlaps the GPU (the host runs
+ahead of an asynchronous GPU until the GPU is the bottleneck, as with async output
+processing), so the step takes the slower of the two; a serial part per step and per
+sequence (what waits for the GPU's sampled tokens) adds to it:
+
+    step = max(host, GPU) + serial_ms_per_step + serial_ms_per_seq · sequences
+
+`cuda-graph` has no host cost (kernels only, a lower bound for any stack).
 """
 
 from __future__ import annotations
@@ -28,10 +35,10 @@ from pathlib import Path
 from typing import Literal
 
 from .models import ModelSpec
-from .profiles import ANALYTIC, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
+from .profiles import ANALYTIC, DERIVED, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
 from .specload import ROOT, SpecError, build, known_names, load_yaml
 
-TAGS = (EXACT, INTERPOLATED, EXTRAPOLATED, ANALYTIC)
+TAGS = (EXACT, INTERPOLATED, DERIVED, EXTRAPOLATED, ANALYTIC)
 _TAG_INDEX = {t: i for i, t in enumerate(TAGS)}
 RUNTIMES_DIR = ROOT / "gpu_profiles" / "runtimes"
 
@@ -56,6 +63,10 @@ class RuntimeSpec:
     host_ms_per_layer_decode_extra: float = field(default=0.0, metadata={"ge": 0})  # decode's host path
     host_ms_per_prefill_seq_layer: float = field(default=0.0, metadata={"ge": 0})
     host_ms_per_verify_seq_layer: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_prefill_seq: float = field(default=0.0, metadata={"ge": 0})  # per prefill sequence (input prep, sampling)
+    host_ms_per_decode_seq: float = field(default=0.0, metadata={"ge": 0})  # per decode sequence (sampling, detokenise)
+    serial_ms_per_step: float = field(default=0.0, metadata={"ge": 0})  # host time not overlapped with the GPU
+    serial_ms_per_seq: float = field(default=0.0, metadata={"ge": 0})  # likewise, per sequence in the step
     gpu_scale: float = field(default=1.0, metadata={"gt": 0})
     gpu_scale_decode: float = field(default=1.0, metadata={"gt": 0})
     # max: the host issues kernels ahead of an asynchronous GPU, so the slower of the two
@@ -99,7 +110,7 @@ class StepLatency:
         self.prefill_impl, self.decode_impl = prefill_impl, decode_impl
         self.verify_impl = verify_impl
         self.shapes = model.gemm_shapes()
-        self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown(4), uses]
+        self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
@@ -108,7 +119,7 @@ class StepLatency:
         if e is None:
             parts = compute()
             ms = 0.0
-            br = [0.0, 0.0, 0.0, 0.0]
+            br = [0.0] * len(TAGS)
             for t, tag in parts:
                 ms += t
                 br[_TAG_INDEX[tag]] += t
@@ -196,8 +207,9 @@ class StepLatency:
                 ms, tag = self.p.prefill_attn("flash", 1, q_len, max(kv_q, q_len),
                                               m.heads, m.kv_heads, m.head_dim)
             else:
-                impl = "paged" if self.verify_impl == "paged" else "paged_gather"
-                rows = q_len if impl == "paged" else 1
+                paged = self.verify_impl in ("paged", "paged_reference")
+                impl = self.verify_impl if paged else "paged_gather"
+                rows = q_len if paged else 1
                 ms, tag = self.p.decode_attn(impl, rows, rows * kv_q, m.heads, m.kv_heads,
                                              m.head_dim)
             return [(m.layers * ms, tag)]
@@ -206,26 +218,33 @@ class StepLatency:
 
     # ---- steps (seconds) --------------------------------------------------------
     def _combine(self, gpu_ms: float, prefill_seqs: int = 0, verify_seqs: int = 0,
-                 decode: bool = False) -> float:
+                 decode_seqs: int = 0, decode: bool = False) -> float:
+        """Seconds of a step: combine(host, GPU) + the serial host part. The host issues
+        kernels (per step, layer, and per-sequence attention launch) and prepares inputs,
+        samples and detokenises per sequence (a verify sequence counts as a decode one)."""
         rt, layers = self.rt, self.m.layers
-        host = rt.host_ms_per_step + rt.host_ms_per_layer * layers
+        seqs = decode_seqs + verify_seqs
+        host = (rt.host_ms_per_step + rt.host_ms_per_layer * layers
+                + rt.host_ms_per_prefill_seq * prefill_seqs + rt.host_ms_per_decode_seq * seqs)
         if decode:
             host += rt.host_ms_per_layer_decode_extra * layers
         if prefill_seqs or verify_seqs:
             host += layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
                               + rt.host_ms_per_verify_seq_layer * verify_seqs)
         gpu = gpu_ms * (rt.gpu_scale_decode if decode else rt.gpu_scale)
-        return (host + gpu if rt.combine == "sum" else max(host, gpu)) * 1e-3
+        serial = rt.serial_ms_per_step + rt.serial_ms_per_seq * (prefill_seqs + seqs)
+        return ((host + gpu if rt.combine == "sum" else max(host, gpu)) + serial) * 1e-3
 
-    def _step(self, key: tuple, parts) -> float:
-        """Seconds of a whole decode-like step, memoised by `key` (one dict hit when warm)."""
+    def _step(self, key: tuple, parts, seqs: int) -> float:
+        """Seconds of a whole decode-like step of `seqs` sequences, memoised by `key` (one
+        dict hit when warm)."""
         e = self._memo.get(key)
         if e is not None:
             e[2] += 1
             return e[3]
         gpu = self._piece(key, parts)
         e = self._memo[key]
-        e.append(self._combine(gpu, decode=True))
+        e.append(self._combine(gpu, decode_seqs=seqs, decode=True))
         return e[3]
 
     def prefill(self, chunks: list[tuple[int, int]]) -> float:
@@ -251,7 +270,7 @@ class StepLatency:
         k, v = self.shapes["lm_head"]
         return self._step(("decode", n, ctx_q, max_q),  # the hot path: one dict hit per step
                           lambda: self._dense_parts(n) + [self.p.gemm(n, k, v)]
-                          + self._decode_attn_parts(n, ctx_q, max_q))
+                          + self._decode_attn_parts(n, ctx_q, max_q), n)
 
     def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]]) -> float:
         """A chunked-prefill step: `n` decodes (over `sum_ctx` tokens, longest `max_ctx`)
@@ -263,7 +282,7 @@ class StepLatency:
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.decode_attn_ms(n, sum_ctx, max_ctx)
         gpu += self.dense_ms(n + tokens) + self.lm_head_ms(n + len(chunks))
-        return self._combine(gpu, prefill_seqs=len(chunks), decode=True)
+        return self._combine(gpu, prefill_seqs=len(chunks), decode_seqs=n, decode=True)
 
     def verify(self, rows: list[tuple[int, int]]) -> float:
         """A step scoring `q` tokens per sequence over its cached context: rows of (q, cached)."""
@@ -288,7 +307,7 @@ class StepLatency:
                                          max_ctx=max_q if max_q > ctx_q else None)
             return self._dense_parts(n * q) + [self.p.gemm(n * q, k, v), (m.layers * ms, tag)]
 
-        return self._step(("verify", n, q, ctx_q, max_q), compute)
+        return self._step(("verify", n, q, ctx_q, max_q), compute, n)
 
     def gpu_ms(self, kind: str, n: int, new_tokens: int, ctx: int) -> float:
         """Kernel-only time of a uniform step (for error tables against measured grids)."""
@@ -306,10 +325,10 @@ class StepLatency:
     # ---- reporting ----------------------------------------------------------------
     def provenance(self) -> dict[str, float]:
         """Share of simulated GPU time that came from each kind of lookup."""
-        tot = [0.0, 0.0, 0.0, 0.0]
+        tot = [0.0] * len(TAGS)
         for e in self._memo.values():
             br, uses = e[1], e[2]
-            for i in range(4):
+            for i in range(len(TAGS)):
                 tot[i] += br[i] * uses
         s = sum(tot) or 1.0
         return {t: tot[i] / s for i, t in enumerate(TAGS)}
