@@ -33,8 +33,10 @@ from .workload import WorkloadSpec
 @dataclass(frozen=True)
 class AttentionSpec:
     prefill: Literal["flash", "naive"] = "flash"
-    # None: follow the KV manager (paged -> paged kernel, contiguous -> contiguous kernel)
-    decode: Literal["paged", "paged_gather", "contiguous"] | None = None
+    # None: follow the KV manager (paged -> paged kernel, contiguous -> contiguous kernel).
+    # paged: a FlashAttention/FlashInfer-class paged kernel (derived); paged_reference: the
+    # measured Triton teaching kernel of the eager reference stack; paged_gather: gather+SDPA
+    decode: Literal["paged", "paged_reference", "paged_gather", "contiguous"] | None = None
     # multi-token steps over cached context (speculative verify): the decode kernel once per
     # query row, or per sequence gather + SDPA (the eager reference stack), or flash
     verify: Literal["decode_kernel", "paged_gather", "flash"] = "decode_kernel"
@@ -109,7 +111,8 @@ class Scenario:
             return "kv.prefix_caching", "needs scheduler.policy: continuous or chunked"
         if self.scheduler.policy == "chunked" and self.kv.manager != "paged":
             return "scheduler.policy", "'chunked' needs kv.manager: paged"
-        if self.kv.manager == "contiguous" and self.attention.decode in ("paged", "paged_gather"):
+        if self.kv.manager == "contiguous" and self.attention.decode in ("paged", "paged_reference",
+                                                                       "paged_gather"):
             return (
                 "attention.decode",
                 f"'{self.attention.decode}' needs kv.manager: paged (allowed with contiguous: contiguous)",
@@ -117,7 +120,8 @@ class Scenario:
         if self.kv.manager == "paged" and self.attention.decode == "contiguous":
             return (
                 "attention.decode",
-                "'contiguous' needs kv.manager: contiguous (allowed with paged: paged, paged_gather)",
+                "'contiguous' needs kv.manager: contiguous "
+                "(allowed with paged: paged, paged_reference, paged_gather)",
             )
         return None
 

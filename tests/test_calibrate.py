@@ -63,7 +63,7 @@ def test_calibrated_profile_loads_with_every_table_populated(profile):
     p = load_profile(str(profile))
     assert p.name == "tiny-cpu" and p.facts.analytic is False
     assert all(p.rows[t] > 0 for t in TABLES), p.rows
-    assert set(pd.read_csv(profile / "attn_decode.csv").impl) == {"contiguous", "paged",
+    assert set(pd.read_csv(profile / "attn_decode.csv").impl) == {"contiguous", "paged_reference",
                                                                   "paged_gather"}
     assert set(pd.read_csv(profile / "elementwise.csv").op) == {
         "rmsnorm", "residual_add", "silu_mul", "rotary", "kv_write", "embedding"}
@@ -173,6 +173,7 @@ def _plans_match(sc_over: dict) -> None:
     from sim.workload import Workload
 
     base = {"name": "plans", "model": "tiny-llama", "gpu": "h200-sxm",
+            "attention": {"decode": "paged_reference"},  # the kernel the reference engine runs
             "workload": {"num_requests": 1, "arrival": {"kind": "constant", "rate": 1},
                          "prompt": {"kind": "fixed", "value": 8},
                          "output": {"kind": "fixed", "value": 2}}}

@@ -93,7 +93,7 @@ def decode_point(impl: str, b: int, lens: list[int] | int, cfg: tuple[int, int, 
     def run(dev: Device) -> list[dict]:
         blocks = [-(-n // block) for n in lengths]
         kv_bytes = 2 * (sum(blocks) + 1) * block * hkv * d * _esize(dev)
-        gather = 2 * b * max(blocks) * block * hkv * d * _esize(dev) * (2 if impl != "paged" else 1)
+        gather = 2 * b * max(blocks) * block * hkv * d * _esize(dev) * (2 if impl != "paged_reference" else 1)
         dev.check_fits(kv_bytes + gather, label)
         q = dev.randn(b, hq, d)
         if impl == "contiguous":
@@ -101,7 +101,7 @@ def decode_point(impl: str, b: int, lens: list[int] | int, cfg: tuple[int, int, 
             q4 = q[:, :, None, :]
             ms = dev.time_ms(lambda: ops.decode_contiguous(q4, k, v))
         else:
-            if impl == "paged":
+            if impl == "paged_reference":
                 _check_triton(dev)
             kc = dev.randn(sum(blocks) + 1, block, hkv, d)
             vc = dev.randn(sum(blocks) + 1, block, hkv, d)
@@ -197,12 +197,12 @@ def kernel_points(models: list[ModelSpec], g: dict) -> list[Point]:
                     continue
                 tier = max(tier_of(g["decode_batch"], b), tier_of(g["decode_ctx"], c))
                 pts += [decode_point(i, b, c, cfg, block, tier)
-                        for i in ("paged", "contiguous", "paged_gather")]
+                        for i in ("paged_reference", "contiguous", "paged_gather")]
         for b in g["mixed"]["batch"]:
             for mx in g["mixed"]["max_ctx"]:
                 if b * mx <= g["decode_max_tokens"]:
                     pts += [decode_point(i, b, mixed_lengths(b, mx), cfg, block, 1)
-                            for i in ("paged", "paged_gather")]
+                            for i in ("paged_reference", "paged_gather")]
         for b in g["prefill_batch"]:
             for s in every(g["prefill_seq"]):
                 tier = tier_of(g["prefill_seq"], s)

@@ -12,7 +12,8 @@ Attention implementations (the names of the profile's `impl` column):
   flash / memory-efficient kernels on CUDA (the CPU's SDPA has its own flash
   kernel); `naive`: QKᵀ materialised, fp32 softmax, then ·V.
 * decode `contiguous`: SDPA over per-sequence contiguous K, V;
-  `paged`: a paged-attention kernel over the block pool — the Triton kernel in
+  `paged` (`paged_reference` in scenarios and tables): a paged-attention kernel over
+  the block pool — the Triton kernel in
   `triton_paged.py` on CUDA, `paged_torch` elsewhere; `paged_gather`: the pages
   gathered into a contiguous tensor, then SDPA.
 """
@@ -143,7 +144,7 @@ def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return paged_torch(q, k_cache, v_cache, block_tables, ctx_lens)
 
 
-DECODE_PAGED = {"paged": paged, "paged_gather": paged_gather}
+DECODE_PAGED = {"paged_reference": paged, "paged_gather": paged_gather}
 
 
 def sample(logits: torch.Tensor, generator: torch.Generator | None = None,

@@ -37,8 +37,9 @@ SOURCE_KEYS = ("device_name", "device", "driver", "torch", "triton", "dtype", "t
 # Roofline parameters used when a table needed for their fit was not measured.
 FALLBACK = {"flops": 0.75, "mem_bw": 0.75, "gemm_floor_ms": 0.01, "attn_prefill_flops": 0.3,
             "attn_prefill_floor_ms": 0.02, "naive_bytes_per_score": 40.0,
-            "attn_decode_bw": {"contiguous": 0.8, "paged": 0.3, "paged_gather": 0.3},
-            "attn_decode_floor_ms": {"contiguous": 0.01, "paged": 0.05, "paged_gather": 0.1}}
+            "attn_decode_bw": {"contiguous": 0.8, "paged_reference": 0.5, "paged_gather": 0.3},
+            "attn_decode_floor_ms": {"contiguous": 0.01, "paged_reference": 0.05, "paged_gather": 0.1},
+            "paged_decode_overhead": 0.20}  # as gpu_profiles/h200-sxm (PagedAttention paper)
 
 
 def _fmt(v):
