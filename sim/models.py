@@ -166,3 +166,18 @@ def _load_file(p: Path) -> ModelSpec:
             p, "name", f"{spec.name!r} differs from the file name (allowed: {p.stem!r})"
         )
     return spec
+
+
+def context_window(model: ModelSpec, max_model_len: int | None, *,
+                   file: str | Path | None = None, path: str = "kv.max_model_len") -> int:
+    """The context window a run uses: `max_model_len` (None: the model's own window).
+
+    As in vLLM, a `max_model_len` above the model's window (`max_len`, its
+    max_position_embeddings) is refused: the model was not trained for those positions.
+    """
+    if max_model_len is None:
+        return model.max_len
+    if max_model_len > model.max_len:
+        raise SpecError(file, path, f"{max_model_len} is over {model.name}'s context window "
+                                    f"(allowed: <= {model.max_len})")
+    return max_model_len

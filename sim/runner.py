@@ -26,7 +26,7 @@ from .kv import make_kv
 from .latency import RuntimeSpec, StepLatency, load_runtime
 from .memory import MemoryBudget, memory_budget
 from .metrics import requests_frame, steps_frame, summarize
-from .models import ModelSpec, load_model
+from .models import ModelSpec, context_window, load_model
 from .profiles import GPUProfile, load_profile
 from .scenario import Scenario, load_scenario
 from .scheduler import ContinuousPolicy, StaticPolicy
@@ -82,6 +82,7 @@ def prepare(sc: Scenario) -> Prepared:
     """Resolve a scenario's names into model, profile, runtime, memory budget and workload."""
     f = sc.file or None
     model = load_model(sc.model, file=f, path="model")
+    context_window(model, sc.kv.max_model_len, file=f)  # refuses one over the model's
     profile = load_profile(sc.gpu, file=f, path="gpu")
     runtime = load_runtime(sc.runtime, file=f, path="runtime", base_dir=sc.base_dir or None)
     draft = None
