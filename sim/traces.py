@@ -109,7 +109,7 @@ def _first_bad(raw: Sequence[Any], convert: Callable[[Any], Any]) -> int:
 def _numbers(p: Path, raw: Sequence[Any], linenos: np.ndarray, name: str, *,
              integer: bool, lo: float, hi: float) -> np.ndarray:
     """A column as float64 (int64 if `integer`), every value finite and in [lo, hi]; read-only."""
-    what = f"allowed: {'integers' if integer else 'numbers'} from {lo:g} to {hi:g}"
+    what = f"allowed: {'integers' if integer else 'numbers'} from {lo:,g} to {hi:,.0f}"
     try:
         v = np.array(raw, dtype=str if isinstance(raw[0], str) else object).astype(np.float64)
     except (ValueError, TypeError, OverflowError):
@@ -173,19 +173,19 @@ def _read_jsonl(p: Path) -> tuple[dict[str, tuple], np.ndarray, tuple[tuple[int,
         try:
             obj = json.loads(line)
         except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
-            raise SpecError(p, f"line {ln}", "not valid JSON (allowed: one JSON object per line)") from None
+            raise SpecError(p, f"line {ln}", f"not valid JSON (expected a JSON object with keys {', '.join(keys)})") from None
         if not isinstance(obj, dict):
-            raise SpecError(p, f"line {ln}", f"a JSON {type(obj).__name__}, not an object (allowed: an object with keys {', '.join(keys)})")
+            raise SpecError(p, f"line {ln}", f"a JSON {type(obj).__name__} (expected a JSON object with keys {', '.join(keys)})")
         missing = [k for k in keys if k not in obj]
         if missing:
-            raise SpecError(p, f"line {ln}", f"no key {missing[0]!r} (needed: {', '.join(keys)})")
+            raise SpecError(p, f"line {ln}", f"no key {missing[0]!r} (expected a JSON object with keys {', '.join(keys)})")
         values = tuple(obj[k] for k in keys)
         for k, v in zip(keys[:3], values, strict=False):
             if isinstance(v, bool) or not isinstance(v, int | float):
                 raise SpecError(p, f"line {ln}", f"{k}: {show(v)} is a JSON {type(v).__name__} (allowed: a number)")
         hashes = values[-1]
         if not isinstance(hashes, list) or not all(type(x) is int and abs(x) < 2**63 for x in hashes):
-            raise SpecError(p, f"line {ln}", f"hash_ids: {show(hashes)} (allowed: a list of 64-bit integers)")
+            raise SpecError(p, f"line {ln}", f"hash_ids: {show(hashes)} (allowed: a list of integers below 2**63)")
         rows.append(values)
         linenos.append(ln)
     if not rows:

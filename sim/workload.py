@@ -7,7 +7,8 @@ distributions, a length file, or a trace (`data/traces/README.md`).
   stretches the trace to twice its span, i.e. half the request rate (no rate_scale).
 - With a trace, lengths come from its rows unless `prompt`/`output` or `lengths` override
   them; synthetic arrivals over a trace take its rows in order, wrapping around.
-- Lognormal lengths are rounded and clipped to [min, max].
+- Lognormal lengths are rounded and clipped to [min, max] (max defaults to MAX_TOKENS,
+  10^7); sigma is at most MAX_LOGNORMAL_SIGMA (10). Bounds: `sim/specload.py`.
 - `max_tokens` (what a system reserving KV up front plans for) is `max_output_tokens`
   (outputs are cut to it), else the output distribution's max (fixed value, uniform high,
   lognormal max, file or trace column max), else the largest output drawn.
