@@ -16,7 +16,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.specload import ROOT, SpecError, build, known_names, load_yaml
+from sim.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
 
 MODELS_DIR = ROOT / "models"
 
@@ -148,8 +148,8 @@ def load_model(
         p = Path(name_or_path)
         if not p.is_absolute() and file is not None:
             p = Path(file).parent / p
-        if not p.is_file():
-            raise SpecError(file, path, f"model file not found: {name_or_path!r}")
+        if not is_file(p):
+            raise SpecError(file, path, f"model file not found: {show(name_or_path)}")
     else:
         known = known_models()
         if name_or_path not in known:

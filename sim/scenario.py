@@ -20,7 +20,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .specload import MAX_BLOCK_SIZE, MAX_SEED, MAX_TIME_S, MAX_TOKENS, SpecError, build, load_yaml
+from .specload import (
+    MAX_BLOCK_SIZE,
+    MAX_HOST_GIB,
+    MAX_SEED,
+    MAX_TIME_S,
+    MAX_TOKENS,
+    SpecError,
+    build,
+    load_yaml,
+)
 from .speculative import SpeculativeSpec
 from .workload import WorkloadSpec
 
@@ -57,14 +66,14 @@ class KVSpec:
     num_blocks: int | None = field(default=None, metadata={"gt": 0})  # overrides the memory budget
     # default: the model's context window; larger is refused (as vLLM does)
     max_model_len: int | None = field(default=None, metadata={"gt": 0, "le": MAX_TOKENS})
-    swap_space_gib: float = field(default=4.0, metadata={"ge": 0})  # host memory for swap preemption
+    swap_space_gib: float = field(default=4.0, metadata={"ge": 0, "le": MAX_HOST_GIB})  # host memory for swap preemption
     # contiguous only: what a request reserves at admission. max_model_len: the whole
     # context window (FasterTransformer, Orca "max"); max_tokens: its prompt plus its
     # output cap (a system that knows each request's max_tokens)
     reserve: Literal["max_model_len", "max_tokens"] = "max_model_len"
     # paged only: reuse KV blocks of cached prompt prefixes (hashes come from the workload)
     prefix_caching: bool = False
-    prefix_cache_host_gib: float = field(default=0.0, metadata={"ge": 0})  # host-memory tier
+    prefix_cache_host_gib: float = field(default=0.0, metadata={"ge": 0, "le": MAX_HOST_GIB})  # host-memory tier
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ MAX_TIME_S = 10**9  # any time in seconds: duration, arrival, trace time, wait (
 MAX_SEED = 2**63 - 1  # seeds are 0 .. 2**63 - 1
 MAX_BLOCK_SIZE = 1024  # tokens per KV block (vLLM allows up to 256 on CUDA)
 MAX_LOGNORMAL_SIGMA = 10.0  # std of log(length); samples are also clipped at MAX_TOKENS
+MAX_HOST_GIB = 10**6  # host memory for swap or a prefix-cache tier (1 PiB)
 MIN_GAMMA_CV, MAX_GAMMA_CV = 1e-3, 1e3  # burstiness of gamma arrivals (1 = Poisson)
 MAX_INT = 2**63 - 1  # any integer field (so that it fits numpy's int64)
 MAX_SPEC_BYTES = 10 * 2**20  # a scenario, model or profile YAML file
@@ -74,6 +75,14 @@ def show(value: Any) -> str:
     return text if len(text) <= _SHOW_CHARS else text[: _SHOW_CHARS - 3] + "..."
 
 
+def is_file(p: str | Path) -> bool:
+    """Path.is_file that says False, not OSError, for a name too long or otherwise unusable."""
+    try:
+        return Path(p).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def read_text(file: str | Path, *, max_bytes: int | None = None) -> str:
     """A file's text: UTF-8 (a BOM is allowed), no NUL bytes; otherwise a SpecError."""
     p = Path(file)
@@ -99,7 +108,7 @@ def read_text(file: str | Path, *, max_bytes: int | None = None) -> str:
 def load_yaml(file: str | Path) -> dict:
     """Read a YAML mapping; a missing or malformed file is a SpecError."""
     p = Path(file)
-    if not p.is_file():
+    if not is_file(p):
         raise SpecError(p, "", "file not found")
     data = parse_yaml(read_text(p, max_bytes=MAX_SPEC_BYTES), p)
     if data is None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from sim.specload import MAX_TIME_S, MAX_TOKENS, ROOT, SpecError, read_text, show
+from sim.specload import MAX_TIME_S, MAX_TOKENS, ROOT, SpecError, is_file, read_text, show
 
 if TYPE_CHECKING:
     from sim.workload import TraceSpec
@@ -43,12 +43,15 @@ _CACHE: dict[tuple, Any] = {}  # parsed files, by (what, path, modification time
 
 def resolve(p: str, base: Path | None, file: Any, field_path: str) -> Path:
     """The file `p` names: absolute, else under `base` (the scenario's folder), else ROOT."""
-    rel = Path(p).expanduser()
+    try:
+        rel = Path(p).expanduser()
+    except RuntimeError:  # ~user of no such user
+        rel = Path(p)
     tries = [rel] if rel.is_absolute() else [d / rel for d in (base, ROOT) if d is not None]
     for c in tries:
-        if c.is_file():
+        if is_file(c):
             return c.resolve()
-    raise SpecError(file, field_path, f"file not found: {p!r} (looked for {', '.join(map(str, tries))})")
+    raise SpecError(file, field_path, f"file not found: {show(p)} (looked for {', '.join(show(str(c))[1:-1] for c in tries)})")
 
 
 def length_column(src: Path, name: str, file: Any, field_path: str) -> np.ndarray:

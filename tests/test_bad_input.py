@@ -60,6 +60,12 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
     "top level list": ({"b.yaml": "- 1\n- 2\n"}, [], ["b.yaml: expected a mapping"]),
     "long unknown key": ({"b.yaml": B + "x" * 1000 + ": 1\n"}, [], ["b.yaml: xxx", "unknown key"]),
     "huge unknown key": ({"b.yaml": B + "x" * 100_000 + ": 1\n"}, [], ["b.yaml: line 8: malformed YAML"]),
+    # names of files that cannot exist
+    "trace path too long": ({"b.yaml": TRACE.replace("t.csv", "x" * 5000)}, [], ["b.yaml: workload.trace.path: file not found"]),
+    "trace path of an unknown user": ({"b.yaml": TRACE.replace("t.csv", "~nosuchuser/t.csv")}, [],
+                                      ["b.yaml: workload.trace.path: file not found"]),
+    "model path too long": ({"b.yaml": B + "model: " + "x" * 5000 + ".yaml\n"}, [], ["b.yaml: model: model file not found"]),
+    "scenario path too long": ({}, ["run", "x" * 5000, "--out", "out"], ["xxx", "file not found"]),
     # command-line values
     "--set unclosed list": ({"b.yaml": B}, ["--set", "name=[1,"], ["--set: name: malformed value"]),
     "--set alias bomb": ({"b.yaml": B}, ["--set", "description=[*a]"], ["--set: description: malformed value"]),
@@ -101,6 +107,10 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
                           ["b.yaml: kv.block_size: 1000000000 is out of range (allowed: <= 1024)"]),
     "max_model_len over the model's window": ({"b.yaml": B + "kv: {max_model_len: 100000}\n"}, [],
                                               ["b.yaml: kv.max_model_len: 100000 is over llama-3-8b's context window (allowed: <= 8192)"]),
+    "swap space 1e300 GiB": ({"b.yaml": B + "kv: {swap_space_gib: 1.0e+300}\n"}, [],
+                             ["b.yaml: kv.swap_space_gib: ", "out of range"]),
+    "host prefix cache 1e300 GiB": ({"b.yaml": B + "kv: {prefix_caching: true, prefix_cache_host_gib: 1.0e+300}\n"}, [],
+                                    ["b.yaml: kv.prefix_cache_host_gib: ", "out of range"]),
     "int over 64 bits": ({"b.yaml": B + f"scheduler: {{max_num_seqs: {2**70}}}\n"}, [],
                          ["b.yaml: scheduler.max_num_seqs: ", "too large"]),
     # traces
