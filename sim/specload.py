@@ -38,6 +38,7 @@ MAX_TIME_S = 10**9  # any time in seconds: duration, arrival, trace time, wait (
 MAX_SEED = 2**63 - 1  # seeds are 0 .. 2**63 - 1
 MAX_BLOCK_SIZE = 1024  # tokens per KV block (vLLM allows up to 256 on CUDA)
 MAX_LOGNORMAL_SIGMA = 10.0  # std of log(length); samples are also clipped at MAX_TOKENS
+MAX_PREFIX_BLOCKS = 10**7  # synthetic prefix hashes (shared_prefix, multi_turn), ~0.4 GB
 MAX_HOST_GIB = 10**6  # host memory for swap or a prefix-cache tier (1 PiB)
 MIN_GAMMA_CV, MAX_GAMMA_CV = 1e-3, 1e3  # burstiness of gamma arrivals (1 = Poisson)
 MAX_INT = 2**63 - 1  # any integer field (so that it fits numpy's int64)

@@ -25,10 +25,11 @@ from typing import Any, Literal
 
 import numpy as np
 
-from sim.prefix import MultiTurnSpec, SharedPrefixSpec, declare_prefixes
+from sim.prefix import HASH_TOKENS, MultiTurnSpec, SharedPrefixSpec, declare_prefixes
 from sim.specload import (
     MAX_GAMMA_CV,
     MAX_LOGNORMAL_SIGMA,
+    MAX_PREFIX_BLOCKS,
     MAX_REQUESTS,
     MAX_TIME_S,
     MAX_TOKENS,
@@ -249,7 +250,26 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
                   hashes, MOONCAKE_BLOCK_TOKENS if hashes is not None else None, acc)
     if (spec.shared_prefix or spec.multi_turn) and hashes is not None:
         raise SpecError(file, f"{path}.shared_prefix", "the trace brings its own prefix hashes (allowed: no shared_prefix/multi_turn with a mooncake trace)")
+    _check_prefix_blocks(wl, spec, file, path)
     return declare_prefixes(wl, spec.shared_prefix, spec.multi_turn, rng)
+
+
+def _check_prefix_blocks(wl: Workload, spec: WorkloadSpec, file: Any, path: str) -> None:
+    """Synthetic prefixes keep one hash per HASH_TOKENS prompt tokens of every request:
+    refuse a workload that would need more than MAX_PREFIX_BLOCKS of them."""
+    p, o, n = wl.prompt_tokens.astype(np.float64), wl.output_tokens.astype(np.float64), len(wl)
+    if spec.shared_prefix is not None:  # at most: the prefix's blocks + the whole prompt's
+        total, where = (n * 2.0 * spec.shared_prefix.tokens + p.sum()) / HASH_TOKENS + n, "shared_prefix.tokens"
+    elif spec.multi_turn is not None:  # each turn's prompt holds its conversation so far
+        convs = max(1, n // spec.multi_turn.turns)
+        grid = np.zeros(-(-n // convs) * convs)
+        grid[:n] = p + o
+        total = np.cumsum(grid.reshape(-1, convs), axis=0).ravel()[:n].sum() / HASH_TOKENS + n
+        where = "multi_turn.turns"
+    else:
+        return
+    if total > MAX_PREFIX_BLOCKS:
+        raise SpecError(file, f"{path}.{where}", f"the prompts would need {total:.3g} prefix-hash blocks of {HASH_TOKENS} tokens (allowed: at most {MAX_PREFIX_BLOCKS:.0e}: fewer requests, shorter prompts or fewer turns)")
 
 
 def _check_times(arrival: np.ndarray, file: Any, field_path: str) -> None:

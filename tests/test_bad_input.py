@@ -100,6 +100,10 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
                                ["b.yaml: workload.max_output_tokens: ", "out of range"]),
     "shared prefix of 1e12 tokens": ({"b.yaml": B + "  shared_prefix: {tokens: 1000000000000}\n"}, [],
                                      ["b.yaml: workload.shared_prefix.tokens: ", "out of range"]),
+    "shared prefix hashes past the cap": ({"b.yaml": _b("num_requests: 20", "num_requests: 1000") + "  shared_prefix: {tokens: 10000000}\n"},
+                                          [], ["b.yaml: workload.shared_prefix.tokens: the prompts would need"]),
+    "multi-turn hashes past the cap": ({"b.yaml": _b("num_requests: 20", "num_requests: 100000").replace("value: 100", "value: 10000")
+                                        + "  multi_turn: {turns: 1000}\n"}, [], ["b.yaml: workload.multi_turn.turns: the prompts would need"]),
     "static max_wait inf": ({"b.yaml": B + "scheduler: {policy: static, max_wait_s: .inf}\n"}, [],
                             ["b.yaml: scheduler.max_wait_s: inf is not finite"]),
     "slo nan": ({"b.yaml": B + "slo: {ttft_s: .nan}\n"}, [], ["b.yaml: slo.ttft_s: nan is not finite"]),
