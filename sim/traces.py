@@ -84,17 +84,21 @@ def _read_csv(p: Path, need: Sequence[str] = ()) -> tuple[dict[str, tuple[str, .
     lines = read_text(p).splitlines()
     if not lines or not lines[0].strip():
         raise SpecError(p, "line 1", "missing header line (allowed: a CSV with column names)")
-    header = [h.strip() for h in next(csv.reader(lines[:1]))]
-    missing = [c for c in need if c not in header]
-    if missing:
-        raise SpecError(p, "line 1", f"no column {missing[0]!r} (needed: {', '.join(need)}; is trace.format right?)")
+    reader = csv.reader(lines)
     rows, linenos = [], []
-    for i, row in enumerate(csv.reader(lines[1:]), start=2):
-        if row and len(row) != len(header):
-            raise SpecError(p, f"line {i}", f"{len(row)} fields, expected {len(header)} ({', '.join(header)[:80]})")
-        if row:
-            rows.append(row)
-            linenos.append(i)
+    try:
+        header = [h.strip() for h in next(reader)]
+        missing = [c for c in need if c not in header]
+        if missing:
+            raise SpecError(p, "line 1", f"no column {missing[0]!r} (needed: {', '.join(need)}; is trace.format right?)")
+        for row in reader:
+            if row and len(row) != len(header):
+                raise SpecError(p, f"line {reader.line_num}", f"{len(row)} fields, expected {len(header)} ({', '.join(header)[:80]})")
+            if row:
+                rows.append(row)
+                linenos.append(reader.line_num)
+    except csv.Error as e:  # e.g. a field over the csv module's size limit
+        raise SpecError(p, f"line {reader.line_num}", f"malformed CSV: {show(str(e))[1:-1]} (allowed: comma-separated values)") from None
     if not rows:
         raise SpecError(p, "", "no data rows (allowed: a header line, then one row per request)")
     return dict(zip(header, zip(*rows, strict=True), strict=True)), np.array(linenos)

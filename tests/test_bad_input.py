@@ -123,6 +123,7 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
     "trace cell 1e400": (_trace("1e400"), [], ["t.csv: line 3: prompt_tokens: '1e400' is out of range"]),
     "trace cell negative": (_trace("-5"), [], ["t.csv: line 3: prompt_tokens: '-5' is out of range"]),
     "trace cell non-integer": (_trace("2.5"), [], ["t.csv: line 3: prompt_tokens: '2.5' is out of range"]),
+    "trace field over the csv size limit": (_trace('"' + "x" * 200_000 + '"'), [], ["t.csv: line 3: malformed CSV"]),
     "trace with a NUL": ({"b.yaml": TRACE, "t.csv": "arrival_s,prompt_tokens,output_tokens\n0,10,5\x00\n"}, [],
                          ["t.csv: line 2: ", "NUL"]),
     "trace time_scale 1e308": ({**_trace("10"), "b.yaml": TRACE.replace("t.csv}", "t.csv, time_scale: 1.0e+308}")}, [],
