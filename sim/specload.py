@@ -319,7 +319,7 @@ def build(cls: type, data: Any, *, file: Any = None, path: str = "") -> Any:
         key = unknown[0]
         raise SpecError(
             file,
-            _join(path, show(key)[1:-1] if isinstance(key, str) else show(key)),
+            _join(path, show(key)[1:-1] if isinstance(key, str) and key else show(key)),
             f"unknown key (allowed: {', '.join(sorted(fields))})",
         )
     kwargs = {}

@@ -69,6 +69,7 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
     # command-line values
     "--set unclosed list": ({"b.yaml": B}, ["--set", "name=[1,"], ["--set: name: malformed value"]),
     "--set alias bomb": ({"b.yaml": B}, ["--set", "description=[*a]"], ["--set: description: malformed value"]),
+    "--set of an empty field name": ({"b.yaml": B}, ["--set", "=5"], ["b.yaml: '': unknown key"]),
     "sweep unclosed list": ({"b.yaml": B}, ["sweep", "b.yaml", "--field", "workload.arrival.rate",
                                             "--values", "[a", "--out", "out"],
                             ["--values: workload.arrival.rate: malformed value"]),
