@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from .specload import SpecError, parse_cli_value
@@ -72,10 +74,14 @@ def table(names: list[str], summaries: list[dict]) -> str:
 
 
 def cmd_run(a) -> int:
+    from .outputs import check_out_dir, safe_folder_name
     from .runner import run
+    from .scenario import load_scenario
 
-    out = run(a.scenario, _parse_sets(a.set), progress=not a.no_progress and sys.stderr.isatty())
-    dest = Path(a.out) if a.out else Path("runs") / out.scenario.name
+    sc = load_scenario(a.scenario, _parse_sets(a.set))
+    dest = Path(a.out) if a.out else Path("runs") / safe_folder_name(sc.name)
+    check_out_dir(dest)  # before the simulation, not after it
+    out = run(sc, progress=not a.no_progress and sys.stderr.isatty())
     out.write(dest, plots=not a.no_plots)
     print(table([out.scenario.name], [out.summary]))
     print(f"\nwrote {dest}/ (requests.csv, steps.csv, summary.json"
@@ -84,13 +90,17 @@ def cmd_run(a) -> int:
 
 
 def _run_and_print(names: list[str], scenarios: list, a) -> int:
-    """Run scenarios (all validated already), optionally write each, print one table."""
+    """Run scenarios (all validated already), optionally write each into its own folder
+    under --out, print one table."""
+    from .outputs import check_out_dir, write_many
     from .runner import run
 
+    if a.out:
+        check_out_dir(a.out)
     outs = [run(sc) for sc in scenarios]
     if a.out:
-        for name, o in zip(names, outs, strict=True):
-            o.write(Path(a.out) / name.replace("=", "_"), plots=not a.no_plots)
+        write_many(a.out, [(name, lambda folder, o=o: o.write(folder, plots=not a.no_plots))
+                           for name, o in zip(names, outs, strict=True)], {})
     print(table(names, [o.summary for o in outs]))
     return 0
 
@@ -164,8 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _terminated(signum, frame):  # SIGTERM ends a run the way Ctrl-C does
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return args.fn(args)
     except SpecError as e:
@@ -177,6 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `llmsim ... | head`
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         return 0
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 if __name__ == "__main__":

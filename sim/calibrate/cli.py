@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from sim.outputs import check_out_dir
+
 NO_TORCH = "llmsim: error: calibrate needs PyTorch: pip install 'llmsim[calibrate]'"
 
 
@@ -41,6 +43,7 @@ def cmd_calibrate(a) -> int:
     from .device import DeviceError
 
     out = Path(a.out)
+    check_out_dir(out, adds_to=True)  # where, before measuring (it adds to a profile folder)
     models = [m.strip() for m in a.models.split(",") if m.strip()]
     argv = ["calibrate", f"--models {a.models}", f"--device {a.device}", f"--dtype {a.dtype}",
             f"--out {a.out}"] + ([f"--budget-s {a.budget_s:g}"] if a.budget_s else []) \
