@@ -41,7 +41,7 @@ def main() -> None:
     a = ap.parse_args()
     print(f"{'runtime':24} {'requests':>9} {'iterations':>10} {'wall s':>7} {'cpu s':>6} "
           f"{'req/s':>9} {'iter/s':>9}")
-    for runtime in ("h200-eager-reference", "cuda-graph"):
+    for runtime in ("h200-eager-reference", "h200-eager-live", "cuda-graph"):
         runs = [time_once(runtime) for _ in range(a.repeat)]
         wall = statistics.median(r[0] for r in runs)
         cpu = statistics.median(r[1] for r in runs)

@@ -17,8 +17,8 @@ import numpy as np
 
 from .batch import RunningBatch
 from .chunked import ChunkedPolicy
-from .cluster import ClusterSpec, KVTransferSpec
-from .engine import Link
+from .cluster import ClusterSpec, KVTransferSpec, Link
+from .jitter import jittered
 from .kv import ContiguousKV, make_kv
 from .latency import RuntimeSpec, StepLatency, load_runtime
 from .memory import MemoryBudget, memory_budget
@@ -140,9 +140,10 @@ def _verify_impl(sc: Scenario) -> str:
 
 def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
                   acceptance: np.ndarray | None = None, prefix_tokens: int | None = None,
-                  index: int = 0) -> Replica:
+                  index: int = 0, seed: int | None = None) -> Replica:
     """A replica with fresh state: KV manager, running batch, policy, prefix cache, speculator.
 
+    `seed` (default: the scenario's) seeds step-time jitter where the runtime has it.
     `rng` feeds speculative acceptance draws; `prefix_tokens` is the workload's tokens per
     prefix hash (None: the workload declares no prefixes, so nothing can be cached)."""
     sc = cfg.scenario
@@ -165,7 +166,8 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
         hash_bytes = cfg.kv_bytes_per_token * prefix_tokens
         state.prefix = PrefixCache(kv, prefix_tokens,
                                    int(sc.kv.prefix_cache_host_gib * 1024**3 // hash_bytes))
-    rep = Replica(state, policy, cfg.latency, cfg.kv_bytes_per_token,
+    latency = jittered(cfg.latency, sc.seed if seed is None else seed, index)
+    rep = Replica(state, policy, latency, cfg.kv_bytes_per_token,
                   cfg.profile.facts.pcie_gbs * 1e9)
     rep.name, rep.index, rep.config, rep.speculator = cfg.name, index, cfg, spec
     return rep

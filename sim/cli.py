@@ -73,6 +73,21 @@ def table(names: list[str], summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def replica_table(rows: list[dict]) -> str:
+    """One line per replica of a fleet: where its requests went and how it fared."""
+    head = (f"{'replica':16} {'gpu':10} {'role':7} {'requests':>8} {'req/s':>6} "
+            f"{'TTFT p50/p99 ms':>16} {'TPOT p50 ms':>11} {'busy':>5} {'KV mean':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        n = r.get("prefills", r["requests"]) if r["role"] == "prefill" else r["requests"]
+        ttft = f"{_fmt(r['ttft_s']['p50'], 'ms')}/{_fmt(r['ttft_s']['p99'], 'ms')}"
+        lines.append(f"{r['replica'][:16]:16} {r['gpu'][:10]:10} {r['role']:7} {n:8d} "
+                     f"{_fmt(r['request_throughput']):>6} {ttft:>16} "
+                     f"{_fmt(r['tpot_s']['p50'], 'ms'):>11} {r['gpu_busy_fraction']:5.0%} "
+                     f"{r['kv_util_mean']:7.0%}")
+    return "\n".join(lines)
+
+
 def cmd_run(a) -> int:
     from .outputs import check_out_dir, safe_folder_name
     from .runner import run
@@ -84,6 +99,8 @@ def cmd_run(a) -> int:
     out = run(sc, progress=not a.no_progress and sys.stderr.isatty())
     out.write(dest, plots=not a.no_plots)
     print(table([out.scenario.name], [out.summary]))
+    if out.summary.get("per_replica"):
+        print("\n" + replica_table(out.summary["per_replica"]))
     print(f"\nwrote {dest}/ (requests.csv, steps.csv, summary.json"
           + ("" if a.no_plots else ", latency_cdf.png, timeline.png") + ")")
     return 0

@@ -90,3 +90,14 @@ class ClusterSpec:
     @property
     def disaggregated(self) -> bool:
         return any(g.role != "both" for g in self.groups)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A prefill -> decode KV link: seconds = bytes / bandwidth + latency."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+    def seconds(self, nbytes: float) -> float:
+        return nbytes / self.bandwidth_bytes_per_s + self.latency_s

@@ -14,26 +14,15 @@ from __future__ import annotations
 
 from array import array
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 import simpy
 
 from .batch import REJECTED, Seq
+from .cluster import Link
 from .replica import Replica, ReplicaResult, RunResult
 from .router import RandomRouter, ReplicaLoad, RoundRobin
 from .workload import Workload
-
-
-@dataclass(frozen=True)
-class Link:
-    """A prefill -> decode KV link: seconds = bytes / bandwidth + latency."""
-
-    bandwidth_bytes_per_s: float
-    latency_s: float
-
-    def seconds(self, nbytes: float) -> float:
-        return nbytes / self.bandwidth_bytes_per_s + self.latency_s
 
 
 class Node:

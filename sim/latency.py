@@ -25,7 +25,9 @@ Host overhead comes from a runtime profile (`gpu_profiles/runtimes/`): the
 host issues kernels at a cost per step, per layer, and per sequence and layer for
 the per-sequence attention launches of prefill and of multi-token (verify) steps; the step takes the slower of host and GPU,
 since the host runs ahead of the GPU until the GPU is the bottleneck.
-`cuda-graph` has no host cost (kernels only).
+`cuda-graph` has no host cost (kernels only). Per-sequence host terms add to the host
+side; serial terms (per step, per sequence, and a stall per prefill shape not seen
+before in the run, fitted from live logs by sim/logfit.py) add after the max.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .jitter import JitterSpec
 from .models import ModelSpec
 from .profiles import ANALYTIC, BF16, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
 from .specload import ROOT, SpecError, build, known_names, load_yaml
@@ -63,12 +66,20 @@ class RuntimeSpec:
     host_ms_per_layer_decode_extra: float = field(default=0.0, metadata={"ge": 0})  # decode's host path
     host_ms_per_prefill_seq_layer: float = field(default=0.0, metadata={"ge": 0})
     host_ms_per_verify_seq_layer: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_prefill_seq: float = field(default=0.0, metadata={"ge": 0})  # per prefill sequence (input prep, sampling)
+    host_ms_per_decode_seq: float = field(default=0.0, metadata={"ge": 0})  # per decode sequence (sampling, detokenise)
+    serial_ms_per_step: float = field(default=0.0, metadata={"ge": 0})  # host time not overlapped with the GPU
+    serial_ms_per_seq: float = field(default=0.0, metadata={"ge": 0})  # likewise, per sequence in the step
     gpu_scale: float = field(default=1.0, metadata={"gt": 0})
     gpu_scale_decode: float = field(default=1.0, metadata={"gt": 0})
     # max: the host issues kernels ahead of an asynchronous GPU, so the slower of the two
     # sets the pace; sum: host work and kernels run one after the other (a CPU "device",
     # where the host thread runs the kernels itself)
     combine: Literal["max", "sum"] = "max"
+    # a stall, not overlapped, the first time a prefill attention shape (new tokens, context)
+    # is seen in a run: per-shape plan building / kernel specialisation (sim/logfit.py)
+    serial_ms_per_new_prefill_shape: float = field(default=0.0, metadata={"ge": 0})
+    jitter: JitterSpec | None = None  # step-time jitter (sim/jitter.py); None: deterministic
     source: str = ""
 
 
@@ -113,6 +124,7 @@ class StepLatency:
         self.shapes = self.m.gemm_shapes()
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown(4), uses]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
+        self._seen_shapes: set[tuple[int, int]] = set()  # prefill shapes run so far
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
     def _piece(self, key: tuple, compute) -> float:
@@ -242,7 +254,7 @@ class StepLatency:
 
     # ---- steps (seconds) --------------------------------------------------------
     def _combine(self, gpu_ms: float, prefill_seqs: int = 0, verify_seqs: int = 0,
-                 decode: bool = False) -> float:
+                 decode: bool = False, decode_seqs: int = 0, new_shapes: int = 0) -> float:
         rt, layers = self.rt, self.m.layers
         host = rt.host_ms_per_step + rt.host_ms_per_layer * layers
         if decode:
@@ -250,8 +262,24 @@ class StepLatency:
         if prefill_seqs or verify_seqs:
             host += layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
                               + rt.host_ms_per_verify_seq_layer * verify_seqs)
+        host += rt.host_ms_per_prefill_seq * prefill_seqs + rt.host_ms_per_decode_seq * (
+            decode_seqs + verify_seqs)
         gpu = gpu_ms * (rt.gpu_scale_decode if decode else rt.gpu_scale)
-        return (host + gpu if rt.combine == "sum" else max(host, gpu)) * 1e-3
+        step = host + gpu if rt.combine == "sum" else max(host, gpu)
+        step += (rt.serial_ms_per_step + rt.serial_ms_per_seq * (prefill_seqs + verify_seqs + decode_seqs)
+                 + rt.serial_ms_per_new_prefill_shape * new_shapes)
+        return step * 1e-3
+
+    def _new_shapes(self, chunks: list[tuple[int, int]]) -> int:
+        """How many of these prefill attention shapes this run has not seen before."""
+        if not self.rt.serial_ms_per_new_prefill_shape:
+            return 0
+        new = 0
+        for q, cached in chunks:
+            if (q, cached) not in self._seen_shapes:
+                self._seen_shapes.add((q, cached))
+                new += 1
+        return new
 
     def _step(self, key: tuple, parts) -> float:
         """Seconds of a whole decode-like step, memoised by `key` (one dict hit when warm)."""
@@ -261,14 +289,14 @@ class StepLatency:
             return e[3]
         gpu = self._piece(key, parts)
         e = self._memo[key]
-        e.append(self._combine(gpu, decode=True))
+        e.append(self._combine(gpu, decode=True, decode_seqs=key[1]))
         return e[3]
 
     def prefill(self, chunks: list[tuple[int, int]]) -> float:
         """A step prefilling `chunks` of (new tokens, tokens already cached) per sequence."""
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.dense_ms(tokens) + self.lm_head_ms(len(chunks))
-        return self._combine(gpu, prefill_seqs=len(chunks))
+        return self._combine(gpu, prefill_seqs=len(chunks), new_shapes=self._new_shapes(chunks))
 
     @staticmethod
     def _per_sequence(rows: list[tuple[int, int]], attn) -> tuple[int, float]:
@@ -298,7 +326,8 @@ class StepLatency:
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.decode_attn_ms(n, sum_ctx, max_ctx)
         gpu += self.dense_ms(n + tokens) + self.lm_head_ms(n + len(chunks))
-        return self._combine(gpu, prefill_seqs=len(chunks), decode=True)
+        return self._combine(gpu, prefill_seqs=len(chunks), decode=True, decode_seqs=n,
+                             new_shapes=self._new_shapes(chunks))
 
     def verify(self, rows: list[tuple[int, int]]) -> float:
         """A step scoring `q` tokens per sequence over its cached context: rows of (q, cached)."""

@@ -234,3 +234,15 @@ def test_bad_cluster_sections_are_one_line_and_exit_2(tmp_path, cluster, message
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("module", ["sim.scheduler", "sim.chunked", "sim.kv", "sim.batch",
+                                    "sim.replica", "sim.metrics", "sim.router", "sim.build",
+                                    "sim.speculative", "sim.prefix", "sim.latency"])
+def test_simpy_stays_in_the_engine_and_calibration_stays_out_of_the_core(module):
+    code = (f"import sys, {module}; "
+            "bad = [m for m in ('simpy', 'sim.engine', 'sim.calibrate', 'torch') if m in sys.modules]; "
+            "print(','.join(bad))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "", f"{module} imports {r.stdout.strip()}"

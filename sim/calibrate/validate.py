@@ -29,6 +29,7 @@ import pandas as pd
 from sim.build import build_replica, replica_configs
 from sim.engine import simulate
 from sim.latency import RuntimeSpec, StepLatency
+from sim.logfit import write_serving_log
 from sim.memory import memory_budget
 from sim.metrics import requests_frame, steps_frame, summarize
 from sim.models import load_model
@@ -163,8 +164,10 @@ def validate(scenario: str | Path, profile_dir: str | Path, out: str | Path, *,
     report["seconds"] = round(time.perf_counter() - t0, 1)
 
     def write_report(folder: Path) -> None:
-        for i, (req, steps, summary, _) in enumerate(real, start=1):
+        for i, (req, steps, summary, detail) in enumerate(real, start=1):
             _write(folder / f"real-{i}", req, steps, summary)
+            write_serving_log(folder / f"real-{i}", req, steps, detail.sum_ctx,
+                              kv_tokens // sc.kv.block_size)
         _write(folder / "sim", *sim)
         (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
         (folder / "report.md").write_text(markdown(report))
