@@ -9,9 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-import yaml
-
-from .specload import SpecError
+from .specload import SpecError, parse_cli_value
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "quickstart.yaml"
 
@@ -22,7 +20,7 @@ def _parse_sets(pairs: list[str]) -> dict[str, object]:
         if "=" not in p:
             raise SpecError("--set", p, "expected FIELD.PATH=VALUE")
         k, v = p.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
+        out[k.strip()] = parse_cli_value(v, f"--set {k.strip()}")
     return out
 
 
@@ -136,7 +134,7 @@ def cmd_compare(a) -> int:
 def cmd_sweep(a) -> int:
     from .scenario import load_scenario
 
-    values = [yaml.safe_load(v) for v in a.values.split(",")]
+    values = [parse_cli_value(v, f"--values {a.field}") for v in a.values.split(",")]
     base = _parse_sets(a.set)
     scs = [load_scenario(a.scenario, {**base, a.field: v}) for v in values]
     return _run_and_print([f"{a.field.split('.')[-1]}={v}" for v in values], scs, a)
