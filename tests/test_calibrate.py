@@ -288,7 +288,7 @@ def _few_points(monkeypatch, extra):
     def few(models, g):
         return [p for p in real(models, g) if p.table == "gemm"][:4] + extra
     monkeypatch.setattr(calibrate.bench, "kernel_points", few)
-    monkeypatch.setattr(itergrid, "iteration_points", lambda models, g: [])
+    monkeypatch.setattr(itergrid, "iteration_points", lambda models, g, resident: [])
 
 
 def test_out_of_memory_shape_is_recorded_skipped_and_reported_with_exit_2(tmp_path, monkeypatch,
