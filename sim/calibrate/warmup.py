@@ -10,10 +10,12 @@ through the split plan (`ops.split_plan`): the padded split count `NSPLIT_P`, th
 table's row stride (= its width), the blocks per split and the split count.
 `decode_classes` maps every (batch, width) a run can produce — batch 1 up to the
 scheduler's row limit (or the trace's size), width 1 up to the blocks of the
-trace's longest sequence — to its specialisation, and keeps the largest (batch,
-width) of each class; `warm_kernels` runs one decode step per class (and one
-prefill of the longest prompt, so the caching allocator has grown to the largest
-step), untimed, on block 0 (the pool's scratch block). Enumerating is exact and
+trace's longest sequence — to its specialisation, and keeps the cheapest (batch,
+width) of each class (compilation depends on the class alone, and the cheapest
+cannot run out of memory where the timed steps would not); `warm_kernels` runs one
+decode step per class, and one prefill of the longest prompt (so the caching
+allocator has grown to a long prefill), untimed, on block 0 (the pool's scratch
+block). Enumerating is exact and
 cheap where a full untimed replay of the trace is neither: a replay takes as long as
 the trace and may still miss a (batch, width) that the timed runs' own timing
 produces.
@@ -44,16 +46,18 @@ def specialisation(batch: int, width: int, kv_heads: int, sms: int) -> tuple:
 
 def decode_classes(max_batch: int, max_width: int, kv_heads: int,
                    sms: int) -> dict[tuple, tuple[int, int]]:
-    """Specialisation -> the largest (batch, width) with it, over every batch in
-    1..max_batch and width in 1..max_width."""
-    out: dict[tuple, tuple[int, int]] = {}
-    # batches with the same `split_want` get the same plan at every width: the largest stands
-    widest = {ops.split_want(b, kv_heads, sms): b for b in range(1, max_batch + 1)}
-    for b in widest.values():
+    """Specialisation -> the cheapest (batch, width) with it (fewest blocks read), over
+    every batch in 1..max_batch and width in 1..max_width."""
+    best: dict[tuple, tuple[int, int, int]] = {}
+    # batches with the same `split_want` get the same plan at every width: the smallest stands
+    smallest: dict[int, int] = {}
+    for b in range(max_batch, 0, -1):
+        smallest[ops.split_want(b, kv_heads, sms)] = b
+    for b in smallest.values():
         for w in range(1, max_width + 1):
             key = specialisation(b, w, kv_heads, sms)
-            out[key] = max(out.get(key, (0, 0)), (b, w))
-    return out
+            best[key] = min(best.get(key, (b * w, b, w)), (b * w, b, w))
+    return {key: (b, w) for key, (_, b, w) in best.items()}
 
 
 def run_bounds(engine: ReferenceEngine, wl: Workload) -> tuple[int, int]:
