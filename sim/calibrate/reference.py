@@ -153,8 +153,16 @@ def prefill_step(model: Llama, cache: PagedCache, rows: list[tuple[int, list[int
 
 def decode_step(model: Llama, cache: PagedCache, ids: torch.Tensor, pos: torch.Tensor,
                 slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
-                attn: Callable = ops.paged, greedy: bool = False) -> torch.Tensor:
-    """One token for each row: ids, pos, slots, lens [B], tables [B, max_blocks]."""
+                attn: Callable = ops.paged) -> torch.Tensor:
+    """One sampled token for each row: ids, pos, slots, lens [B], tables [B, max_blocks]."""
+    logits = decode_logits(model, cache, ids, pos, slots, tables, lens, attn)
+    return ops.sample(logits, model.dev.gen)
+
+
+def decode_logits(model: Llama, cache: PagedCache, ids: torch.Tensor, pos: torch.Tensor,
+                  slots: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+                  attn: Callable = ops.paged) -> torch.Tensor:
+    """`decode_step` up to the LM head's logits [B, vocab] (writes the new K, V)."""
     m = model.spec
     x = model.embed[ids]
     for li, lw in enumerate(model.layers):
@@ -163,8 +171,7 @@ def decode_step(model: Llama, cache: PagedCache, ids: torch.Tensor, pos: torch.T
         o = attn(q, cache.k[li], cache.v[li], tables, lens)
         x = x + F.linear(o.reshape(-1, m.q_dim), lw["wo"])
         x = x + model.mlp(x, lw)
-    logits = model.logits(x)
-    return logits.argmax(-1) if greedy else ops.sample(logits, model.dev.gen)
+    return model.logits(x)
 
 
 @dataclass
