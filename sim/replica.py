@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from .batch import FINISHED, REJECTED, SWAPPED, TRANSFERRING, WAITING, Seq
 from .kv import ContiguousKV, PagedKV
 from .latency import StepLatency
+from .router import ReplicaLoad
 from .scheduler import DECODE, ReplicaState, StaticPolicy, StepPlan
 from .speculative import SpecBatch
 
@@ -120,6 +121,7 @@ class Replica:
         self.weights = array("q")
         self.static_rows: list[Seq] = []
         self.done = 0  # requests this replica finished or rejected
+        self.load = ReplicaLoad()  # what a router knows of it (outstanding kept current here)
         self.handed_over = 0  # disaggregated prefill: requests whose KV left for a decode replica
         self.transfer_bytes = 0.0  # KV bytes received from prefill replicas
         self.policy_watermark = getattr(policy, "watermark", 0)
@@ -166,6 +168,7 @@ class Replica:
             s.state = REJECTED
             s.reject_reason = why
             self.done += 1
+            self.load.outstanding -= 1
 
     def admit(self, plan: StepPlan, now: float, chunk: list[int] | None = None) -> None:
         """Take the plan's new requests off the queue and give them KV for their whole
@@ -226,6 +229,7 @@ class Replica:
         self.free(s, self.st.kv.blocks_for(tokens))
         self.outside_tokens -= s.prompt
         self.handed_over += 1
+        self.load.outstanding -= 1
 
     def reserve_transfer(self, s: Seq) -> int:
         """Disaggregated decode: take the blocks for `s`'s incoming KV; returns its tokens."""
@@ -251,6 +255,7 @@ class Replica:
         """A finished request gives back its KV (static contiguous rows wait for the batch)."""
         s.state = FINISHED
         self.done += 1
+        self.load.outstanding -= 1
         if self.contiguous:
             if not self.static:
                 self.st.kv.free(s.reserved)
