@@ -16,7 +16,7 @@ from .batch import FINISHED, REJECTED, SWAPPED, TRANSFERRING, WAITING, Seq
 from .kv import ContiguousKV, PagedKV
 from .latency import StepLatency
 from .router import ReplicaLoad
-from .scheduler import DECODE, ReplicaState, StaticPolicy, StepPlan
+from .scheduler import DECODE, IDLE, ReplicaState, StaticPolicy, StepPlan
 from .speculative import SpecBatch
 
 
@@ -121,6 +121,7 @@ class Replica:
         self.weights = array("q")
         self.static_rows: list[Seq] = []
         self.done = 0  # requests this replica finished or rejected
+        self.step = Step(IDLE, 0.0)  # the step under way (start fills it, finish completes it)
         self.load = ReplicaLoad()  # what a router knows of it (outstanding kept current here)
         self.handed_over = 0  # disaggregated prefill: requests whose KV left for a decode replica
         self.transfer_bytes = 0.0  # KV bytes received from prefill replicas
@@ -423,23 +424,28 @@ class Replica:
     # ---- one plan, start to finish (the engine and the reference engine both use these) --
     def start(self, plan: StepPlan, now: float) -> Step | None:
         """Apply `plan` at `now`: rejections, preemption, swaps, admissions and KV for the
-        step; returns the step to compute, or None when the plan computes nothing."""
+        step; returns the step to compute (the replica's one step under way, reused from
+        step to step), or None when the plan computes nothing."""
         if plan.reject:
             self.reject(plan)
         kind = plan.kind
+        step = self.step
         if kind == "decode":
-            dur, n = self.decode_step(plan)
-            return Step(plan, dur, n, n, 1)
-        if kind == "prefill":
-            dur, n, tokens = self.prefill_step(plan, now)
-            return Step(plan, dur, n, tokens, 0)
-        if kind == "mixed":
-            dur, code, n, tokens = self.mixed_step(plan, now)
-            return Step(plan, dur, n, tokens, code)
-        if kind == "preempt":
-            self.preempt(plan)
-            self.swap(plan)
-        return None
+            step.seconds, n = self.decode_step(plan)
+            step.seqs = step.tokens = n
+            step.code = 1
+        elif kind == "prefill":
+            step.seconds, step.seqs, step.tokens = self.prefill_step(plan, now)
+            step.code = 0
+        elif kind == "mixed":
+            step.seconds, step.code, step.seqs, step.tokens = self.mixed_step(plan, now)
+        else:
+            if kind == "preempt":
+                self.preempt(plan)
+                self.swap(plan)
+            return None
+        step.plan = plan
+        return step
 
     def finish(self, step: Step, t0: float, t_end: float) -> list[Seq]:
         """The step begun at `t0` ended at `t_end`: tokens out, finished requests free
@@ -458,7 +464,8 @@ class Replica:
         else:
             done = self.finish_mixed_step(step.plan, t_end)
             self.record(t0, t_end, step.code, step.seqs, step.tokens)
-        self.end_of_step()
+        if self.static:
+            self.end_of_step()
         return done
 
     def end_of_step(self) -> None:
