@@ -107,7 +107,11 @@ class RunningBatch:
         """KV blocks a paged member holds between steps."""
         return -(-(s.prompt + self.generated(s) - 1) // self.bs)
 
-    def new_blocks_needed(self) -> int:
+    def lookahead(self) -> int:
+        """Slots a decode step writes per sequence."""
+        return 1
+
+    def new_blocks_needed(self, lookahead: int = 0) -> int:
         """Blocks the next decode step must allocate (paged)."""
         return self.phase[self.D % self.bs] if self.paged else 0
 

@@ -14,7 +14,7 @@ import simpy
 from .batch import RunningBatch, Seq
 from .kv import ContiguousKV, PagedKV
 from .latency import StepLatency
-from .prefix import PrefixCache
+from .prefix import PrefixCache, regroup
 from .replica import Replica, RunResult
 from .scheduler import ReplicaState, StaticPolicy
 from .speculative import SpecBatch, Speculator
@@ -82,7 +82,7 @@ def replica(env: simpy.Environment, rep: Replica, progress=None):
             else:
                 yield rep.wake
             rep.wake = None
-        if rep.static and len(batch) == 0 and batch.n_compute:
+        if rep.static and len(batch) == 0 and (batch.n_compute or rep.static_rows):
             rep.end_static_batch()
         if progress is not None and len(log.t_end) % 2000 == 0:
             progress(env.now)
@@ -101,9 +101,10 @@ def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
         batch = RunningBatch(kv.block_size, paged, keep_finished=isinstance(policy, StaticPolicy))
     st = ReplicaState(kv=kv, batch=batch, max_model_len=max_model_len, swap_free_blocks=swap_blocks,
                       reserve_max_model_len=reserve_max_model_len)
-    if prefix_caching and workload.prefix_hashes is not None and paged:
-        hash_bytes = kv_bytes_per_token * workload.block_tokens
-        st.prefix = PrefixCache(kv, workload.block_tokens, int(prefix_host_bytes // hash_bytes))
+    hashes = workload.prefix_hashes
+    if prefix_caching and hashes is not None and paged:
+        hashes, hash_tokens = regroup(hashes, workload.block_tokens, kv.block_size)
+        st.prefix = PrefixCache(kv, hash_tokens, int(prefix_host_bytes // (kv_bytes_per_token * hash_tokens)))
     rep = Replica(st, policy, latency, kv_bytes_per_token, pcie_bytes_per_s)
     arr = np.asarray(workload.arrival_s, dtype=float).tolist()
     # as in vLLM, generation stops at the context window (a longer prompt is rejected)
@@ -117,8 +118,8 @@ def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
             strict=True,
         ))
     ]
-    if workload.prefix_hashes is not None:
-        for s, h in zip(seqs, workload.prefix_hashes, strict=True):
+    if hashes is not None:
+        for s, h in zip(seqs, hashes, strict=True):
             s.prefix = h
     rep.pending = len(seqs)
     env = simpy.Environment()
@@ -127,5 +128,6 @@ def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
     env.run()
     if rep.pending:
         raise RuntimeError(f"simulation ended with {rep.pending} requests unaccounted for")
+    rep.check_conserved()
     return RunResult(seqs, rep.log, rep.gaps, rep.weights, kv, env.now, rep.swap_bytes,
                      st.prefix.summary() if st.prefix is not None else None)
