@@ -72,8 +72,8 @@ class StepPlan:
     wake_at: float | None = None                       # idle: wake by then at the latest
     hits: list[int] = field(default_factory=list)      # per prefill seq: cached hash blocks
     chunks: list[tuple[Seq, int]] = field(default_factory=list)  # mixed: (seq, new tokens)
-    # speculative decode after preemption or swapping: the lookahead the plan's block count
-    # stands on (the batch's, before victims leave); 0: whatever the batch decides
+    # speculative decode after preemption: the lookahead the plan's block count stands on
+    # (the batch's before its victims leave); 0: whatever the batch decides
     lookahead: int = 0
 
 
@@ -145,8 +145,9 @@ class ContinuousPolicy:
         free = kv.free_blocks
         if need <= free and not st.swapped:
             return DECODE
-        plan = StepPlan("decode", lookahead=batch.lookahead())
+        plan = StepPlan("decode")
         if need > free:
+            plan.lookahead = batch.lookahead()  # what `need` stands on, victims still in
             swap_room = st.swap_free_blocks
             for victim in reversed(batch.members):
                 held = batch.held_blocks(victim)

@@ -52,13 +52,21 @@ def scenarios(draw) -> dict:
         "max_batch_size": draw(st.integers(1, 8)),
         "max_wait_s": draw(st.sampled_from([0.0, 0.01, 0.5])),
     }
+    arrival = {"kind": draw(st.sampled_from(["poisson", "constant", "gamma"])),
+               "rate": draw(st.sampled_from([1.0, 50.0, 1000.0]))}
+    if arrival["kind"] == "gamma":
+        arrival["cv"] = draw(st.sampled_from([0.5, 4.0]))
     workload = {
         "num_requests": draw(st.integers(1, 24)),
-        "arrival": {"kind": draw(st.sampled_from(["poisson", "constant"])),
-                    "rate": draw(st.sampled_from([1.0, 50.0, 1000.0]))},
-        "prompt": {"kind": "uniform", "low": draw(st.integers(1, 64)), "high": draw(st.integers(64, 400))},
+        "arrival": arrival,
+        "prompt": draw(st.sampled_from([
+            {"kind": "uniform", "low": draw(st.integers(1, 64)), "high": draw(st.integers(64, 400))},
+            {"kind": "lognormal", "median": 100, "sigma": 1.0, "max": 2000},
+        ])),
         "output": {"kind": "uniform", "low": 1, "high": draw(st.integers(1, 80))},
     }
+    if draw(st.booleans()):
+        workload["max_output_tokens"] = draw(st.integers(1, 100))
     prefixes = draw(st.sampled_from(["none", "shared", "multi"]))
     if prefixes == "shared":
         workload["shared_prefix"] = {"tokens": draw(st.sampled_from([16, 40, 64, 256])),
@@ -68,11 +76,14 @@ def scenarios(draw) -> dict:
         workload["multi_turn"] = {"turns": draw(st.integers(2, 4))}
     method = "none"
     if policy == "continuous":
-        method = draw(st.sampled_from(["none", "ngram", "draft_model"]))
+        method = draw(st.sampled_from(["none", "ngram", "draft_model", "self_draft"]))
     speculative = {"method": method}
     if method != "none":
         speculative["k"] = draw(st.integers(1, 5))
         speculative["disable_above_batch"] = draw(st.sampled_from([None, 1, 3, 7]))
+        speculative["acceptance"] = draw(st.sampled_from([
+            {"kind": "fixed", "alpha": 0.0}, {"kind": "fixed", "alpha": 0.8},
+            {"kind": "fixed", "alpha": 1.0}, {"kind": "per_request", "mean": 0.6, "std": 0.2}]))
         if method == "draft_model":
             speculative["draft_model"] = "llama-3.2-1b"
     return {
