@@ -57,6 +57,11 @@ class ChunkedPolicy:
                 blocks = st.prefix.admission_blocks(s, h, cached + q)
             else:
                 blocks = kv.blocks_for(cached + q)
+            if free - blocks < self.watermark and h and not seqs:
+                # the cached prefix's blocks do not fit, and nothing else runs that could
+                # free any: start from scratch (its first chunk fits, or it was rejected)
+                h, cached, q = 0, 0, min(s.tokens_to_prefill, budget)
+                blocks = kv.blocks_for(q)
             if free - blocks < self.watermark:
                 break
             plan.prefill.append(s)

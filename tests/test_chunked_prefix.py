@@ -165,3 +165,17 @@ def test_prefill_step_with_cache_hits_stays_within_the_token_budget_when_admissi
     assert prefill.num_tokens.max() <= 256
     assert set(out.requests.status) <= {"finished", "rejected"}
     assert out.result.kv.free_blocks == 18
+
+
+def test_chunked_starts_from_scratch_when_a_cached_prefix_does_not_fit_above_the_watermark():
+    # the second request's 160 cached tokens plus a 16-token chunk need 11 blocks, the
+    # watermark leaves 10 of 12: alone in the replica, it is prefilled without the cache
+    out = run(scenario(
+        scheduler={"policy": "chunked", "watermark": 0.2, "max_num_batched_tokens": 16},
+        kv={"block_size": 16, "num_blocks": 12, "prefix_caching": True},
+        workload={"num_requests": 2, "arrival": {"kind": "constant", "rate": 0.1},
+                  "prompt": {"kind": "fixed", "value": 16}, "output": {"kind": "fixed", "value": 2},
+                  "shared_prefix": {"tokens": 160}}))
+    assert list(out.requests.status) == ["finished", "finished"]
+    assert list(out.requests.cached_tokens) == [0, 0]
+    assert out.result.kv.free_blocks == 12

@@ -22,7 +22,7 @@ from sim.runner import run
 from sim.scenario import scenario_from_dict
 from sim.specload import SpecError
 
-EXAMPLES = int(os.environ.get("LLMSIM_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("LLMSIM_FUZZ_EXAMPLES", "300"))
 EPS = 1e-9
 
 
