@@ -112,7 +112,7 @@ class RunningBatch:
         return 1
 
     def new_blocks_needed(self, lookahead: int = 0) -> int:
-        """Blocks the next decode step must allocate (paged)."""
+        """Blocks the next decode step must allocate (paged; the lookahead is always 1)."""
         return self.phase[self.D % self.bs] if self.paged else 0
 
     def needs_block(self, s: Seq) -> bool:

@@ -69,7 +69,7 @@ def scenarios(draw) -> dict:
         workload["max_output_tokens"] = draw(st.integers(1, 100))
     prefixes = draw(st.sampled_from(["none", "shared", "multi"]))
     if prefixes == "shared":
-        workload["shared_prefix"] = {"tokens": draw(st.sampled_from([16, 40, 64, 256])),
+        workload["shared_prefix"] = {"tokens": draw(st.sampled_from([16, 40, 64, 160, 256])),
                                      "fraction": draw(st.sampled_from([0.5, 1.0])),
                                      "groups": draw(st.integers(1, 3))}
     elif prefixes == "multi":
