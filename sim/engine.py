@@ -20,6 +20,7 @@ import simpy
 
 from .batch import REJECTED, Seq
 from .cluster import Link
+from .prefix import regroup
 from .replica import Replica, ReplicaResult, RunResult
 from .workload import Workload
 
@@ -74,8 +75,11 @@ class Fleet:
                 self.report(self.front)
             i = self.router.choose(s.prefix[0] if s.prefix else None, self.loads)
         node = self.front[i]
-        node.rep.load.outstanding += 1
-        s.replica = node.rep.index
+        rep = node.rep
+        rep.load.outstanding += 1
+        s.replica = rep.index
+        if rep.prefix_view is not None:
+            s.prefix = rep.prefix_view[s.rid]
         node.rep.st.waiting.append(s)
         node.poke()
 
@@ -215,11 +219,29 @@ def make_seqs(workload: Workload, max_model_len: int) -> list[Seq]:
     return seqs
 
 
+def prefix_views(workload: Workload, replicas: list[Replica]) -> None:
+    """Give each prefix-caching replica whose KV block does not divide the workload's
+    prefix-hash block the hashes regrouped into whole KV blocks (`sim/prefix.regroup`);
+    a request dispatched there carries that replica's view of its prefix."""
+    if workload.prefix_hashes is None:
+        return
+    views: dict[int, tuple] = {}
+    for r in replicas:
+        cache = r.st.prefix
+        if cache is None or cache.hash_tokens == workload.block_tokens:
+            continue
+        if cache.hash_tokens not in views:
+            views[cache.hash_tokens] = regroup(workload.prefix_hashes, workload.block_tokens,
+                                               r.st.kv.block_size)[0]
+        r.prefix_view = views[cache.hash_tokens]
+
+
 def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode_router=None,
              link: Link | None = None, staleness_s: float = 0.0, progress=None) -> RunResult:
     """Replay `workload` through the replicas; every request ends finished or rejected."""
     max_len = min(r.st.max_model_len for r in replicas)
     seqs = make_seqs(workload, max_len)
+    prefix_views(workload, replicas)
     env = simpy.Environment()
     fleet = Fleet(env, replicas, router, decode_router=decode_router, link=link)
     fleet.fresh_reports = staleness_s == 0
@@ -242,6 +264,8 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     done = sum(r.done for r in replicas)
     if done != len(seqs):
         raise RuntimeError(f"simulation ended with {len(seqs) - done} requests unaccounted for")
+    for r in replicas:
+        r.check_conserved()
     gaps, weights = array("d"), array("q")
     for r in replicas:
         gaps.extend(r.gaps)

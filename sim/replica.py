@@ -9,6 +9,7 @@ tokens, finishes, and the per-step log.
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -104,6 +105,19 @@ class Step:
     code: int = 0       # log kind: 0 prefill, 1 decode, 2 verify, 3 mixed
 
 
+def drop_from_head(queue: deque[Seq], gone: set[Seq]) -> None:
+    """Remove `gone` (all in `queue`) from `queue`, scanning only up to the last of them."""
+    kept = []
+    left = len(gone)
+    while left:
+        s = queue.popleft()
+        if s in gone:
+            left -= 1
+        else:
+            kept.append(s)
+    queue.extendleft(reversed(kept))
+
+
 class Replica:
     """One model replica: its state, its policy and its step latency model."""
 
@@ -135,6 +149,7 @@ class Replica:
         # and its KV must move to a decode replica (the seq keeps its blocks here until then)
         self.handoff: Callable[[Seq, float], None] | None = None
         self.arrived: list[tuple[Seq, float]] = []  # disaggregated decode: KV arrived mid-step
+        self.prefix_view: tuple | None = None  # prefix hashes in whole KV blocks (engine.prefix_views)
         self.outside_tokens = 0  # disaggregated: KV held for requests outside the batch
 
     # ---- KV ------------------------------------------------------------------------
@@ -157,14 +172,15 @@ class Replica:
 
     # ---- plan application -------------------------------------------------------------
     def reject(self, plan: StepPlan) -> None:
-        gone = set(plan.reject)
+        """Drop the plan's rejected requests. Policies reject while scanning their queue
+        from the head, so each one lies among the first few entries: O(rejected + admitted)."""
         st = self.st
-        st.waiting = type(st.waiting)(s for s in st.waiting if s not in gone)
-        if st.swapped and any(s.state == SWAPPED for s in gone):
-            st.swapped = type(st.swapped)(s for s in st.swapped if s not in gone)
-            for s in gone:
-                if s.state == SWAPPED:
-                    st.swap_free_blocks += s.reserved
+        from_swap = [s for s in plan.reject if s.state == SWAPPED]
+        if from_swap:
+            drop_from_head(st.swapped, set(from_swap))
+            st.swap_free_blocks += sum(s.reserved for s in from_swap)
+        if len(from_swap) < len(plan.reject):
+            drop_from_head(st.waiting, {s for s in plan.reject if s.state != SWAPPED})
         for s, why in zip(plan.reject, plan.reasons, strict=True):
             s.state = REJECTED
             s.reject_reason = why
@@ -174,9 +190,12 @@ class Replica:
     def admit(self, plan: StepPlan, now: float, chunk: list[int] | None = None) -> None:
         """Take the plan's new requests off the queue and give them KV for their whole
         prefill, or for their cached prefix plus a first `chunk` of tokens each, reusing
-        cached prefix blocks."""
+        cached prefix blocks. Every request references its cached prefix before any
+        block is taken, so no admission evicts a block a later one in the plan counts on
+        (its new tokens are then the plan's, within the step's token budget)."""
         st, kv, prefix = self.st, self.st.kv, self.st.prefix
         per_row = StaticPolicy.per_request_reservation(st, plan.prefill) if self.static else 0
+        need = 0
         for i, (s, h) in enumerate(zip(plan.prefill, plan.hits, strict=True)):
             st.waiting.popleft()
             first = s.sched_t < 0
@@ -184,21 +203,19 @@ class Replica:
                 s.sched_t = now
             if self.contiguous:
                 s.reserved = per_row or st.admission_need(s)
-                self.alloc(s.reserved)
+                need += s.reserved
                 s.prefilled = 0
                 continue
             if prefix is not None and s.prefix:
-                # an earlier admission of this step may have evicted part of the match
-                h = min(h, prefix.match(s))
                 upto = None if chunk is None else h * prefix.hash_tokens + chunk[i]
-                need = prefix.admission_blocks(s, h, upto)
+                need += prefix.admission_blocks(s, h, upto)
                 s.prefilled = prefix.acquire(s, h, first)
                 if first:
                     s.cached_tokens = s.prefilled
             else:
                 s.prefilled = 0
-                need = kv.blocks_for(s.tokens_to_prefill if chunk is None else chunk[i])
-            self.alloc(need)
+                need += kv.blocks_for(s.tokens_to_prefill if chunk is None else chunk[i])
+        self.alloc(need)
         if self.static:
             self.static_rows = list(plan.prefill)
 
@@ -317,12 +334,12 @@ class Replica:
                 self.preempt(plan)
             if plan.swap_out or plan.swap_in:
                 move_s = self.swap(plan)
-        need = batch.new_blocks_needed()
+        need = batch.new_blocks_needed(plan.lookahead)
         if need:
             self.alloc(need)
         n = batch.n_compute
-        if self.spec:
-            return batch.seconds() + move_s, n
+        if self.spec:  # victims gone, the round keeps the lookahead its blocks were planned at
+            return batch.seconds(plan.lookahead) + move_s, n
         return self.lat.decode(n, batch.sum_ctx(), batch.max_ctx()) + move_s, n
 
     def finish_round(self, n: int) -> tuple[int, int]:
@@ -400,6 +417,15 @@ class Replica:
                     done.append(s)
         return done
 
+    def check_conserved(self) -> None:
+        """At the end of a run every KV block and every swap block is free again."""
+        kv, prefix = self.st.kv, self.st.prefix
+        if kv.free_blocks != kv.num_blocks or (prefix is not None and prefix.refs):
+            raise RuntimeError(f"KV leak: {kv.num_blocks - kv.free_blocks} of {kv.num_blocks} "
+                               f"blocks still taken after every request ended")
+        if self.st.swapped:
+            raise RuntimeError(f"{len(self.st.swapped)} requests left in host memory")
+
     def end_static_batch(self) -> None:
         """The batch's longest request finished: every row gives its slot back."""
         if self.contiguous:
@@ -469,6 +495,8 @@ class Replica:
         return done
 
     def end_of_step(self) -> None:
-        """Static batching: once the batch's last row finished, every slot is given back."""
-        if self.static and len(self.st.batch) == 0 and self.st.batch.n_compute:
+        """Static batching: once the batch's last row finished (at its prefill, too), every
+        slot is given back."""
+        if self.static and len(self.st.batch) == 0 and (self.st.batch.n_compute
+                                                        or self.static_rows):
             self.end_static_batch()
