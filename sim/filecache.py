@@ -8,7 +8,9 @@ created or deleted since. A key holds one entry, so a changed file replaces its 
 value instead of piling up beside it.
 
 The loader passes each file it is about to consult through `watch`, which stamps it
-before it is read: a file changed during the read differs at the next lookup.
+before it is read: a file changed during the read differs at the next lookup. Limit: a
+rewrite in place to the same size within one tick of the file system's clock (a few
+ms on some) keeps the stamp; llmsim's own writers (calibrate) are minutes apart.
 """
 
 from __future__ import annotations
