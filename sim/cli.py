@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 from .specload import SpecError, parse_cli_value
 
@@ -168,9 +169,19 @@ def cmd_gpus(a) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error (unknown flag, missing argument, bad choice) is one line on stderr,
+    `llmsim: error: [<subcommand>: ]<what>`, and exit status 2; `--help` is unchanged."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        self.exit(2, f"llmsim: error: {where}{' '.join(message.split())}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="llmsim", description="Simulate LLM inference serving.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = OneLineParser(prog="llmsim", description="Simulate LLM inference serving.")
+    # every parser made from `sub` (here and in the add_parsers of other modules) is one
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
     def common(p, out_help: str) -> None:
         p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                        help="override a scenario field (repeatable)")
