@@ -23,6 +23,7 @@ if __name__ == "__main__":
     rows = result["candidates"]
     runs = sum(r.get("runs", 0) for r in rows)
     rec = result["recommended"]
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{len(rows)} candidates ({sum(r['status'] == 'skipped' for r in rows)} skipped), "
           f"{runs} bisection runs + fleet check; wall {wall:.1f} s, CPU {cpu:.1f} s")
     if rec:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +37,8 @@ if __name__ == "__main__":
             times[ex] = time.perf_counter() - t0
             tables[ex] = (Path(tmp) / ex / "results.csv").read_bytes()
     same = all(t == tables["sequential"] for t in tables.values())
-    print(f"{len(configs)} configurations, {a.workers} workers; rows identical across executors: {same}")
+    load = os.getloadavg()[0]
+    print(f"{len(configs)} configurations, {a.workers} workers, {os.cpu_count()} CPUs, load average "
+          f"{load:.1f} (other processes share the cores); rows identical across executors: {same}")
     for ex in execs:
         print(f"  {ex:10s} {times[ex]:6.1f} s  speed-up {times['sequential'] / times[ex]:.2f}x")

@@ -210,7 +210,8 @@ def pareto(rows: list[dict]) -> list[str]:
 
 
 def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
-    """Move the replica count until N meets the SLOs (all seeds) and N - 1 does not."""
+    """Move the replica count until N meets the SLOs (all seeds) and N - 1 does not
+    (assumes more replicas never hurt: down by bisection from the estimate, else up)."""
     from .fleet import simulate_fleet
 
     over = {k: v for k, v in cand.items() if tp_supported() or k != "parallel.tensor"}
@@ -234,9 +235,16 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
         return checks[n]["passed"]
 
     n = row["replicas"]
-    if check(n):
-        while n > 1 and check(n - 1):
-            n -= 1
+    if check(n):  # bisect down to the smallest passing count (0 replicas always fail)
+        lo, hi = 0, n
+        guess = math.ceil(spec.target_rate / row["fail_rate"]) if row.get("fail_rate") else 1
+        for mid in (guess, guess - 1):  # the likely answer and its neighbour first
+            if lo < mid < hi:
+                lo, hi = (lo, mid) if check(mid) else (mid, hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if check(mid) else (mid, hi)
+        n = hi
     else:
         while n < spec.search.max_replicas and not check(n + 1):
             n += 1
@@ -255,6 +263,8 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
     cands = candidate_grid(spec)
     load_scenario(_resolve(spec, spec.scenario))  # a bad scenario fails before any run
     rows = _map(spec, cands, prices, workers or os.cpu_count() or 1, progress)
+    if rows and all(r["note"].startswith("invalid") for r in rows):  # a typo, not a combination
+        raise SpecError(spec.file, "candidates", rows[0]["note"])
     front = set(pareto(rows))
     for r in rows:
         r["pareto"] = r["candidate"] in front

@@ -137,3 +137,15 @@ def test_plan_without_slo_bounds_is_a_one_line_error(tmp_path):
     p.write_text("scenario: x.yaml\ntarget_rate: 1\nslo: {}\n")
     with pytest.raises(SpecError, match=r"p.yaml: slo.ttft_p99_s: give at least one"):
         load_plan(p)
+
+
+def test_plan_whose_every_candidate_is_invalid_is_a_one_line_error(tmp_path, capsys):
+    from sim.cli import main
+
+    p = tmp_path / "p.yaml"
+    p.write_text(f"scenario: {ROOT / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 1\n"
+                 "slo: {ttft_p99_s: 1}\ncandidates: {scheduler.polcy: [static]}\n")
+    assert main(["plan", str(p), "--out", str(tmp_path / "o"), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("llmsim: error: ") and "scheduler.polcy: unknown key" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
