@@ -36,6 +36,7 @@ class FleetResult:
     requests: pd.DataFrame  # every request, with a `replica` column
     summary: dict  # same keys as a run summary where they apply (ttft_s.p99, ...)
     replica_summaries: list[dict]
+    replica_steps: list[pd.DataFrame]  # each replica's iterations, on the fleet's clock
 
 
 def simulate_fleet(scenario: Scenario, replicas: int, seed: int) -> FleetResult:
@@ -48,7 +49,7 @@ def simulate_fleet(scenario: Scenario, replicas: int, seed: int) -> FleetResult:
     _copy_origin(scenario, sc)
     wl = prepare(sc).workload
     route = np.random.default_rng([seed, ROUTER_STREAM]).integers(0, replicas, size=len(wl))
-    frames, summaries = [], []
+    frames, summaries, steps = [], [], []
     with tempfile.TemporaryDirectory(prefix="llmsim-fleet-") as tmp:
         for i in range(replicas):
             mine = np.flatnonzero(route == i)
@@ -62,15 +63,16 @@ def simulate_fleet(scenario: Scenario, replicas: int, seed: int) -> FleetResult:
             share.to_csv(path, index=False, float_format="%.9f")
             out = run(_with_trace(sc, path, seed * 1009 + i))
             req = out.requests.copy()
-            req["arrival_s"] += float(wl.arrival_s[mine[0]])  # a trace restarts at 0
-            for col in ("first_token_s", "finish_s"):
-                req[col] += float(wl.arrival_s[mine[0]])
+            t0 = float(wl.arrival_s[mine[0]])  # a trace restarts at 0
+            for col in ("arrival_s", "first_token_s", "finish_s"):
+                req[col] += t0
+            steps.append(out.steps.assign(t_start=out.steps.t_start + t0, t_end=out.steps.t_end + t0))
             req.insert(0, "replica", i)
             req["id"] = mine[req["id"].to_numpy()]
             frames.append(req)
             summaries.append(out.summary)
     requests = pd.concat(frames, ignore_index=True).sort_values("id", kind="stable")
-    return FleetResult(replicas, requests, fleet_summary(requests, sc, replicas), summaries)
+    return FleetResult(replicas, requests, fleet_summary(requests, sc, replicas), summaries, steps)
 
 
 def fleet_summary(req: pd.DataFrame, sc: Scenario, replicas: int) -> dict:

@@ -10,7 +10,9 @@ One process per replica (pid = replica index + 1, named "replica N"), with:
 * an instant event "preempted" (`ph: i`, scope thread) per preemption, placed at the
   request's first token (the step log does not keep preemption times, so the count
   is exact and the time is a marker; args carry the count).
-Timestamps are microseconds of simulated time.
+Timestamps are microseconds of simulated time. A fleet (`sim/fleet.py`) gives one
+(steps, requests) pair per replica: `write_trace(path, [(fleet.replica_steps[i],
+fleet.requests[fleet.requests.replica == i]) for i in ...])`.
 """
 
 from __future__ import annotations

@@ -101,3 +101,19 @@ def test_perfetto_trace_is_trace_event_json_with_documented_events(run_dir, tmp_
     finished = out.requests[out.requests.status == "finished"]
     decode_end = max(e["ts"] for e in ends if e["name"] == "decode")
     assert decode_end == pytest.approx(finished.finish_s.max() * 1e6)
+
+
+def test_fleet_trace_has_one_process_per_replica(tmp_path):
+    from sim.fleet import simulate_fleet
+    from sim.scenario import load_scenario
+
+    sc = load_scenario(ROOT / "scenarios" / "quickstart.yaml", {"workload.num_requests": 90})
+    fleet = simulate_fleet(sc, 3, seed=2)
+    parts = [(st, fleet.requests[fleet.requests.replica == i]) for i, st in enumerate(fleet.replica_steps)]
+    ev = json.loads(write_trace(tmp_path / "f.json", parts).read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    assert names == {1: "replica 0", 2: "replica 1", 3: "replica 2"}
+    first = {pid: min(e["ts"] for e in ev if e["pid"] == pid and e["ph"] == "X") for pid in names}
+    for pid, t in first.items():  # a replica's first iteration starts at its first request
+        arrivals = fleet.requests[fleet.requests.replica == pid - 1].arrival_s
+        assert t == pytest.approx(arrivals.min() * 1e6)
