@@ -16,10 +16,9 @@ import statistics
 import time
 from pathlib import Path
 
+from sim.build import build_fleet
 from sim.engine import simulate
-from sim.kv import make_kv
-from sim.latency import StepLatency
-from sim.runner import POLICIES, prepare
+from sim.runner import prepare
 from sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,15 +27,10 @@ SCENARIO = ROOT / "scenarios" / "azure_conv_reference.yaml"
 
 def time_once(runtime: str) -> tuple[float, float, int, int]:
     sc = load_scenario(SCENARIO, {"runtime": runtime})
-    p = prepare(sc)
-    model, profile, rt, budget, wl = p.model, p.profile, p.runtime, p.budget, p.workload
-    kv = make_kv(sc.kv.manager, budget.kv_tokens, sc.kv.block_size)
-    policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
-    lat = StepLatency(model, profile, rt, sc.attention.prefill, sc.decode_attention)
+    configs, wl, rng = prepare(sc)
+    fleet = build_fleet(sc, configs, rng)
     t0, c0 = time.perf_counter(), time.process_time()
-    res = simulate(wl, kv, policy, lat, max_model_len=sc.kv.max_model_len or model.max_len,
-                   kv_bytes_per_token=model.kv_bytes_per_token,
-                   pcie_bytes_per_s=profile.facts.pcie_gbs * 1e9)
+    res = simulate(wl, fleet.replicas, fleet.router)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     return wall, cpu, len(res.seqs), len(res.steps.t_end)
 
@@ -47,7 +41,7 @@ def main() -> None:
     a = ap.parse_args()
     print(f"{'runtime':24} {'requests':>9} {'iterations':>10} {'wall s':>7} {'cpu s':>6} "
           f"{'req/s':>9} {'iter/s':>9}")
-    for runtime in ("h200-eager-reference", "cuda-graph"):
+    for runtime in ("h200-eager-reference", "h200-eager-live", "cuda-graph"):
         runs = [time_once(runtime) for _ in range(a.repeat)]
         wall = statistics.median(r[0] for r in runs)
         cpu = statistics.median(r[1] for r in runs)

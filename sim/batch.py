@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 
 WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped", "finished", "rejected"
+TRANSFERRING = "transferring"  # disaggregated: KV on its way from a prefill to a decode replica
 
 
 class Seq:
@@ -24,7 +25,7 @@ class Seq:
         "rid", "arrival", "prompt", "output", "max_tokens", "generated", "state",
         "first_token_t", "finish_t", "sched_t", "preemptions", "d0", "g0", "t_join",
         "order", "epoch", "reserved", "last_token_t", "reject_reason", "cached_tokens",
-        "prefix", "prefix_refs", "prefilled",
+        "prefix", "prefix_refs", "prefilled", "replica", "prefill_replica",
     )
 
     def __init__(self, rid: int, arrival: float, prompt: int, output: int, max_tokens: int):
@@ -51,6 +52,8 @@ class Seq:
         self.prefix = None          # prefix-block hashes, when the workload has them
         self.prefix_refs = []       # prefix-cache blocks this request references
         self.prefilled = 0          # tokens of the current (re)prefill computed so far
+        self.replica = 0            # index of the replica that serves (finishes) it
+        self.prefill_replica = -1   # disaggregated: the replica that ran its prefill
 
     @property
     def tokens_to_prefill(self) -> int:

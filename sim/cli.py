@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import yaml
@@ -73,30 +75,55 @@ def table(names: list[str], summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def cmd_run(a) -> int:
-    from .runner import run
+def replica_table(rows: list[dict]) -> str:
+    """One line per replica of a fleet: where its requests went and how it fared."""
+    head = (f"{'replica':16} {'gpu':10} {'role':7} {'requests':>8} {'req/s':>6} "
+            f"{'TTFT p50/p99 ms':>16} {'TPOT p50 ms':>11} {'busy':>5} {'KV mean':>7}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        n = r.get("prefills", r["requests"]) if r["role"] == "prefill" else r["requests"]
+        ttft = f"{_fmt(r['ttft_s']['p50'], 'ms')}/{_fmt(r['ttft_s']['p99'], 'ms')}"
+        lines.append(f"{r['replica'][:16]:16} {r['gpu'][:10]:10} {r['role']:7} {n:8d} "
+                     f"{_fmt(r['request_throughput']):>6} {ttft:>16} "
+                     f"{_fmt(r['tpot_s']['p50'], 'ms'):>11} {r['gpu_busy_fraction']:5.0%} "
+                     f"{r['kv_util_mean']:7.0%}")
+    return "\n".join(lines)
 
-    out = run(a.scenario, _parse_sets(a.set), progress=not a.no_progress and sys.stderr.isatty())
-    dest = Path(a.out) if a.out else Path("runs") / out.scenario.name
+
+def cmd_run(a) -> int:
+    from .outputs import check_out_dir, safe_folder_name
+    from .runner import run
+    from .scenario import load_scenario
+
+    sc = load_scenario(a.scenario, _parse_sets(a.set))
+    dest = Path(a.out) if a.out else Path("runs") / safe_folder_name(sc.name)
+    check_out_dir(dest)  # before the simulation, not after it
+    out = run(sc, progress=not a.no_progress and sys.stderr.isatty())
     out.write(dest, plots=not a.no_plots)
     if a.trace_out:
         from .perfetto import write_trace
 
         write_trace(a.trace_out, [(out.steps, out.requests)])
     print(table([out.scenario.name], [out.summary]))
+    if out.summary.get("per_replica"):
+        print("\n" + replica_table(out.summary["per_replica"]))
     print(f"\nwrote {dest}/ (requests.csv, steps.csv, summary.json"
           + ("" if a.no_plots else ", latency_cdf.png, timeline.png") + ")")
     return 0
 
 
 def _run_and_print(names: list[str], scenarios: list, a) -> int:
-    """Run scenarios (all validated already), optionally write each, print one table."""
+    """Run scenarios (all validated already), optionally write each into its own folder
+    under --out, print one table."""
+    from .outputs import check_out_dir, write_many
     from .runner import run
 
+    if a.out:
+        check_out_dir(a.out)
     outs = [run(sc) for sc in scenarios]
     if a.out:
-        for name, o in zip(names, outs, strict=True):
-            o.write(Path(a.out) / name.replace("=", "_"), plots=not a.no_plots)
+        write_many(a.out, [(name, lambda folder, o=o: o.write(folder, plots=not a.no_plots))
+                           for name, o in zip(names, outs, strict=True)], {})
     print(table(names, [o.summary for o in outs]))
     return 0
 
@@ -159,8 +186,14 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _terminated(signum, frame):  # SIGTERM ends a run the way Ctrl-C does
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         return args.fn(args)
     except SpecError as e:
@@ -172,6 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `llmsim ... | head`
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         return 0
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
 
 
 if __name__ == "__main__":

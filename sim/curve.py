@@ -24,7 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from .capacity import rate_overrides
-from .outdir import output_folder, write_atomic
+from .outdir import write_output
 from .scenario import load_scenario
 from .sweep import config_key, execute
 
@@ -62,10 +62,12 @@ def run_curve(files: list[str], rates: list[float], out_dir: str | Path | None =
     bounds = {name: b for name, _, _, b in meta}
     knees = knee_table(table, {n: b or ttft_bound for n, b in bounds.items()})
     if out_dir is not None:
-        out = output_folder(out_dir, "curve", {"scenarios": [str(f) for f in files], "rates": rates})
-        write_atomic(out / "curve.csv", table.to_csv(index=False))
-        write_atomic(out / "knees.csv", knees.to_csv(index=False))
-        plot_curves(table, knees).savefig(out / "curve.png", dpi=110)
+        def write(folder: Path) -> None:
+            table.to_csv(folder / "curve.csv", index=False)
+            knees.to_csv(folder / "knees.csv", index=False)
+            plot_curves(table, knees).savefig(folder / "curve.png", dpi=110)
+
+        write_output(out_dir, "curve", write, {"scenarios": [str(f) for f in files], "rates": rates})
     return table, knees
 
 

@@ -1,112 +1,217 @@
-"""The SimPy engine: an arrival process feeding a replica process.
+"""The SimPy engine: arrivals, a router, replicas, and (disaggregated) KV links.
 
-`arrivals(env, ...)` releases requests at their arrival times; `replica(env, ...)`
-loops: ask the policy for a plan, apply it (`sim/replica.py`: admit, preempt, swap,
-allocate KV), hold the clock for the step's latency, then apply the step's results
-(first tokens, finished requests, freed KV). Policies never see `env`.
+`arrivals(env, ...)` releases requests at their arrival times and hands each to the
+fleet's router; `replica(env, ...)` loops: ask the policy for a plan, start it
+(`sim/replica.py`: admit, preempt, swap, allocate KV), hold the clock for the step's
+latency, then finish it (first tokens, finished requests, freed KV). With prefill and
+decode pools, `kv_link(env, ...)` moves each finished prefill's KV to a decode replica
+once that replica has room (bytes / bandwidth + latency); `reporter(env, ...)` refreshes
+what the router knows of each replica every `router.staleness_s`. Policies and routers
+never see `env`; SimPy stays in this module.
 """
 
 from __future__ import annotations
 
+from array import array
+from collections import deque
+
 import numpy as np
 import simpy
 
-from .batch import RunningBatch, Seq
-from .kv import ContiguousKV, PagedKV
-from .latency import StepLatency
-from .prefix import PrefixCache
-from .replica import Replica, RunResult
-from .scheduler import ReplicaState, StaticPolicy
-from .speculative import SpecBatch, Speculator
+from .batch import REJECTED, Seq
+from .cluster import Link
+from .replica import Replica, ReplicaResult, RunResult
+from .router import RandomRouter, ReplicaLoad, RoundRobin
 from .workload import Workload
 
 
-def arrivals(env: simpy.Environment, rep: Replica, seqs: list[Seq]):
-    """Release each request at its arrival time into the replica's queue."""
+class Node:
+    """The engine's handle on one replica: its SimPy wake-up and what waits for its room."""
+
+    __slots__ = ("rep", "wake", "room", "transfers", "link_wake", "sent", "received")
+
+    def __init__(self, rep: Replica):
+        self.rep = rep
+        self.wake: simpy.Event | None = None   # the replica process sleeps on this when idle
+        self.room: simpy.Event | None = None   # a KV link waits on this for free blocks
+        self.transfers: deque[tuple[Seq, Node]] = deque()  # decode side: KV moves queued
+        self.link_wake: simpy.Event | None = None
+        self.sent = 0       # requests the router dispatched here
+        self.received = 0   # prefills handed over to this (decode) replica
+
+    def poke(self) -> None:
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+    def stepped(self) -> None:
+        """After a step or preemption: wake a KV link waiting for room here."""
+        if self.room is not None and not self.room.triggered:
+            self.room.succeed()
+
+
+class Fleet:
+    """The replicas, the router's view of them, and the KV hand-off between pools."""
+
+    def __init__(self, env: simpy.Environment, replicas: list[Replica], router, *,
+                 decode_router=None, link: Link | None = None):
+        self.env = env
+        self.nodes = [Node(r) for r in replicas]
+        self.front = [n for n in self.nodes if n.rep.config is None or n.rep.config.role != "decode"]
+        self.back = [n for n in self.nodes if n.rep.config is not None and n.rep.config.role == "decode"]
+        self.router, self.decode_router, self.link = router, decode_router, link
+        self.loads = [ReplicaLoad() for _ in self.front]
+        self.back_loads = [ReplicaLoad() for _ in self.back]
+        self.fresh_reports = True  # staleness 0: refresh reported loads at every choice
+        self.needs_loads = not isinstance(router, _BLIND)
+        self.rejected_at_handoff = 0
+        for n in self.front:
+            if self.back:
+                n.rep.handoff = self._handoff_from(n)
+
+    # ---- routing ----------------------------------------------------------------------
+    def dispatch(self, s: Seq) -> None:
+        """A request arrives: the router picks a front replica (it sees `self.loads`)."""
+        if len(self.front) == 1:
+            i = 0
+        else:
+            if self.needs_loads:
+                self._refresh(self.front, self.loads, self.fresh_reports)
+            i = self.router.choose(s.prefix[0] if s.prefix else None, self.loads)
+        node = self.front[i]
+        node.sent += 1
+        s.replica = node.rep.index
+        node.rep.st.waiting.append(s)
+        node.poke()
+
+    @staticmethod
+    def _refresh(nodes: list[Node], loads: list[ReplicaLoad], reported: bool) -> None:
+        for n, load in zip(nodes, loads, strict=True):
+            rep = n.rep
+            load.outstanding = n.sent + n.received - rep.done - rep.handed_over
+            if reported:
+                load.waiting = len(rep.st.waiting)
+                load.kv_used = rep.st.kv.used_blocks / rep.st.kv.num_blocks
+
+    def report(self) -> None:
+        """Every replica reports its queue and KV use (the stale part of the router's view)."""
+        for nodes, loads in ((self.front, self.loads), (self.back, self.back_loads)):
+            for n, load in zip(nodes, loads, strict=True):
+                load.waiting = len(n.rep.st.waiting)
+                load.kv_used = n.rep.st.kv.used_blocks / n.rep.st.kv.num_blocks
+
+    # ---- disaggregated hand-off ----------------------------------------------------------
+    def _handoff_from(self, src: Node):
+        def handoff(s: Seq, t: float) -> None:
+            need = src.rep.st.kv.blocks_for(s.prompt + s.generated - 1)
+            fits = [i for i, n in enumerate(self.back)
+                    if need <= n.rep.st.kv.num_blocks - n.rep.policy_watermark]
+            if not fits:
+                src.rep.hand_over(s)
+                s.state = REJECTED
+                s.reject_reason = (f"its prompt's KV ({need} blocks) is larger than any decode "
+                                   "replica's cache")
+                src.rep.done += 1
+                self.rejected_at_handoff += 1
+                return
+            self._refresh(self.back, self.back_loads, self.fresh_reports)
+            loads = [self.back_loads[i] for i in fits]
+            dst = self.back[fits[self.decode_router.choose(None, loads)]]
+            dst.received += 1
+            dst.transfers.append((s, src))
+            if dst.link_wake is not None and not dst.link_wake.triggered:
+                dst.link_wake.succeed()
+        return handoff
+
+
+_BLIND = (RoundRobin, RandomRouter)  # routers that look at no load
+
+
+def arrivals(env: simpy.Environment, fleet: Fleet, seqs: list[Seq]):
+    """Release each request at its arrival time to the router."""
     t = 0.0
     for s in seqs:
         if s.arrival > t:
             yield env.timeout(s.arrival - t)
             t = s.arrival
-        rep.st.waiting.append(s)
-        if rep.wake is not None and not rep.wake.triggered:
-            rep.wake.succeed()
-    rep.arrivals_done = True
-    if rep.wake is not None and not rep.wake.triggered:
-        rep.wake.succeed()
+        fleet.dispatch(s)
 
 
-def replica(env: simpy.Environment, rep: Replica, progress=None):
-    """Run iterations until every request has finished or been rejected."""
-    st, log = rep.st, rep.log
-    batch = st.batch
-    policy = rep.policy
-    while rep.pending > 0:
+def reporter(env: simpy.Environment, fleet: Fleet, every_s: float, until: list[bool]):
+    """Replicas report their load every `every_s` seconds while requests remain."""
+    while not until[0]:
+        fleet.report()
+        yield env.timeout(every_s)
+
+
+def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
+    """Move finished prefills' KV into `dst`, first come first served, one at a time,
+    each once `dst` has the blocks for it (back-pressure: the prefill replica keeps the
+    blocks, and so admits less, while it waits)."""
+    rep = dst.rep
+    kv = rep.st.kv
+    # each GPU of the decode replica receives its own heads' share over its own link
+    bytes_per_token = rep.config.kv_bytes_per_token
+    max_seqs = rep.config.scenario.scheduler.max_num_seqs
+    in_flight = [0]  # a transfer under way holds a place in the batch
+    while True:
+        if not dst.transfers:
+            dst.link_wake = env.event()
+            yield dst.link_wake
+            dst.link_wake = None
+            continue
+        s, src = dst.transfers[0]
+        need = kv.blocks_for(s.prompt + s.generated - 1)
+        if (not kv.can_allocate(need, rep.policy_watermark)
+                or len(rep.st.batch) + len(rep.arrived) + in_flight[0] >= max_seqs):
+            dst.room = env.event()
+            yield dst.room
+            dst.room = None
+            continue
+        dst.transfers.popleft()
+        nbytes = rep.reserve_transfer(s) * bytes_per_token
+        in_flight[0] = 1
+        yield env.timeout(fleet.link.seconds(nbytes))
+        in_flight[0] = 0
+        rep.transfer_bytes += nbytes
+        src.rep.hand_over(s)
+        src.poke()
+        s.prefill_replica, s.replica = src.rep.index, rep.index
+        rep.take_over(s, env.now)
+        dst.poke()
+
+
+def replica(env: simpy.Environment, node: Node, progress=None):
+    """Run iterations for as long as there is work; sleep when there is none."""
+    rep = node.rep
+    st, log, policy = rep.st, rep.log, rep.policy
+    while True:
         now = env.now
+        if rep.arrived:
+            rep.join_arrived()
         plan = policy.schedule(st, now)
-        if plan.reject:
-            rep.reject(plan)
-        kind = plan.kind
-        if kind == "decode":
-            dur, n = rep.decode_step(plan)
-            yield env.timeout(dur)
-            t_end = now + dur
-            for s in batch.advance(t_end, rep.gaps, rep.weights):
-                rep.release(s)
-            if rep.spec:
-                code, tokens = rep.finish_round(n)
-                rep.record(now, t_end, code, n, tokens)
-            else:
-                rep.record(now, t_end, 1, n, n)
-        elif kind == "prefill":
-            dur, n, tokens = rep.prefill_step(plan, now)
-            yield env.timeout(dur)
-            t_end = now + dur
-            rep.finish_prefill_step(plan, t_end)
-            rep.record(now, t_end, 0, n, tokens)
-        elif kind == "mixed":
-            dur, code, n, tokens = rep.mixed_step(plan, now)
-            yield env.timeout(dur)
-            t_end = now + dur
-            rep.finish_mixed_step(plan, t_end)
-            rep.record(now, t_end, code, n, tokens)
-        elif kind == "preempt":
-            rep.preempt(plan)
-            rep.swap(plan)
-        elif kind == "idle":
-            if rep.arrivals_done and not st.waiting and not st.swapped and len(batch) == 0:
-                break
-            rep.wake = env.event()
-            if plan.wake_at is not None:
-                yield rep.wake | env.timeout(max(0.0, plan.wake_at - now))
-            else:
-                yield rep.wake
-            rep.wake = None
-        if rep.static and len(batch) == 0 and batch.n_compute:
-            rep.end_static_batch()
+        step = rep.start(plan, now)
+        if step is not None:
+            yield env.timeout(step.seconds)
+            rep.finish(step, now, now + step.seconds)
+        else:
+            if plan.kind == "idle":
+                node.wake = env.event()
+                if plan.wake_at is not None:
+                    yield node.wake | env.timeout(max(0.0, plan.wake_at - now))
+                else:
+                    yield node.wake  # a new request, a KV hand-off, or nothing ever again
+                node.wake = None
+            rep.end_of_step()
+        if node.room is not None:
+            node.stepped()
         if progress is not None and len(log.t_end) % 2000 == 0:
             progress(env.now)
 
 
-def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
-             max_model_len: int, kv_bytes_per_token: float, pcie_bytes_per_s: float,
-             swap_blocks: int = 0, reserve_max_model_len: bool = True,
-             prefix_caching: bool = False, prefix_host_bytes: float = 0.0,
-             speculator: Speculator | None = None, progress=None) -> RunResult:
-    """Replay `workload` through one replica; every request ends finished or rejected."""
-    paged = not isinstance(kv, ContiguousKV)
-    if speculator is not None:
-        batch = SpecBatch(kv.block_size, paged, speculator)
-    else:
-        batch = RunningBatch(kv.block_size, paged, keep_finished=isinstance(policy, StaticPolicy))
-    st = ReplicaState(kv=kv, batch=batch, max_model_len=max_model_len, swap_free_blocks=swap_blocks,
-                      reserve_max_model_len=reserve_max_model_len)
-    if prefix_caching and workload.prefix_hashes is not None and paged:
-        hash_bytes = kv_bytes_per_token * workload.block_tokens
-        st.prefix = PrefixCache(kv, workload.block_tokens, int(prefix_host_bytes // hash_bytes))
-    rep = Replica(st, policy, latency, kv_bytes_per_token, pcie_bytes_per_s)
+def make_seqs(workload: Workload, max_model_len: int) -> list[Seq]:
+    """The workload's requests; as in vLLM, generation stops at the context window (a
+    longer prompt is rejected by the policy)."""
     arr = np.asarray(workload.arrival_s, dtype=float).tolist()
-    # as in vLLM, generation stops at the context window (a longer prompt is rejected)
     seqs = [
         Seq(i, a, p, max(1, min(o, max_model_len - p)), m)
         for i, (a, p, o, m) in enumerate(zip(
@@ -120,12 +225,42 @@ def simulate(workload: Workload, kv: PagedKV, policy, latency: StepLatency, *,
     if workload.prefix_hashes is not None:
         for s, h in zip(seqs, workload.prefix_hashes, strict=True):
             s.prefix = h
-    rep.pending = len(seqs)
+    return seqs
+
+
+def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode_router=None,
+             link: Link | None = None, staleness_s: float = 0.0, progress=None) -> RunResult:
+    """Replay `workload` through the replicas; every request ends finished or rejected."""
+    max_len = min(r.st.max_model_len for r in replicas)
+    seqs = make_seqs(workload, max_len)
     env = simpy.Environment()
-    env.process(arrivals(env, rep, seqs))
-    env.process(replica(env, rep, progress))
+    fleet = Fleet(env, replicas, router, decode_router=decode_router, link=link)
+    fleet.fresh_reports = staleness_s == 0
+    finished = [False]
+    if staleness_s > 0 and len(fleet.front) > 1 and fleet.needs_loads:
+        # reports first: a report and an arrival at the same instant see the state before it
+        env.process(reporter(env, fleet, staleness_s, finished))
+
+        def watch():  # stop the reporter once every request is accounted for
+            while sum(r.done for r in replicas) < len(seqs):
+                yield env.timeout(max(staleness_s, 1.0))
+            finished[0] = True
+        env.process(watch())
+    env.process(arrivals(env, fleet, seqs))
+    for i, node in enumerate(fleet.nodes):
+        env.process(replica(env, node, progress if i == 0 else None))
+    for node in fleet.back:
+        env.process(kv_link(env, fleet, node))
     env.run()
-    if rep.pending:
-        raise RuntimeError(f"simulation ended with {rep.pending} requests unaccounted for")
-    return RunResult(seqs, rep.log, rep.gaps, rep.weights, kv, env.now, rep.swap_bytes,
-                     st.prefix.summary() if st.prefix is not None else None)
+    done = sum(r.done for r in replicas)
+    if done != len(seqs):
+        raise RuntimeError(f"simulation ended with {len(seqs) - done} requests unaccounted for")
+    gaps, weights = array("d"), array("q")
+    for r in replicas:
+        gaps.extend(r.gaps)
+        weights.extend(r.weights)
+    results = [ReplicaResult.of(r) for r in replicas]
+    end = env.now if not finished[0] else max(
+        (r.steps.t_end[-1] for r in results if len(r.steps.t_end)), default=0.0)
+    return RunResult(seqs, results, gaps, weights, end)
+

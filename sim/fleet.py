@@ -67,7 +67,7 @@ def simulate_fleet(scenario: Scenario, replicas: int, seed: int) -> FleetResult:
             for col in ("arrival_s", "first_token_s", "finish_s"):
                 req[col] += t0
             steps.append(out.steps.assign(t_start=out.steps.t_start + t0, t_end=out.steps.t_end + t0))
-            req.insert(0, "replica", i)
+            req["replica"] = i
             req["id"] = mine[req["id"].to_numpy()]
             frames.append(req)
             summaries.append(out.summary)

@@ -7,6 +7,13 @@ GPU time of a step over T new tokens in S sequences, for a model of L layers:
           + attention ]
     + final RMSNorm(T) + embedding(T) + LM head(rows)
 
+and, on a `tensor`-way tensor-parallel replica, every GEMM and attention call at
+its per-GPU shape (`ModelSpec.shard`) plus the communication term
+
+    (2 L + 1) x all-reduce(T x hidden x 2 bytes)  + all-gather of the LM head's logits
+
+(after attention's o and the MLP's down projection in every layer, and after the
+vocabulary-parallel embedding; sim/comm.py: measured table or α–β link model),
 where attention is, per layer, the configured prefill kernel (flash or naive,
 one call per sequence, each query attending over its cached context too) or one
 batched decode kernel (paged, paged_gather or contiguous) over all sequences'
@@ -18,7 +25,9 @@ Host overhead comes from a runtime profile (`gpu_profiles/runtimes/`): the
 host issues kernels at a cost per step, per layer, and per sequence and layer for
 the per-sequence attention launches of prefill and of multi-token (verify) steps; the step takes the slower of host and GPU,
 since the host runs ahead of the GPU until the GPU is the bottleneck.
-`cuda-graph` has no host cost (kernels only).
+`cuda-graph` has no host cost (kernels only). Per-sequence host terms add to the host
+side; serial terms (per step, per sequence, and a stall per prefill shape not seen
+before in the run, fitted from live logs by sim/logfit.py) add after the max.
 """
 
 from __future__ import annotations
@@ -27,8 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .jitter import JitterSpec
 from .models import ModelSpec
-from .profiles import ANALYTIC, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
+from .profiles import ANALYTIC, BF16, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
 from .specload import ROOT, SpecError, build, known_names, load_yaml
 
 TAGS = (EXACT, INTERPOLATED, EXTRAPOLATED, ANALYTIC)
@@ -56,12 +66,20 @@ class RuntimeSpec:
     host_ms_per_layer_decode_extra: float = field(default=0.0, metadata={"ge": 0})  # decode's host path
     host_ms_per_prefill_seq_layer: float = field(default=0.0, metadata={"ge": 0})
     host_ms_per_verify_seq_layer: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_prefill_seq: float = field(default=0.0, metadata={"ge": 0})  # per prefill sequence (input prep, sampling)
+    host_ms_per_decode_seq: float = field(default=0.0, metadata={"ge": 0})  # per decode sequence (sampling, detokenise)
+    serial_ms_per_step: float = field(default=0.0, metadata={"ge": 0})  # host time not overlapped with the GPU
+    serial_ms_per_seq: float = field(default=0.0, metadata={"ge": 0})  # likewise, per sequence in the step
     gpu_scale: float = field(default=1.0, metadata={"gt": 0})
     gpu_scale_decode: float = field(default=1.0, metadata={"gt": 0})
     # max: the host issues kernels ahead of an asynchronous GPU, so the slower of the two
     # sets the pace; sum: host work and kernels run one after the other (a CPU "device",
     # where the host thread runs the kernels itself)
     combine: Literal["max", "sum"] = "max"
+    # a stall, not overlapped, the first time a prefill attention shape (new tokens, context)
+    # is seen in a run: per-shape plan building / kernel specialisation (sim/logfit.py)
+    serial_ms_per_new_prefill_shape: float = field(default=0.0, metadata={"ge": 0})
+    jitter: JitterSpec | None = None  # step-time jitter (sim/jitter.py); None: deterministic
     source: str = ""
 
 
@@ -94,13 +112,19 @@ class StepLatency:
         prefill_impl: str = "flash",
         decode_impl: str = "paged",
         verify_impl: str = "paged_gather",
+        tensor: int = 1,
+        fp8_weights: bool = False,
     ):
-        self.m, self.p, self.rt = model, profile, runtime
+        """`model` is the whole model (with its dtype widths); each of the `tensor` GPUs
+        runs `model.shard(tensor)`. `fp8_weights`: projections at the FP8 rate."""
+        self.m, self.p, self.rt = model.shard(tensor), profile, runtime
         self.prefill_impl, self.decode_impl = prefill_impl, decode_impl
         self.verify_impl = verify_impl
-        self.shapes = model.gemm_shapes()
+        self.tensor, self.fp8_weights, self.vocab = tensor, fp8_weights, model.vocab
+        self.shapes = self.m.gemm_shapes()
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown(4), uses]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
+        self._seen_shapes: set[tuple[int, int]] = set()  # prefill shapes run so far
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
     def _piece(self, key: tuple, compute) -> float:
@@ -125,9 +149,10 @@ class StepLatency:
     def _dense_lookup(self, T: int) -> list[tuple[float, str]]:
         m, p, L = self.m, self.p, self.m.layers
         parts = []
+        gemm = p.gemm_fp8 if self.fp8_weights else p.gemm
         for op in ("qkv", "o", "gate_up", "down"):
             k, n = self.shapes[op]
-            ms, tag = p.gemm(T, k, n)
+            ms, tag = gemm(T, k, n)
             parts.append((L * ms, tag))
         for op, width, times in (
             ("rmsnorm", m.hidden, 2),
@@ -140,14 +165,24 @@ class StepLatency:
             parts.append((L * times * ms, tag))
         for op, width in (("rmsnorm", m.hidden), ("embedding", m.hidden)):
             parts.append(p.elementwise(op, T, width))
+        if self.tensor > 1:
+            ms, tag = p.comm.all_reduce(T * m.hidden * BF16, self.tensor)
+            parts.append(((2 * L + 1) * ms, tag))
+        return parts
+
+    def _lm_parts(self, rows: int) -> list[tuple[float, str]]:
+        """The LM head (bf16, vocabulary split across the GPUs) and the gather of its logits."""
+        k, n = self.shapes["lm_head"]
+        parts = [self.p.gemm(rows, k, n)]
+        if self.tensor > 1:
+            parts.append(self.p.comm.all_gather(rows * self.vocab * BF16, self.tensor))
         return parts
 
     def dense_ms(self, tokens: int) -> float:
         return self._piece(("dense", tokens), lambda: self._dense_parts(tokens))
 
     def lm_head_ms(self, rows: int) -> float:
-        k, n = self.shapes["lm_head"]
-        return self._piece(("lm", rows), lambda: [self.p.gemm(rows, k, n)])
+        return self._piece(("lm", rows), lambda: self._lm_parts(rows))
 
     def prefill_attn_ms(self, q_len: int, kv_len: int) -> float:
         m = self.m
@@ -173,13 +208,25 @@ class StepLatency:
             return ctx_q, ctx_q
         return ctx_q, min(max(ctx_q, _quantize(max_ctx, 5)), ctx_q * n)
 
+    def _kv_ctx(self, ctx: int) -> int:
+        """The bf16 context of equal KV bytes: decode kernels read an fp8 cache's bytes at
+        the measured bf16 rate (half the bytes for fp8; tagged by `_kv_tag`)."""
+        kvb = self.m.kv_dtype_bytes
+        return ctx if kvb == BF16 else max(1, round(ctx * kvb / BF16))
+
+    def _kv_tag(self, tag: str) -> str:
+        if self.m.kv_dtype_bytes == BF16 or tag in (EXTRAPOLATED, ANALYTIC):
+            return tag
+        return EXTRAPOLATED
+
     def _decode_attn_parts(self, n: int, ctx_q: int, max_q: int) -> list[tuple[float, str]]:
         m = self.m
+        ctx_q, max_q = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
         ms, tag = self.p.decode_attn(
             self.decode_impl, n, ctx_q * n, m.heads, m.kv_heads, m.head_dim,
             max_ctx=max_q if max_q > ctx_q else None,
         )
-        return [(m.layers * ms, tag)]
+        return [(m.layers * ms, self._kv_tag(tag))]
 
     def verify_attn_ms(self, q_len: int, kv_len: int) -> float:
         """Attention of `q_len` new tokens of one sequence over its `kv_len` cached tokens.
@@ -198,15 +245,16 @@ class StepLatency:
             else:
                 impl = "paged" if self.verify_impl == "paged" else "paged_gather"
                 rows = q_len if impl == "paged" else 1
-                ms, tag = self.p.decode_attn(impl, rows, rows * kv_q, m.heads, m.kv_heads,
-                                             m.head_dim)
+                ms, tag = self.p.decode_attn(impl, rows, rows * self._kv_ctx(kv_q), m.heads,
+                                             m.kv_heads, m.head_dim)
+                tag = self._kv_tag(tag)
             return [(m.layers * ms, tag)]
 
         return self._piece(("va", q_len, kv_q), compute)
 
     # ---- steps (seconds) --------------------------------------------------------
     def _combine(self, gpu_ms: float, prefill_seqs: int = 0, verify_seqs: int = 0,
-                 decode: bool = False) -> float:
+                 decode: bool = False, decode_seqs: int = 0, new_shapes: int = 0) -> float:
         rt, layers = self.rt, self.m.layers
         host = rt.host_ms_per_step + rt.host_ms_per_layer * layers
         if decode:
@@ -214,8 +262,24 @@ class StepLatency:
         if prefill_seqs or verify_seqs:
             host += layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
                               + rt.host_ms_per_verify_seq_layer * verify_seqs)
+        host += rt.host_ms_per_prefill_seq * prefill_seqs + rt.host_ms_per_decode_seq * (
+            decode_seqs + verify_seqs)
         gpu = gpu_ms * (rt.gpu_scale_decode if decode else rt.gpu_scale)
-        return (host + gpu if rt.combine == "sum" else max(host, gpu)) * 1e-3
+        step = host + gpu if rt.combine == "sum" else max(host, gpu)
+        step += (rt.serial_ms_per_step + rt.serial_ms_per_seq * (prefill_seqs + verify_seqs + decode_seqs)
+                 + rt.serial_ms_per_new_prefill_shape * new_shapes)
+        return step * 1e-3
+
+    def _new_shapes(self, chunks: list[tuple[int, int]]) -> int:
+        """How many of these prefill attention shapes this run has not seen before."""
+        if not self.rt.serial_ms_per_new_prefill_shape:
+            return 0
+        new = 0
+        for q, cached in chunks:
+            if (q, cached) not in self._seen_shapes:
+                self._seen_shapes.add((q, cached))
+                new += 1
+        return new
 
     def _step(self, key: tuple, parts) -> float:
         """Seconds of a whole decode-like step, memoised by `key` (one dict hit when warm)."""
@@ -225,14 +289,14 @@ class StepLatency:
             return e[3]
         gpu = self._piece(key, parts)
         e = self._memo[key]
-        e.append(self._combine(gpu, decode=True))
+        e.append(self._combine(gpu, decode=True, decode_seqs=key[1]))
         return e[3]
 
     def prefill(self, chunks: list[tuple[int, int]]) -> float:
         """A step prefilling `chunks` of (new tokens, tokens already cached) per sequence."""
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.dense_ms(tokens) + self.lm_head_ms(len(chunks))
-        return self._combine(gpu, prefill_seqs=len(chunks))
+        return self._combine(gpu, prefill_seqs=len(chunks), new_shapes=self._new_shapes(chunks))
 
     @staticmethod
     def _per_sequence(rows: list[tuple[int, int]], attn) -> tuple[int, float]:
@@ -248,9 +312,8 @@ class StepLatency:
         """A step decoding one token for each of `n` sequences attending over `sum_ctx`
         tokens in all (`max_ctx` the longest)."""
         ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
-        k, v = self.shapes["lm_head"]
         return self._step(("decode", n, ctx_q, max_q),  # the hot path: one dict hit per step
-                          lambda: self._dense_parts(n) + [self.p.gemm(n, k, v)]
+                          lambda: self._dense_parts(n) + self._lm_parts(n)
                           + self._decode_attn_parts(n, ctx_q, max_q))
 
     def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]]) -> float:
@@ -263,7 +326,8 @@ class StepLatency:
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.decode_attn_ms(n, sum_ctx, max_ctx)
         gpu += self.dense_ms(n + tokens) + self.lm_head_ms(n + len(chunks))
-        return self._combine(gpu, prefill_seqs=len(chunks), decode=True)
+        return self._combine(gpu, prefill_seqs=len(chunks), decode=True, decode_seqs=n,
+                             new_shapes=self._new_shapes(chunks))
 
     def verify(self, rows: list[tuple[int, int]]) -> float:
         """A step scoring `q` tokens per sequence over its cached context: rows of (q, cached)."""
@@ -279,14 +343,14 @@ class StepLatency:
         if self.verify_impl in ("paged_gather", "flash"):
             return self.verify(rows)
         ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
-        k, v = self.shapes["lm_head"]
         m = self.m
 
         def compute():
-            ms, tag = self.p.decode_attn(self.decode_impl, n * q, ctx_q * n * q, m.heads,
-                                         m.kv_heads, m.head_dim,
-                                         max_ctx=max_q if max_q > ctx_q else None)
-            return self._dense_parts(n * q) + [self.p.gemm(n * q, k, v), (m.layers * ms, tag)]
+            c, mx = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
+            ms, tag = self.p.decode_attn(self.decode_impl, n * q, c * n * q, m.heads,
+                                         m.kv_heads, m.head_dim, max_ctx=mx if mx > c else None)
+            return (self._dense_parts(n * q) + self._lm_parts(n * q)
+                    + [(m.layers * ms, self._kv_tag(tag))])
 
         return self._step(("verify", n, q, ctx_q, max_q), compute)
 
@@ -306,10 +370,15 @@ class StepLatency:
     # ---- reporting ----------------------------------------------------------------
     def provenance(self) -> dict[str, float]:
         """Share of simulated GPU time that came from each kind of lookup."""
-        tot = [0.0, 0.0, 0.0, 0.0]
+        tot = self.provenance_seconds()
+        s = sum(tot.values()) or 1.0
+        return {t: v / s for t, v in tot.items()}
+
+    def provenance_seconds(self) -> dict[str, float]:
+        """Simulated GPU milliseconds that came from each kind of lookup."""
+        tot = [0.0] * len(TAGS)
         for e in self._memo.values():
             br, uses = e[1], e[2]
-            for i in range(4):
+            for i in range(len(TAGS)):
                 tot[i] += br[i] * uses
-        s = sum(tot) or 1.0
-        return {t: tot[i] / s for i, t in enumerate(TAGS)}
+        return dict(zip(TAGS, tot, strict=True))

@@ -12,6 +12,7 @@ without biases (SwiGLU when `gated_mlp`), a final norm and an LM head.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +125,38 @@ class ModelSpec:
             "down": (self.ffn, self.hidden),
             "lm_head": (self.hidden, self.vocab),
         }
+
+
+    # ---- tensor parallelism -------------------------------------------------------
+
+    def tensor_problem(self, tensor: int) -> str | None:
+        """Why `tensor`-way tensor parallelism cannot split this model, or None."""
+        if self.heads % tensor:
+            return f"{tensor} does not divide heads={self.heads}"
+        if self.kv_heads % tensor and tensor % self.kv_heads:
+            return (f"{tensor} neither divides kv_heads={self.kv_heads} nor is a multiple of it "
+                    "(KV heads are split, or replicated when the degree exceeds them)")
+        if self.ffn % tensor:
+            return f"{tensor} does not divide ffn={self.ffn}"
+        return None
+
+    def shard(self, tensor: int) -> ModelSpec:
+        """What one GPU of a `tensor`-way tensor-parallel group holds (Megatron-style).
+
+        Column-parallel q/k/v and gate/up keep their K and split N; row-parallel o and
+        down split K; each GPU has heads/tensor query heads and kv_heads/tensor KV heads,
+        or one KV head (replicated) when the degree exceeds kv_heads; the vocabulary
+        (embedding and LM head) is split, rounded up. Norms and `hidden` are replicated.
+        So the shard's weight_bytes, kv_bytes_per_token, gemm_shapes and head counts
+        are per GPU. tensor = 1 returns the model itself.
+        """
+        if tensor == 1:
+            return self
+        return dataclasses.replace(
+            self, name=f"{self.name}/tp{tensor}", heads=self.heads // tensor,
+            kv_heads=max(1, self.kv_heads // tensor), ffn=self.ffn // tensor,
+            vocab=-(-self.vocab // tensor),
+        )
 
 
 # ---- loading --------------------------------------------------------------------

@@ -23,8 +23,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from .outdir import write_atomic
-
 EVENT_TYPES = ("M", "X", "C", "b", "e", "i")
 US = 1e6
 
@@ -88,4 +86,7 @@ def write_trace(path: str | Path, replicas: list[tuple[pd.DataFrame, pd.DataFram
            "otherData": {"producer": "llmsim", "time": "simulated seconds x 1e6"}}
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    return write_atomic(p, json.dumps(doc, separators=(",", ":")))
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(json.dumps(doc, separators=(",", ":")))
+    tmp.replace(p)  # readers never see half a trace
+    return p

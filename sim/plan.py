@@ -309,11 +309,12 @@ def write_plan(result: dict, out_dir: str | Path) -> Path:
 
     import pandas as pd
 
-    from .outdir import output_folder, write_atomic
+    from .outdir import write_output
 
-    out = output_folder(out_dir, "plan", {"name": result["name"]})
-    write_atomic(out / "plan.json", json.dumps(result, indent=2, default=str) + "\n")
-    write_atomic(out / "candidates.csv", pd.DataFrame(result["candidates"]).to_csv(index=False))
-    if result["fleet_check"]:
-        write_atomic(out / "fleet_check.csv", pd.DataFrame(result["fleet_check"]["checks"]).to_csv(index=False))
-    return out
+    def write(folder: Path) -> None:
+        (folder / "plan.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        pd.DataFrame(result["candidates"]).to_csv(folder / "candidates.csv", index=False)
+        if result["fleet_check"]:
+            pd.DataFrame(result["fleet_check"]["checks"]).to_csv(folder / "fleet_check.csv", index=False)
+
+    return write_output(out_dir, "plan", write, {"name": result["name"]})

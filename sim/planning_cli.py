@@ -83,7 +83,7 @@ def _maybe_report(a, folder: Path) -> None:
 def cmd_report(a) -> int:
     from .report import build_report, write_report
 
-    print(write_report(build_report(a.folder), a.out or a.folder))
+    print(write_report(build_report(a.folder), a.folder, a.out))
     return 0
 
 

@@ -47,33 +47,65 @@ def latency_cdfs(out, ax_grid=None, label=None):
 
 
 def timeline(out, axes=None):
-    """Running batch size (decode steps), prefill steps, and KV-cache use over time."""
-    st = out.steps
-    if len(st) > 4000:  # plotting every one of 10^5 steps adds nothing a reader can see
-        st = st.iloc[:: len(st) // 4000]
-    kv = out.result.kv
+    """Running batch size (decode steps), prefill steps, and KV-cache use over time; a
+    fleet gets one line per replica (the first MAX_REPLICA_LINES of them)."""
     if axes is None:
         import matplotlib.pyplot as plt  # interactive use: the caller's backend
 
         fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    reps = out.result.replicas
+    if len(reps) == 1:
+        _timeline_one(out.steps, reps[0].kv, axes)
+    else:
+        _timeline_fleet(out.steps, reps, axes)
+    ax1, ax2 = axes
+    ax1.set_ylabel("sequences in step")
+    ax1.grid(alpha=0.3)
+    ax2.set_ylabel("KV cache used (%)")
+    ax2.set_xlabel("simulated time (s)")
+    ax2.set_ylim(0, 105)
+    ax2.grid(alpha=0.3)
+    return axes
+
+
+MAX_REPLICA_LINES = 16
+
+
+def _thin(st, limit: int = 4000):
+    """Every k-th step: plotting each of 10^5 steps adds nothing a reader can see."""
+    return st.iloc[:: len(st) // limit] if len(st) > limit else st
+
+
+def _timeline_one(steps, kv, axes) -> None:
+    st = _thin(steps)
     ax1, ax2 = axes
     dec = st[st.kind != "prefill"]
     pre = st[st.kind == "prefill"]
     ax1.step(dec.t_start, dec.num_seqs, where="post", lw=0.7, label="sequences per decode step")
     ax1.plot(pre.t_start, pre.num_seqs, ".", ms=2, alpha=0.5, label="sequences per prefill step")
-    ax1.set_ylabel("sequences in step")
     ax1.legend(loc="upper right")
-    ax1.grid(alpha=0.3)
     ax2.step(st.t_start, st.kv_tokens / kv.capacity_tokens * 100, where="post", lw=1.5,
              label="holding tokens")
     ax2.step(st.t_start, st.kv_blocks_used / kv.num_blocks * 100, where="post", lw=0.8,
              ls="--", color="k", label="allocated")
-    ax2.set_ylabel("KV cache used (%)")
-    ax2.set_xlabel("simulated time (s)")
-    ax2.set_ylim(0, 105)
     ax2.legend(loc="upper right")
-    ax2.grid(alpha=0.3)
-    return axes
+
+
+def _timeline_fleet(steps, reps, axes) -> None:
+    ax1, ax2 = axes
+    shown = reps[:MAX_REPLICA_LINES]
+    for r in shown:
+        st = _thin(steps[steps.replica == r.name], 4000 // len(shown) + 50)
+        label = f"{r.name} ({r.role})" if r.role != "both" else r.name
+        line = ax1.step(st.t_start, st.num_seqs, where="post", lw=0.6, label=label)[0]
+        ax2.step(st.t_start, st.kv_blocks_used / r.kv.num_blocks * 100, where="post", lw=0.8,
+                 color=line.get_color(), label=label)
+    title = "sequences per step, by replica"
+    if len(reps) > len(shown):
+        title += f" (first {len(shown)} of {len(reps)})"
+    ax1.set_title(title, fontsize=9)
+    ax2.set_title("KV blocks allocated, by replica", fontsize=9)
+    ax1.legend(loc="upper right", fontsize=6, ncol=2)
 
 
 def plot_run(out, folder: Path) -> list[Path]:

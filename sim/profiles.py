@@ -38,6 +38,7 @@ from pathlib import Path
 from statistics import median
 from typing import Literal
 
+from sim.comm import Collectives, Interconnect, read_all_reduce
 from sim.specload import ROOT, SpecError, build, known_names, load_yaml
 from sim.tables import (
     ANALYTIC,
@@ -127,6 +128,8 @@ class GPUFacts:
     peak_tflops: float | None = field(default=None, metadata=_POSITIVE)  # measured
     tables: dict[str, str] = field(default_factory=dict)  # table -> who measured it
     notes: str = ""
+    datasheet_fp8_tflops: float | None = field(default=None, metadata=_POSITIVE)  # dense; None: no FP8
+    interconnect: Interconnect | None = None  # GPU-to-GPU link for tensor parallelism
 
 
 def _memoised(method: Callable) -> Callable:
@@ -148,8 +151,10 @@ def _memoised(method: Callable) -> Callable:
 class GPUProfile:
     """Kernel-time lookups for one GPU; each returns (ms, tag) and is memoised."""
 
-    def __init__(self, facts: GPUFacts, tables: dict[str, list[dict]]):
+    def __init__(self, facts: GPUFacts, tables: dict[str, list[dict]],
+                 all_reduce: dict[tuple[float, float], float] | None = None):
         self.facts, self.name, self._memo = facts, facts.name, {}
+        self.comm = Collectives(facts.interconnect, all_reduce)  # see sim/comm.py
         self.rows = {t: len(tables.get(t, [])) for t in TABLES}
         e = facts.efficiency
         self._gemm_rate = facts.datasheet_tflops * 1e9 * e.flops  # FLOP per ms
@@ -232,6 +237,19 @@ class GPUProfile:
         if hit is None:
             return self.gemm_model(M, K, N), ANALYTIC
         return max(hit[0], self.facts.efficiency.gemm_floor_ms), hit[1]
+
+    @_memoised
+    def gemm_fp8(self, M: int, K: int, N: int) -> tuple[float, str]:
+        """The bf16 lookup at the same shape scaled by the roofline ratio fp8 / bf16: the
+        datasheet's dense FP8 rate at the measured bf16 efficiency, fp8 weights and inputs
+        (1 byte), bf16 output. Always tagged analytic (no FP8 GEMM measured)."""
+        fp8 = self.facts.datasheet_fp8_tflops
+        if fp8 is None:
+            raise ValueError(f"{self.name} has no FP8 tensor cores (datasheet_fp8_tflops)")
+        e = self.facts.efficiency
+        flops, nbytes = 2 * M * K * N, M * K + K * N + M * N * BF16
+        model = e.gemm_floor_ms + max(flops / (fp8 * 1e9 * e.flops), nbytes / self._bw)
+        return self.gemm(M, K, N)[0] * model / self.gemm_model(M, K, N), ANALYTIC
 
     @_memoised
     def elementwise(self, op: str, M: int, H: int) -> tuple[float, str]:
@@ -357,5 +375,11 @@ def load_profile(name: str, *, file: str | Path | None = None, path: str = "gpu"
                             f"(allowed: {folder.name!r})")
         tables = {t: read_table(folder / f"{t}.csv", cols, IMPLS.get(t, ()))
                   for t, cols in TABLES.items() if (folder / f"{t}.csv").is_file()}
-        _LOADED[folder] = GPUProfile(facts, tables)
+        link, all_reduce = facts.interconnect, None
+        if link is not None and link.all_reduce_table:
+            if not (folder / link.all_reduce_table).is_file():
+                raise SpecError(yaml_file, "interconnect.all_reduce_table",
+                                f"file not found: {link.all_reduce_table!r}")
+            all_reduce = read_all_reduce(folder / link.all_reduce_table)
+        _LOADED[folder] = GPUProfile(facts, tables, all_reduce)
     return _LOADED[folder]

@@ -8,40 +8,99 @@ tokens, finishes, and the per-step log.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import simpy
-
-from .batch import FINISHED, REJECTED, SWAPPED, WAITING, Seq
+from .batch import FINISHED, REJECTED, SWAPPED, TRANSFERRING, WAITING, Seq
 from .kv import ContiguousKV, PagedKV
 from .latency import StepLatency
 from .scheduler import DECODE, ReplicaState, StaticPolicy, StepPlan
 from .speculative import SpecBatch
 
 
+def _floats() -> array:
+    return array("d")
+
+
+def _ints() -> array:
+    return array("q")
+
+
 @dataclass
 class StepLog:
-    """Column lists, one entry per iteration (cheap appends on the hot path)."""
+    """Column arrays, one entry per iteration (cheap appends, 8 bytes an entry)."""
 
-    t_start: list[float] = field(default_factory=list)
-    t_end: list[float] = field(default_factory=list)
-    kind: list[int] = field(default_factory=list)  # 0 prefill, 1 decode, 2 verify, 3 mixed
-    num_seqs: list[int] = field(default_factory=list)
-    num_tokens: list[int] = field(default_factory=list)
-    kv_blocks_used: list[int] = field(default_factory=list)
-    kv_tokens: list[int] = field(default_factory=list)
+    t_start: array = field(default_factory=_floats)
+    t_end: array = field(default_factory=_floats)
+    kind: array = field(default_factory=_ints)  # 0 prefill, 1 decode, 2 verify, 3 mixed
+    num_seqs: array = field(default_factory=_ints)
+    num_tokens: array = field(default_factory=_ints)
+    kv_blocks_used: array = field(default_factory=_ints)
+    kv_tokens: array = field(default_factory=_ints)
+
+
+@dataclass
+class ReplicaResult:
+    """What one replica leaves behind after a run."""
+
+    name: str
+    index: int
+    group: str
+    role: str
+    gpu: str
+    steps: StepLog
+    kv: PagedKV
+    swap_bytes: float = 0.0
+    transfer_bytes: float = 0.0
+    prefix_cache: dict | None = None
+    speculator: object | None = None  # sim.speculative.Speculator, when speculating
+
+    @classmethod
+    def of(cls, rep: Replica) -> ReplicaResult:
+        cfg = rep.config
+        return cls(rep.name, rep.index, cfg.group if cfg else "", cfg.role if cfg else "both",
+                   cfg.profile.name if cfg else "", rep.log, rep.st.kv, rep.swap_bytes,
+                   rep.transfer_bytes,
+                   rep.st.prefix.summary() if rep.st.prefix is not None else None,
+                   rep.speculator)
 
 
 @dataclass
 class RunResult:
     seqs: list[Seq]
-    steps: StepLog
-    itl_gaps: list[float]
-    itl_weights: list[int]
-    kv: PagedKV
+    replicas: list[ReplicaResult]
+    itl_gaps: array
+    itl_weights: array
     end_time: float
-    swap_bytes: float = 0.0
-    prefix_cache: dict | None = None
+
+    @property
+    def kv(self) -> PagedKV:
+        """The KV manager of a one-replica run (fleets: see `replicas`)."""
+        if len(self.replicas) != 1:
+            raise ValueError("a fleet has one KV manager per replica: use .replicas[i].kv")
+        return self.replicas[0].kv
+
+    @property
+    def steps(self) -> StepLog:
+        if len(self.replicas) != 1:
+            raise ValueError("a fleet has one step log per replica: use .replicas[i].steps")
+        return self.replicas[0].steps
+
+    @property
+    def swap_bytes(self) -> float:
+        return sum(r.swap_bytes for r in self.replicas)
+
+
+@dataclass(slots=True)
+class Step:
+    """A step under way: what `Replica.start` began and `Replica.finish` completes."""
+
+    plan: StepPlan
+    seconds: float
+    seqs: int = 0       # sequences computed
+    tokens: int = 0     # tokens computed (or, for speculative rounds, emitted)
+    code: int = 0       # log kind: 0 prefill, 1 decode, 2 verify, 3 mixed
 
 
 class Replica:
@@ -57,14 +116,23 @@ class Replica:
         self.block_bytes = kv_bytes_per_token * state.kv.block_size
         self.pcie = pcie_bytes_per_s
         self.log = StepLog()
-        self.gaps: list[float] = []
-        self.weights: list[int] = []
+        self.gaps = array("d")     # inter-token gaps, weighted (see RunningBatch.advance)
+        self.weights = array("q")
         self.static_rows: list[Seq] = []
-        self.wake: simpy.Event | None = None
-        self.pending = 0  # requests not yet finished or rejected
+        self.done = 0  # requests this replica finished or rejected
+        self.handed_over = 0  # disaggregated prefill: requests whose KV left for a decode replica
+        self.transfer_bytes = 0.0  # KV bytes received from prefill replicas
+        self.policy_watermark = getattr(policy, "watermark", 0)
         self.swap_bytes = 0.0
-        self.arrivals_done = False
         self.spec = isinstance(state.batch, SpecBatch)
+        self.name, self.index = "r0", 0
+        self.config = None       # the ReplicaConfig it was built from (sim/build.py)
+        self.speculator = None
+        # disaggregated prefill: called with (seq, t) when a prefill's first token is out
+        # and its KV must move to a decode replica (the seq keeps its blocks here until then)
+        self.handoff: Callable[[Seq, float], None] | None = None
+        self.arrived: list[tuple[Seq, float]] = []  # disaggregated decode: KV arrived mid-step
+        self.outside_tokens = 0  # disaggregated: KV held for requests outside the batch
 
     # ---- KV ------------------------------------------------------------------------
     def alloc(self, blocks: int) -> None:
@@ -97,7 +165,7 @@ class Replica:
         for s, why in zip(plan.reject, plan.reasons, strict=True):
             s.state = REJECTED
             s.reject_reason = why
-            self.pending -= 1
+            self.done += 1
 
     def admit(self, plan: StepPlan, now: float, chunk: list[int] | None = None) -> None:
         """Take the plan's new requests off the queue and give them KV for their whole
@@ -143,13 +211,46 @@ class Replica:
         if s.generated >= s.output:
             s.finish_t = t_end
             self.release(s)
+        elif self.handoff is not None:
+            s.state = TRANSFERRING
+            self.outside_tokens += s.prompt
+            self.handoff(s, t_end)
         else:
             self.st.batch.join(s, t_end)
+
+    def hand_over(self, s: Seq) -> None:
+        """Disaggregated prefill: `s`'s KV reached its decode replica; free it here."""
+        tokens = s.prompt + s.generated - 1
+        if self.st.prefix is not None:
+            self.st.prefix.insert(s, tokens)
+        self.free(s, self.st.kv.blocks_for(tokens))
+        self.outside_tokens -= s.prompt
+        self.handed_over += 1
+
+    def reserve_transfer(self, s: Seq) -> int:
+        """Disaggregated decode: take the blocks for `s`'s incoming KV; returns its tokens."""
+        tokens = s.prompt + s.generated - 1
+        self.alloc(self.st.kv.blocks_for(tokens))
+        self.outside_tokens += s.prompt
+        return tokens
+
+    def take_over(self, s: Seq, t: float) -> None:
+        """Disaggregated decode: `s`'s KV arrived at `t` (its blocks were taken when the
+        transfer started); its first token streams out now (TTFT ends here, as in DistServe).
+        It joins the running batch at the next step boundary (`join_arrived`)."""
+        s.first_token_t = t
+        self.arrived.append((s, t))
+
+    def join_arrived(self) -> None:
+        for s, t in self.arrived:
+            self.st.batch.join(s, t)
+            self.outside_tokens -= s.prompt
+        self.arrived.clear()
 
     def release(self, s: Seq) -> None:
         """A finished request gives back its KV (static contiguous rows wait for the batch)."""
         s.state = FINISHED
-        self.pending -= 1
+        self.done += 1
         if self.contiguous:
             if not self.static:
                 self.st.kv.free(s.reserved)
@@ -303,7 +404,50 @@ class Replica:
         log.num_seqs.append(seqs)
         log.num_tokens.append(tokens)
         log.kv_blocks_used.append(self.st.kv.used_blocks)
-        tokens = b.kv_tokens()
+        tokens = b.kv_tokens() + self.outside_tokens
         if self.st.prefix is not None:  # a shared block holds its tokens once
             tokens -= self.st.prefix.extra_refs * self.st.prefix.hash_tokens
         log.kv_tokens.append(tokens)
+
+    # ---- one plan, start to finish (the engine and the reference engine both use these) --
+    def start(self, plan: StepPlan, now: float) -> Step | None:
+        """Apply `plan` at `now`: rejections, preemption, swaps, admissions and KV for the
+        step; returns the step to compute, or None when the plan computes nothing."""
+        if plan.reject:
+            self.reject(plan)
+        kind = plan.kind
+        if kind == "decode":
+            dur, n = self.decode_step(plan)
+            return Step(plan, dur, n, n, 1)
+        if kind == "prefill":
+            dur, n, tokens = self.prefill_step(plan, now)
+            return Step(plan, dur, n, tokens, 0)
+        if kind == "mixed":
+            dur, code, n, tokens = self.mixed_step(plan, now)
+            return Step(plan, dur, n, tokens, code)
+        if kind == "preempt":
+            self.preempt(plan)
+            self.swap(plan)
+        return None
+
+    def finish(self, step: Step, t0: float, t_end: float) -> None:
+        """The step begun at `t0` ended at `t_end`: tokens out, finished requests free
+        their KV, the step is logged."""
+        kind = step.plan.kind
+        if kind == "decode":
+            for s in self.st.batch.advance(t_end, self.gaps, self.weights):
+                self.release(s)
+            code, tokens = self.finish_round(step.seqs) if self.spec else (1, step.seqs)
+            self.record(t0, t_end, code, step.seqs, tokens)
+        elif kind == "prefill":
+            self.finish_prefill_step(step.plan, t_end)
+            self.record(t0, t_end, 0, step.seqs, step.tokens)
+        else:
+            self.finish_mixed_step(step.plan, t_end)
+            self.record(t0, t_end, step.code, step.seqs, step.tokens)
+        self.end_of_step()
+
+    def end_of_step(self) -> None:
+        """Static batching: once the batch's last row finished, every slot is given back."""
+        if self.static and len(self.st.batch) == 0 and self.st.batch.n_compute:
+            self.end_static_batch()

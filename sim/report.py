@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .outdir import folder_kind, write_atomic
+from .outdir import add_to_output, folder_kind, write_output
 from .specload import SpecError
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -97,17 +97,25 @@ def to_markdown(rep: Report) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_report(rep: Report, out_dir: str | Path) -> Path:
-    """report.html, report.md, report_<table>.csv and report_<plot>.png in `out_dir`."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+def report_files(rep: Report, out: Path) -> None:
+    """report.html, report.md, report_<table>.csv and report_<plot>.png into `out`."""
     for s in rep.sections:
         for name, df in s.tables:
-            write_atomic(out / f"report_{_slug(name)}.csv", df.to_csv(index=False))
+            df.to_csv(out / f"report_{_slug(name)}.csv", index=False)
         for name, data in s.images:
-            write_atomic(out / f"report_{_slug(name)}.png", data)
-    write_atomic(out / "report.md", to_markdown(rep))
-    return write_atomic(out / "report.html", to_html(rep))
+            (out / f"report_{_slug(name)}.png").write_bytes(data)
+    (out / "report.md").write_text(to_markdown(rep))
+    (out / "report.html").write_text(to_html(rep))
+
+
+def write_report(rep: Report, folder: str | Path, out: str | Path | None = None) -> Path:
+    """Add the report to the llmsim folder it describes (rewritten atomically, its
+    manifest listing the report too), or write it to its own folder `out`."""
+    if out is not None and Path(out).resolve() != Path(folder).resolve():
+        write_output(out, "report", lambda f: report_files(rep, f), {"of": str(folder)})
+        return Path(out) / "report.html"
+    add_to_output(folder, lambda f: report_files(rep, f))
+    return Path(folder) / "report.html"
 
 
 def build_report(folder: str | Path) -> Report:

@@ -9,9 +9,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,21 +17,16 @@ from typing import NamedTuple
 import numpy as np
 import pandas as pd
 
-from .chunked import ChunkedPolicy
-from .engine import RunResult, simulate
-from .kv import make_kv
-from .latency import RuntimeSpec, StepLatency, load_runtime
-from .memory import MemoryBudget, memory_budget
-from .metrics import requests_frame, steps_frame, summarize
-from .models import ModelSpec, load_model
-from .profiles import GPUProfile, load_profile
+from .build import POLICIES, ReplicaConfig, build_fleet, replica_configs
+from .engine import simulate
+from .latency import StepLatency
+from .metrics import per_replica, requests_frame, steps_frame, summarize
+from .outputs import write_atomically
+from .replica import RunResult
 from .scenario import Scenario, load_scenario
-from .scheduler import ContinuousPolicy, StaticPolicy
-from .specload import SpecError
-from .speculative import Speculator
 from .workload import Workload, generate
 
-POLICIES = {"continuous": ContinuousPolicy, "static": StaticPolicy, "chunked": ChunkedPolicy}
+__all__ = ["POLICIES", "RunOutput", "prepare", "run"]
 
 
 @dataclass
@@ -47,51 +39,35 @@ class RunOutput:
     result: RunResult
 
     def write(self, out_dir: str | Path, plots: bool = True) -> Path:
-        """Write all outputs into `out_dir` atomically (a temp folder renamed at the end)."""
-        out = Path(out_dir)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-        try:
-            self.requests.to_csv(tmp / "requests.csv", index=False, float_format="%.6f")
-            self.steps.to_csv(tmp / "steps.csv", index=False, float_format="%.6f")
-            (tmp / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-            if plots:
-                from .plots import plot_run
+        """Write all outputs into the folder `out_dir`, replacing an earlier llmsim run
+        there atomically; any other non-empty folder is refused (see sim.outputs)."""
+        return write_atomically(out_dir, lambda folder: self.write_files(folder, plots),
+                                {"scenario": self.scenario.name})
 
-                plot_run(self, tmp)
-            if out.exists():
-                shutil.rmtree(out)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        return out
+    def write_files(self, folder: Path, plots: bool = True) -> None:
+        """requests.csv, steps.csv, summary.json (and the plots) into an existing folder."""
+        self.requests.to_csv(folder / "requests.csv", index=False, float_format="%.6f")
+        self.steps.to_csv(folder / "steps.csv", index=False, float_format="%.6f")
+        (folder / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        if plots:
+            from .plots import plot_run
+
+            plot_run(self, folder)
 
 
 class Prepared(NamedTuple):
-    model: ModelSpec
-    profile: GPUProfile
-    runtime: RuntimeSpec
-    budget: MemoryBudget
+    configs: list[ReplicaConfig]  # one per replica (sim/build.py)
     workload: Workload
     rng: np.random.Generator
-    draft: ModelSpec | None  # speculative draft model
 
 
 def prepare(sc: Scenario) -> Prepared:
-    """Resolve a scenario's names into model, profile, runtime, memory budget and workload."""
-    f = sc.file or None
-    model = load_model(sc.model, file=f, path="model")
-    profile = load_profile(sc.gpu, file=f, path="gpu")
-    runtime = load_runtime(sc.runtime, file=f, path="runtime", base_dir=sc.base_dir or None)
-    draft = None
-    if sc.speculative.method == "draft_model":
-        draft = load_model(sc.speculative.draft_model, file=f, path="speculative.draft_model")
-    budget = memory_budget(sc, model, profile, draft)
+    """Resolve a scenario into replica configs (checked to fit) and its workload."""
+    configs = replica_configs(sc)
     rng = np.random.default_rng(sc.seed)
     base = Path(sc.base_dir) if sc.base_dir else None
-    wl = generate(sc.workload, rng, file=f, path="workload", base_dir=base)
-    return Prepared(model, profile, runtime, budget, wl, rng, draft)
+    wl = generate(sc.workload, rng, file=sc.file or None, path="workload", base_dir=base)
+    return Prepared(configs, wl, rng)
 
 
 def run(scenario: Scenario | str | Path, overrides: dict | None = None,
@@ -99,64 +75,105 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     """Simulate a scenario (object or YAML path) and return its tables and summary."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     t0 = time.perf_counter()
-    model, profile, runtime, budget, wl, rng, draft = prepare(sc)
-    max_len = sc.kv.max_model_len or model.max_len
-    kv = make_kv(sc.kv.manager, budget.kv_tokens, sc.kv.block_size)
-    policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
-    lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
-                      verify_impl=_verify_impl(sc))
-    spec = None
-    if sc.speculative.method != "none":
-        if sc.speculative.acceptance.kind == "trace" and wl.acceptance is None:
-            raise SpecError(sc.file or None, "speculative.acceptance.kind",
-                            "'trace' needs a csv trace with an 'acceptance' column")
-        draft_lat = StepLatency(draft, profile, runtime, sc.attention.prefill,
-                                sc.decode_attention) if draft else None
-        spec = Speculator(sc.speculative, lat, draft_lat, rng, wl.acceptance)
-    swap_blocks = int(sc.kv.swap_space_gib * 1024**3 // (model.kv_bytes_per_token * kv.block_size))
+    configs, wl, rng = prepare(sc)
+    fleet = build_fleet(sc, configs, rng, acceptance=wl.acceptance, prefix_tokens=wl.block_tokens
+                        if wl.prefix_hashes is not None else None)
     bar = _progress_bar(float(wl.arrival_s[-1]) if len(wl) else 0.0) if progress else None
-    res = simulate(
-        wl, kv, policy, lat,
-        max_model_len=max_len,
-        kv_bytes_per_token=model.kv_bytes_per_token,
-        pcie_bytes_per_s=profile.facts.pcie_gbs * 1e9,
-        swap_blocks=swap_blocks,
-        reserve_max_model_len=sc.kv.reserve == "max_model_len",
-        prefix_caching=sc.kv.prefix_caching,
-        prefix_host_bytes=sc.kv.prefix_cache_host_gib * 1024**3,
-        speculator=spec,
-        progress=bar.update_to if bar else None,
-    )
+    res = simulate(wl, fleet.replicas, fleet.router, decode_router=fleet.decode_router,
+                   link=fleet.link, staleness_s=fleet.staleness_s,
+                   progress=bar.update_to if bar else None)
     if bar:
         bar.close()
     req = requests_frame(res)
     steps = steps_frame(res)
+    first = configs[0]
+    lats = list({id(c.latency): c.latency for c in configs}.values())
     summary = {
         "scenario": sc.name,
-        "model": model.name,
-        "gpu": profile.name,
-        "gpu_analytic": profile.facts.analytic,
-        "runtime": runtime.name,
-        "policy": sc.scheduler.policy,
-        "kv_manager": sc.kv.manager,
-        "attention": {"prefill": sc.attention.prefill, "decode": sc.decode_attention},
+        "model": first.model.name,
+        "gpu": "+".join(dict.fromkeys(c.profile.name for c in configs)),
+        "gpu_analytic": first.profile.facts.analytic,
+        "runtime": "+".join(dict.fromkeys(c.runtime.name for c in configs)),
+        "policy": "+".join(dict.fromkeys(c.scenario.scheduler.policy for c in configs)),
+        "kv_manager": first.scenario.kv.manager,
+        "attention": {"prefill": first.scenario.attention.prefill,
+                      "decode": first.scenario.decode_attention},
         "seed": sc.seed,
+        "replicas": len(configs),
+        "parallel": {"tensor": first.scenario.parallel.tensor,
+                     "pipeline": first.scenario.parallel.pipeline},
+        "dtype": {"weights": first.scenario.dtype.weights,
+                  "kv_cache": first.scenario.dtype.kv_cache},
         **summarize(req, steps, res, sc.slo),
-        "memory_gib": budget.as_dict(),
-        "prefix_cache": res.prefix_cache,
-        "speculative": spec.summary() if spec else None,
-        "lookup_provenance": lat.provenance(),
+        "memory_gib": first.budget.as_dict(),
+        "prefix_cache": combine_counts([r.prefix_cache for r in res.replicas], "lookups", "hits"),
+        "speculative": speculative_summary([r.speculator for r in res.replicas]),
+        "lookup_provenance": merged_provenance(lats),
         "wall_s": time.perf_counter() - t0,
     }
-    if res.prefix_cache is not None:
-        res.prefix_cache.update(prefill_saved(req, lat))
-    itl = pd.DataFrame({"gap_s": res.itl_gaps, "count": res.itl_weights})
+    if len(configs) > 1:
+        summary["per_replica"] = per_replica(req, steps, res)
+        summary["groups"] = [{"group": c.group, "role": c.role, "gpu": c.profile.name,
+                              "runtime": c.runtime.name, "tensor": c.scenario.parallel.tensor,
+                              "memory_gib": c.budget.as_dict()}
+                             for c in {c.group: c for c in configs}.values()]
+    if summary["prefix_cache"] is not None:
+        summary["prefix_cache"].update(prefill_saved(req, first.latency))
+    itl = pd.DataFrame({"gap_s": np.frombuffer(res.itl_gaps, dtype=float) if len(res.itl_gaps)
+                        else np.zeros(0), "count": np.frombuffer(res.itl_weights, dtype=np.int64)
+                        if len(res.itl_weights) else np.zeros(0, dtype=np.int64)})
     return RunOutput(sc, req, steps, summary, itl, res)
 
 
-def _verify_impl(sc: Scenario) -> str:
-    v = sc.attention.verify
-    return sc.decode_attention if v == "decode_kernel" else v
+def merged_provenance(lats: list) -> dict[str, float]:
+    """Share of simulated GPU time by lookup kind, over every distinct step-latency model."""
+    if len(lats) == 1:
+        return lats[0].provenance()
+    weights = [lat.provenance_seconds() for lat in lats]
+    total = sum(sum(w.values()) for w in weights) or 1.0
+    return {k: sum(w[k] for w in weights) / total for k in weights[0]}
+
+
+def combine_counts(parts: list[dict | None], total_key: str, hit_key: str) -> dict | None:
+    """Sum per-replica counters (prefix cache); the hit rate follows from the sums."""
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return dict(parts[0])
+    out = {k: (sum(p[k] for p in parts) if isinstance(v, int | float) else v)
+           for k, v in parts[0].items()}
+    out["hit_rate"] = out[hit_key] / out[total_key] if out[total_key] else 0.0
+    out["hash_block_tokens"] = parts[0]["hash_block_tokens"]
+    return out
+
+
+def speculative_summary(specs: list) -> dict | None:
+    specs = [s for s in specs if s is not None]
+    if not specs:
+        return None
+    if len(specs) == 1:
+        return specs[0].summary()
+    return merge_speculators(specs)
+
+
+def merge_speculators(specs: list) -> dict:
+    """One summary for the speculators of several replicas (their counters summed)."""
+    first = specs[0]
+    total = {k: sum(getattr(s, k) for s in specs) for k in (
+        "rounds", "proposed", "accepted", "emitted", "seq_rounds", "draft_s", "verify_s",
+        "decode_s", "equiv_s")}
+    spent = total["draft_s"] + total["verify_s"]
+    return {
+        "method": first.spec.method,
+        "k": first.k,
+        "rounds": total["rounds"],
+        "acceptance_rate": total["accepted"] / total["proposed"] if total["proposed"] else 0.0,
+        "tokens_per_round": total["emitted"] / (total["seq_rounds"] or 1),
+        "time_s": {"draft": total["draft_s"], "verify": total["verify_s"],
+                   "decode": total["decode_s"]},
+        "speedup_vs_decode": total["equiv_s"] / spent if spent else 1.0,
+    }
 
 
 def prefill_saved(req: pd.DataFrame, lat: StepLatency) -> dict[str, float]:

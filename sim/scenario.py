@@ -9,6 +9,8 @@ runtime: cuda-graph          # gpu_profiles/runtimes/<name>.yaml: host overhead 
 attention: {prefill: flash, decode: paged}
 scheduler: {policy: continuous, max_num_seqs: 256, max_num_batched_tokens: 8192}
 kv: {manager: paged, block_size: 16, gpu_memory_utilization: 0.9}
+parallel: {tensor: 1, pipeline: 1}         # optional; see sim/parallel.py
+dtype: {weights: bf16, kv_cache: bf16}    # optional; fp8 on GPUs with FP8 tensor cores
 slo: {ttft_s: 1.0, tpot_s: 0.1}
 workload: {...}              # see sim/workload.py
 ```
@@ -16,10 +18,13 @@ workload: {...}              # see sim/workload.py
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .cluster import ClusterSpec, ReplicaGroupSpec
+from .parallel import DTypeSpec, ParallelSpec
 from .specload import SpecError, build, load_yaml
 from .speculative import SpeculativeSpec
 from .workload import WorkloadSpec
@@ -87,6 +92,9 @@ class Scenario:
     kv: KVSpec = KVSpec()
     slo: SLOSpec = SLOSpec()
     speculative: SpeculativeSpec = SpeculativeSpec()
+    parallel: ParallelSpec = ParallelSpec()  # GPUs per replica (sim/parallel.py)
+    dtype: DTypeSpec = DTypeSpec()  # weight and KV-cache number formats
+    cluster: ClusterSpec | None = None  # replica groups behind a router (sim/cluster.py)
     # set by the loader, not by the YAML: the scenario file and its folder (where
     # relative paths resolve)
     base_dir: str = field(default="", init=False, compare=False)
@@ -120,6 +128,9 @@ class Scenario:
         return "paged" if self.kv.manager == "paged" else "contiguous"
 
 
+MERGED_SECTIONS = ("scheduler", "kv", "attention", "speculative", "parallel")  # by key
+
+
 def load_scenario(file: str | Path, overrides: dict[str, object] | None = None) -> Scenario:
     """Load and validate a scenario file; `overrides` maps dotted paths to values."""
     p = Path(file)
@@ -134,7 +145,50 @@ def scenario_from_dict(data: dict, *, file: str | Path | None = None,
     sc = build(Scenario, data, file=file)
     object.__setattr__(sc, "file", str(file) if file else "")
     object.__setattr__(sc, "base_dir", str(base_dir) if base_dir else "")
+    if sc.cluster is not None:  # every group's merged settings are checked up front
+        for gi, group in enumerate(sc.cluster.groups):
+            group_scenario(sc, group, f"cluster.groups[{gi}]")
     return sc
+
+
+def group_scenario(sc: Scenario, group: ReplicaGroupSpec, where: str) -> Scenario:
+    """`sc` with a cluster group's fields laid over it; errors name the group's fields."""
+    file = sc.file or None
+    changes: dict = {"cluster": None}
+    for name in ("gpu", "runtime"):
+        if getattr(group, name) is not None:
+            changes[name] = getattr(group, name)
+    for name in MERGED_SECTIONS:
+        patch = getattr(group, name)
+        if patch is None:
+            continue
+        current = getattr(sc, name, None)
+        if current is None:
+            raise SpecError(file, f"{where}.{name}", "not supported by this version (allowed: "
+                            + ", ".join(n for n in MERGED_SECTIONS if hasattr(sc, n)) + ")")
+        base = {f.name: getattr(current, f.name) for f in dataclasses.fields(current) if f.init}
+        changes[name] = build(type(current), {**_plain(base), **patch}, file=file,
+                              path=f"{where}.{name}")
+    out = replace_scenario(sc, **changes)
+    problem = out.check()
+    if problem:
+        field_name, message = problem
+        raise SpecError(file, f"{where}: {field_name}", message)
+    return out
+
+
+def replace_scenario(sc: Scenario, **changes) -> Scenario:
+    """`dataclasses.replace` that keeps where the scenario came from (file, folder)."""
+    out = dataclasses.replace(sc, **changes)
+    for attr in ("file", "base_dir"):
+        object.__setattr__(out, attr, getattr(sc, attr))
+    return out
+
+
+def _plain(d: dict) -> dict:
+    """Nested specs back to mappings, so a group's patch can be merged over them."""
+    return {k: (_plain(dataclasses.asdict(v)) if dataclasses.is_dataclass(v) else
+                list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
 
 
 def set_dotted(data: dict, dotted: str, value: object, *, file=None) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from .outdir import output_folder, write_atomic
+from .outdir import open_progress, write_output
 from .specload import SpecError
 
 EXECUTORS = ("process", "ray", "sequential")
@@ -171,8 +171,8 @@ def run_sweep(scenario_file: str | Path, configs: list[dict], out_dir: str | Pat
     for c in configs:  # validate every configuration before running any
         load_scenario(scenario_file, {**base, **c})
     keys = [config_key(scenario_file, base, c) for c in configs]
-    out = output_folder(out_dir, "sweep", {"scenario": scenario_file, "base": base,
-                                            "fields": sorted({k for c in configs for k in c})})
+    meta = {"scenario": scenario_file, "base": base, "fields": sorted({k for c in configs for k in c})}
+    out = open_progress(out_dir, "sweep", meta, "rows.jsonl")
     log = out / "rows.jsonl"
     done = read_rows(log)
     tasks = [(k, scenario_file, {**base, **c}) for k, c in zip(keys, configs, strict=True) if k not in done]
@@ -189,7 +189,13 @@ def run_sweep(scenario_file: str | Path, configs: list[dict], out_dir: str | Pat
     if bar:
         bar.close()
     table = results_table(configs, keys, done)
-    write_table(table, out / "results")
+    lines = log.read_text()
+
+    def finish(folder: Path) -> None:
+        (folder / "rows.jsonl").write_text(lines)
+        write_table(table, folder / "results")
+
+    write_output(out, "sweep", finish, {**meta, "complete": True})
     return table
 
 
@@ -199,19 +205,15 @@ def results_table(configs: list[dict], keys: list[str], rows: dict[str, dict]) -
     return pd.DataFrame.from_records(recs)
 
 
-def write_table(table: pd.DataFrame, stem: Path) -> list[Path]:
-    """`stem`.csv always, `stem`.parquet when pyarrow is installed."""
-    written = [write_atomic(stem.with_suffix(".csv"), table.to_csv(index=False))]
+def write_table(table: pd.DataFrame, stem: Path) -> None:
+    """`stem`.csv always, `stem`.parquet when pyarrow is installed (into a fresh folder)."""
+    table.to_csv(stem.with_suffix(".csv"), index=False)
     try:
         import pyarrow  # noqa: F401
     except ImportError:
-        return written
-    import io
-
-    buf = io.BytesIO()
-    table.astype({c: str for c in table.columns if table[c].dtype == object}).to_parquet(buf, index=False)
-    written.append(write_atomic(stem.with_suffix(".parquet"), buf.getvalue()))
-    return written
+        return
+    table.astype({c: str for c in table.columns if table[c].dtype == object}).to_parquet(
+        stem.with_suffix(".parquet"), index=False)
 
 
 def _bar(total: int, initial: int):

@@ -64,7 +64,7 @@ BAD = {
     "unknown model": (QUICK.replace("model: llama-3-8b", "model: llama-9b"), "model: unknown 'llama-9b' (known:"),
     "unknown gpu": (QUICK.replace("gpu: h200-sxm", "gpu: h10"), "gpu: unknown 'h10' (known: a100-80gb"),
     "negative rate": (QUICK.replace("rate: 2.5", "rate: -2"), "workload.arrival.rate: -2.0 is out of range"),
-    "model too big": (QUICK.replace("model: llama-3-8b", "model: llama-3-70b"), "model: llama-3-70b does not fit"),
+    "model too big": (QUICK.replace("model: llama-3-8b", "model: llama-3-70b"), "model: does not fit: weights 131.4 GiB"),
     "missing length file": (QUICK.replace("data/traces/sharegpt_lengths.csv", "nope.csv"),
                             "workload.lengths.path: file not found"),
     "missing trace": ("workload:\n  trace: {path: gone.csv}\n", "workload.trace.path: file not found"),

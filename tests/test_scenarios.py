@@ -17,7 +17,8 @@ def test_every_shipped_scenario_runs_and_accounts_for_every_request(path):
     out = run(path)
     s = out.summary
     assert s["requests"]["finished"] + s["requests"]["rejected"] == s["requests"]["total"] > 0
-    assert out.result.kv.free_blocks == out.result.kv.num_blocks
+    for replica in out.result.replicas:
+        assert replica.kv.free_blocks == replica.kv.num_blocks, replica.name
     assert s["requests"]["finished"] > 0.99 * s["requests"]["total"]
 
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from sim.outputs import check_out_dir
+
 NO_TORCH = "llmsim: error: calibrate needs PyTorch: pip install 'llmsim[calibrate]'"
 
 
@@ -41,6 +43,7 @@ def cmd_calibrate(a) -> int:
     from .device import DeviceError
 
     out = Path(a.out)
+    check_out_dir(out, adds_to=True)  # where, before measuring (it adds to a profile folder)
     models = [m.strip() for m in a.models.split(",") if m.strip()]
     argv = ["calibrate", f"--models {a.models}", f"--device {a.device}", f"--dtype {a.dtype}",
             f"--out {a.out}"] + ([f"--budget-s {a.budget_s:g}"] if a.budget_s else []) \
@@ -76,6 +79,10 @@ def cmd_calibrate(a) -> int:
 
 
 def cmd_validate(a) -> int:
+    if a.replay:
+        return cmd_replay(a)
+    if not a.profile:
+        return _fail("validate: --profile is required (or --replay STEPS.csv REQUESTS.csv)")
     if not _need_torch():
         return 2
     from .device import DeviceError, TooLarge, is_oom
@@ -101,6 +108,37 @@ def cmd_validate(a) -> int:
     return 0
 
 
+def cmd_replay(a) -> int:
+    """`validate SCENARIO --replay STEPS REQUESTS`: a serving log against the simulator."""
+    from sim.replay import markdown, replay, write_report
+
+    report = replay(a.scenario, a.replay[0], a.replay[1], runtime=a.runtime)
+    print(markdown(report))
+    print(f"wrote {write_report(report, a.out)}/ (replay.md, replay.csv, replay.json)")
+    return 0
+
+
+def cmd_fit_log(a) -> int:
+    """`fit-log STEPS [--requests R]`: a runtime profile fitted to a serving log."""
+    from sim.latency import load_runtime
+    from sim.logfit import fit_log, format_fit, runtime_yaml
+    from sim.models import load_model
+    from sim.profiles import load_profile
+
+    out = Path(a.out)
+    name = a.name or out.stem
+    fit = fit_log(a.steps, a.requests, load_model(a.model, path="--model"),
+                  load_profile(a.gpu, path="--gpu"), load_runtime(a.base_runtime, path="--base-runtime"),
+                  name, a.prefill_attention, a.decode_attention)
+    report = format_fit(fit)
+    print(report)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(runtime_yaml(fit.runtime, f"Runtime fitted by llmsim fit-log (sim/logfit.py).\n"
+                                f"Fit error on the log's own steps (in-sample):\n{report}"))
+    print(f"wrote {out}")
+    return 0
+
+
 def add_parsers(sub) -> None:
     """Register the calibration subcommands on the main parser's subparsers."""
     c = sub.add_parser("calibrate", help="measure a GPU profile (needs PyTorch)",
@@ -122,8 +160,12 @@ def add_parsers(sub) -> None:
                        description="Replay a scenario's trace through the reference engine "
                        "(twice) and through the simulator with a measured profile; write a report.")
     v.add_argument("scenario", help="scenario YAML (its gpu is replaced by --profile)")
-    v.add_argument("--profile", required=True, help="profile folder written by llmsim calibrate")
-    v.add_argument("--runtime", help="runtime YAML (default PROFILE/runtime-eager.yaml)")
+    v.add_argument("--profile", help="profile folder written by llmsim calibrate")
+    v.add_argument("--runtime", help="runtime YAML (default PROFILE/runtime-eager.yaml; "
+                   "with --replay: a runtime name or YAML replacing the scenario's)")
+    v.add_argument("--replay", nargs=2, metavar=("STEPS.csv", "REQUESTS.csv"),
+                   help="compare a real run's serving logs with the simulator instead "
+                   "(no engine, no PyTorch): the scenario gives model, GPU, runtime, scheduler")
     v.add_argument("--out", required=True, help="report folder")
     v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     v.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
@@ -131,3 +173,19 @@ def add_parsers(sub) -> None:
                    help="CPU only: intra-op threads (default: the profile's, else 1)")
     v.add_argument("--runs", type=int, default=2, help="real runs (the 2nd gives the spread)")
     v.set_defaults(fn=cmd_validate)
+    f = sub.add_parser("fit-log", help="fit a runtime profile to a serving engine's logs",
+                       description="Fit host terms, GPU scales, a per-new-prefill-shape stall and "
+                       "a step-time jitter table to a per-iteration serving log "
+                       "(docs/calibration.md, Serving logs); print the fit error; write the runtime.")
+    f.add_argument("steps", help="per-iteration log (t_start,t_end,kind,num_seqs,num_tokens,sum_ctx,free_blocks)")
+    f.add_argument("--requests", help="per-request log: gives each prefill step's prompt lengths")
+    f.add_argument("--model", required=True, help="models/ name or YAML")
+    f.add_argument("--gpu", required=True, help="gpu_profiles/ name or folder")
+    f.add_argument("--base-runtime", required=True,
+                   help="runtime whose per-step and per-layer host terms are kept (a one-model "
+                   "log cannot separate them), e.g. one fitted to a warm iteration grid")
+    f.add_argument("--out", required=True, help="runtime YAML to write")
+    f.add_argument("--name", help="runtime name (default: the --out file's stem)")
+    f.add_argument("--prefill-attention", default="flash", choices=["flash", "naive"])
+    f.add_argument("--decode-attention", default="paged", choices=["paged", "paged_gather", "contiguous"])
+    f.set_defaults(fn=cmd_fit_log)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from sim.batch import FINISHED, RunningBatch, Seq
 from sim.kv import make_kv
 from sim.models import ModelSpec
-from sim.replica import Replica, RunResult
+from sim.replica import Replica, ReplicaResult, RunResult
 from sim.scenario import Scenario
 from sim.scheduler import ContinuousPolicy, ReplicaState, StaticPolicy
 from sim.specload import SpecError
@@ -265,7 +265,7 @@ class ReferenceEngine:
         """Serve every request of `wl`; returns the simulator's RunResult and step details."""
         r = self._start(wl, seed)
         st, rep, seqs = r.rep.st, r.rep, r.seqs
-        while rep.pending > 0:
+        while rep.done < len(seqs):
             now = r.clock()
             while r.next < len(seqs) and seqs[r.next].arrival <= now:
                 st.waiting.append(seqs[r.next])
@@ -290,9 +290,10 @@ class ReferenceEngine:
             if r.static and len(st.batch) == 0 and st.batch.n_compute:
                 rep.end_static_batch()
                 r.padding.clear()
-        if rep.pending:
-            raise RuntimeError(f"reference run ended with {rep.pending} requests unaccounted for")
-        return RunResult(seqs, rep.log, rep.gaps, rep.weights, st.kv, r.clock()), r.detail
+        if rep.done != len(seqs):
+            raise RuntimeError(f"reference run ended with {len(seqs) - rep.done} requests "
+                               "unaccounted for")
+        return RunResult(seqs, [ReplicaResult.of(rep)], rep.gaps, rep.weights, r.clock()), r.detail
 
     def _start(self, wl: Workload, seed: int) -> _Run:
         sc = self.sc
@@ -308,7 +309,6 @@ class ReferenceEngine:
         tokens = {s.rid: rng.integers(0, self.model.spec.vocab, s.prompt).tolist() for s in seqs}
         for rid in list(self.cache.tables):
             self.cache.free(rid)
-        rep.pending = len(seqs)
         clock = self.dev.clock  # wall time on a GPU, the thread's CPU time on the CPU
         return _Run(rep, seqs, tokens, static, clock(), clock)
 

@@ -18,6 +18,7 @@ Errors are simulated / real − 1; the spread is run 2 / run 1 − 1.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -25,19 +26,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.build import build_replica, replica_configs
 from sim.engine import simulate
-from sim.kv import make_kv
 from sim.latency import RuntimeSpec, StepLatency
+from sim.logfit import write_serving_log
 from sim.memory import memory_budget
 from sim.metrics import requests_frame, steps_frame, summarize
 from sim.models import load_model
+from sim.outputs import check_out_dir, write_atomically
 from sim.profiles import load_profile
-from sim.scenario import Scenario, load_scenario
+from sim.scenario import Scenario, load_scenario, replace_scenario
 from sim.specload import SpecError, build, load_yaml
 from sim.workload import Workload, generate
 
 from .device import Device, pick_device, pick_dtype, quiet_gc, set_threads
-from .reference import POLICIES, Llama, ReferenceEngine, StepDetail, check_supported
+from .reference import Llama, ReferenceEngine, StepDetail, check_supported
 
 METRICS = [(f"{name} p{p} (ms)", key, f"p{p}", 1e3) for name, key in
            (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"))
@@ -114,15 +117,12 @@ def _warmup_workload(wl: Workload) -> Workload:
 def simulate_with(sc: Scenario, wl: Workload, profile_dir: Path, runtime: RuntimeSpec,
                   kv_tokens: int, max_len: int):
     """The simulator on `wl` with the measured profile and runtime (as `llmsim run` does)."""
-    model = load_model(sc.model, file=sc.file or None)
-    profile = load_profile(str(profile_dir))
-    kv = make_kv(sc.kv.manager, kv_tokens, sc.kv.block_size)
-    policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
-    lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention)
-    res = simulate(wl, kv, policy, lat, max_model_len=max_len,
-                   kv_bytes_per_token=model.kv_bytes_per_token,
-                   pcie_bytes_per_s=profile.facts.pcie_gbs * 1e9)
-    return res, lat
+    sc = replace_scenario(sc, gpu=str(profile_dir),
+                          kv=dataclasses.replace(sc.kv, max_model_len=max_len))
+    (cfg,) = replica_configs(sc, runtime=runtime, kv_tokens=kv_tokens)
+    rep = build_replica(cfg, np.random.default_rng(sc.seed))
+    res = simulate(wl, [rep])
+    return res, cfg.latency
 
 
 def validate(scenario: str | Path, profile_dir: str | Path, out: str | Path, *,
@@ -132,6 +132,7 @@ def validate(scenario: str | Path, profile_dir: str | Path, out: str | Path, *,
     t0 = time.perf_counter()
     profile_dir, out = Path(profile_dir).resolve(), Path(out)
     sc = load_scenario(scenario, {"gpu": str(profile_dir)})
+    check_out_dir(out)  # before the runs, not after them
     check_supported(sc)
     rt_file = Path(runtime) if runtime else profile_dir / "runtime-eager.yaml"
     if not rt_file.is_file():
@@ -159,13 +160,19 @@ def validate(scenario: str | Path, profile_dir: str | Path, out: str | Path, *,
         real.append((*_frames(res, sc), detail))
     sim_res, lat = simulate_with(sc, wl, profile_dir, rt, kv_tokens, max_len)
     sim = _frames(sim_res, sc)
-    for i, (req, steps, summary, _) in enumerate(real, start=1):
-        _write(out / f"real-{i}", req, steps, summary)
-    _write(out / "sim", *sim)
     report = _report(sc, profile_dir, rt_file, dev, real, sim, lat)
     report["seconds"] = round(time.perf_counter() - t0, 1)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
-    (out / "report.md").write_text(markdown(report))
+
+    def write_report(folder: Path) -> None:
+        for i, (req, steps, summary, detail) in enumerate(real, start=1):
+            _write(folder / f"real-{i}", req, steps, summary)
+            write_serving_log(folder / f"real-{i}", req, steps, detail.sum_ctx,
+                              kv_tokens // sc.kv.block_size)
+        _write(folder / "sim", *sim)
+        (folder / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        (folder / "report.md").write_text(markdown(report))
+
+    write_atomically(out, write_report, {"scenario": sc.name, "profile": str(profile_dir)})
     return report
 
 

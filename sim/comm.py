@@ -1,0 +1,93 @@
+"""Collectives between the GPUs of a tensor-parallel group: measured table or α–β model.
+
+A GPU profile states its intra-node link as an `Interconnect` (profile.yaml,
+`interconnect:`), with provenance. Every lookup returns `(ms, tag)` like the kernel
+lookups of `sim/profiles.py`:
+
+- measured: when the profile names an all-reduce table (Vidur's collective
+  profile format: columns `size` in bytes, `num_workers`, `devices_per_node`,
+  `time_stats.all_reduce.median` in ms), the intra-node rows (devices_per_node =
+  num_workers) form a grid over (bytes, GPUs), made monotone and interpolated
+  log-log like every other table (`exact` / `interpolated`; `extrapolated` beyond
+  its sizes, scaled by the α–β model).
+- analytic: the α–β model of a ring, with the link's effective bus bandwidth B and
+  per-step latency α:
+
+      all-reduce of S bytes on n GPUs:  2(n−1)/n · S / B + 2(n−1) · α
+      all-gather of S bytes in all:      (n−1)/n · S / B +  (n−1) · α
+
+  B is NCCL's "bus bandwidth" (algorithm bandwidth × 2(n−1)/n), which sits well
+  below the datasheet link rate; each profile says which B it uses and why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.tables import ANALYTIC, Grid, read_table
+
+_POSITIVE = {"gt": 0}
+# Vidur's collective profile columns (size is bytes: fp16 elements x 2)
+VIDUR_ALL_REDUCE = {"size": int, "num_workers": int, "devices_per_node": int,
+                    "time_stats.all_reduce.median": float}
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """profile.yaml `interconnect:` — the GPU-to-GPU link inside one node."""
+
+    name: str  # e.g. "NVLink 4 via NVSwitch"
+    datasheet_gbs: float = field(metadata=_POSITIVE)  # per GPU, per direction
+    bus_gbs: float = field(metadata=_POSITIVE)  # effective all-reduce bus bandwidth (α–β's B)
+    latency_us: float = field(metadata={"ge": 0})  # α: per ring step
+    gpus_per_node: int = field(default=8, metadata=_POSITIVE)  # largest tensor-parallel group
+    all_reduce_table: str | None = None  # CSV in the profile folder (Vidur's columns)
+    source: tuple[str, ...] = ()
+
+
+def read_all_reduce(file: Path) -> dict[tuple[float, float], float]:
+    """Intra-node all-reduce medians of a Vidur collective profile: (bytes, gpus) -> ms."""
+    rows = read_table(file, VIDUR_ALL_REDUCE, ())
+    return {(r["size"], r["num_workers"]): r["time_stats.all_reduce.median"]
+            for r in rows if r["devices_per_node"] == r["num_workers"]}
+
+
+class Collectives:
+    """All-reduce and all-gather times for one GPU type's intra-node link."""
+
+    def __init__(self, link: Interconnect | None,
+                 all_reduce: dict[tuple[float, float], float] | None = None):
+        self.link = link
+        self._table = Grid(all_reduce, self.ring_all_reduce) if all_reduce else None
+
+    def _link(self) -> Interconnect:
+        if self.link is None:
+            raise ValueError("this GPU profile states no interconnect (profile.yaml: interconnect)")
+        return self.link
+
+    def ring_all_reduce(self, nbytes: float, gpus: float) -> float:
+        """α–β ring all-reduce, ms."""
+        link = self._link()
+        return (2 * (gpus - 1) / gpus * nbytes / (link.bus_gbs * 1e6)
+                + 2 * (gpus - 1) * link.latency_us * 1e-3)
+
+    def ring_all_gather(self, nbytes: float, gpus: float) -> float:
+        """α–β ring all-gather of `nbytes` in all (each GPU contributes nbytes / gpus), ms."""
+        link = self._link()
+        return ((gpus - 1) / gpus * nbytes / (link.bus_gbs * 1e6)
+                + (gpus - 1) * link.latency_us * 1e-3)
+
+    def all_reduce(self, nbytes: int, gpus: int) -> tuple[float, str]:
+        """An all-reduce of `nbytes` (each GPU's buffer) over `gpus` GPUs of one node."""
+        if gpus == 1:
+            return 0.0, ANALYTIC
+        if self._table is not None:
+            return self._table.lookup(nbytes, gpus)
+        return self.ring_all_reduce(nbytes, gpus), ANALYTIC
+
+    def all_gather(self, nbytes: int, gpus: int) -> tuple[float, str]:
+        """An all-gather producing `nbytes` on every GPU (α–β; no measured table)."""
+        if gpus == 1:
+            return 0.0, ANALYTIC
+        return self.ring_all_gather(nbytes, gpus), ANALYTIC

@@ -1,0 +1,93 @@
+"""`llmsim validate SCENARIO --replay STEPS.csv REQUESTS.csv`: a real run's logs against
+the simulator, without rerunning the engine.
+
+The requests log gives the trace (arrival times, prompt and output lengths); the steps
+log gives the KV pool size (free blocks after the first step plus what it holds). The
+scenario gives everything else (model, GPU, runtime, scheduler, attention kernels);
+its workload and `kv.num_blocks` are replaced. Each metric is computed from the logs
+with the simulator's own definitions (sim/metrics.py) and compared:
+error = simulated / logged - 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .logfit import kv_blocks, prefill_lengths, read_requests_log, read_steps_log
+from .runner import run
+from .scenario import load_scenario
+
+METRICS = [("TTFT p50 (ms)", "ttft_s", "p50", 1e3), ("TTFT p90 (ms)", "ttft_s", "p90", 1e3),
+           ("TTFT p99 (ms)", "ttft_s", "p99", 1e3), ("TPOT p50 (ms)", "tpot_s", "p50", 1e3),
+           ("TPOT p99 (ms)", "tpot_s", "p99", 1e3), ("E2E p50 (s)", "e2e_s", "p50", 1.0),
+           ("E2E p99 (s)", "e2e_s", "p99", 1.0), ("requests/s", "request_throughput", None, 1.0),
+           ("output tokens/s", "output_token_throughput", None, 1.0),
+           ("mean batch size", "mean_batch_size", None, 1.0)]
+
+
+def log_summary(requests: pd.DataFrame, steps: pd.DataFrame) -> dict:
+    """The metrics of sim/metrics.py, computed from a serving log."""
+    duration = float(requests.finish_s.max() - requests.arrival_s.min())
+    dur = (steps.t_end - steps.t_start).to_numpy(float)
+    multi = requests.output_tokens > 1
+
+    def pcts(x: np.ndarray) -> dict:
+        return {f"p{p}": float(v) for p, v in zip((50, 90, 99), np.percentile(x, (50, 90, 99)),
+                                                  strict=True)}
+
+    return {"ttft_s": pcts(requests.ttft_s.to_numpy(float)),
+            "tpot_s": pcts(requests.tpot_s[multi].to_numpy(float)),
+            "e2e_s": pcts(requests.e2e_s.to_numpy(float)),
+            "request_throughput": len(requests) / duration,
+            "output_token_throughput": float(requests.output_tokens.sum()) / duration,
+            "mean_batch_size": float((steps.num_seqs.to_numpy(float) * dur).sum() / dur.sum())}
+
+
+def replay(scenario: str | Path, steps_csv: str | Path, requests_csv: str | Path, *,
+           runtime: str | None = None, overrides: dict | None = None) -> dict:
+    """Simulate the logged trace under `scenario`; returns the report (rows per metric)."""
+    steps, requests = read_steps_log(steps_csv), read_requests_log(requests_csv)
+    blocks = kv_blocks(steps, prefill_lengths(steps, requests))
+    sets = {**(overrides or {}), "kv.num_blocks": blocks,
+            "workload": {"trace": {"path": str(Path(requests_csv).resolve()), "format": "csv"}}}
+    if runtime:
+        sets["runtime"] = runtime
+    out = run(load_scenario(scenario, sets))
+    logged, sim = log_summary(requests, steps), out.summary
+    rows = []
+    for label, key, sub, scale in METRICS:
+        a = logged[key] if sub is None else logged[key][sub]
+        b = sim[key] if sub is None else sim[key][sub]
+        rows.append({"metric": label, "logged": a * scale,
+                     "simulated": None if b is None else b * scale,
+                     "error": None if b is None or not a else b / a - 1})
+    return {"scenario": out.scenario.name, "runtime": sim["runtime"], "steps_log": str(steps_csv),
+            "requests_log": str(requests_csv), "requests": int(len(requests)),
+            "kv_blocks": blocks, "logged_steps": int(len(steps)),
+            "simulated_steps": int(sim["iterations"]["total"]), "metrics": rows}
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# Replay of a serving log: {r['scenario']} (runtime `{r['runtime']}`)", "",
+             f"`{r['requests_log']}` ({r['requests']} requests) and `{r['steps_log']}` "
+             f"({r['logged_steps']} steps; {r['kv_blocks']} KV blocks); "
+             f"{r['simulated_steps']} simulated steps. Error = simulated / logged - 1.", "",
+             "| metric | logged | simulated | error |", "|---|---:|---:|---:|"]
+    for m in r["metrics"]:
+        sim = "-" if m["simulated"] is None else f"{m['simulated']:.4g}"
+        err = "-" if m["error"] is None else f"{m['error']:+.1%}"
+        lines.append(f"| {m['metric']} | {m['logged']:.4g} | {sim} | {err} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(r: dict, out: str | Path) -> Path:
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(r["metrics"]).to_csv(folder / "replay.csv", index=False, float_format="%.6g")
+    (folder / "replay.md").write_text(markdown(r))
+    (folder / "replay.json").write_text(json.dumps(r, indent=2) + "\n")
+    return folder

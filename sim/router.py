@@ -1,0 +1,110 @@
+"""Routers: which replica serves a new request. Plain classes; they never touch the clock.
+
+A router sees what a real one could see: its own count of requests it dispatched that
+have not finished (exact — responses stream back through it), and each replica's queue
+length and KV-cache use as last reported (`ReplicaLoad`, refreshed by the engine every
+`router.staleness_s` seconds, or kept current when that is 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cluster import RouterSpec
+
+
+@dataclass
+class ReplicaLoad:
+    """One replica as the router knows it."""
+
+    outstanding: int = 0      # dispatched by this router and not finished (always current)
+    waiting: int = 0          # queued, not yet admitted (as last reported)
+    kv_used: float = 0.0      # fraction of KV blocks in use (as last reported)
+
+
+class RoundRobin:
+    def __init__(self, spec: RouterSpec, rng: np.random.Generator):
+        self.next = 0
+
+    def choose(self, key: int | None, loads: list[ReplicaLoad]) -> int:
+        i = self.next % len(loads)
+        self.next = i + 1
+        return i
+
+
+class RandomRouter:
+    def __init__(self, spec: RouterSpec, rng: np.random.Generator):
+        self.rng = rng
+
+    def choose(self, key: int | None, loads: list[ReplicaLoad]) -> int:
+        return int(self.rng.integers(len(loads)))
+
+
+def least_outstanding(loads: list[ReplicaLoad]) -> int:
+    """Fewest outstanding requests; ties go to the shorter reported queue, then the lowest index."""
+    return min(range(len(loads)), key=lambda i: (loads[i].outstanding, loads[i].waiting, i))
+
+
+class LeastOutstanding:
+    def __init__(self, spec: RouterSpec, rng: np.random.Generator):
+        pass
+
+    def choose(self, key: int | None, loads: list[ReplicaLoad]) -> int:
+        return least_outstanding(loads)
+
+
+class LeastKV:
+    def __init__(self, spec: RouterSpec, rng: np.random.Generator):
+        pass
+
+    def choose(self, key: int | None, loads: list[ReplicaLoad]) -> int:
+        return min(range(len(loads)), key=lambda i: (loads[i].kv_used, loads[i].waiting,
+                                                     loads[i].outstanding, i))
+
+
+class PowerOfTwo:
+    """Two replicas drawn at random; the one with fewer outstanding requests wins."""
+
+    def __init__(self, spec: RouterSpec, rng: np.random.Generator):
+        self.rng = rng
+
+    def choose(self, key: int | None, loads: list[ReplicaLoad]) -> int:
+        if len(loads) == 1:
+            return 0
+        a, b = self.rng.choice(len(loads), size=2, replace=False).tolist()
+        return a if (loads[a].outstanding, loads[a].waiting) <= (loads[b].outstanding, loads[b].waiting) else b
+
+
+class Affinity:
+    """Requests sharing a leading prefix block stay together (where their KV is cached);
+    a new key, or one whose replica is more than `affinity_slack` requests busier than the
+    least outstanding replica, goes to the least outstanding one and stays there."""
+
+    def __init__(self, spec: RouterSpec, rng: np.random.Generator):
+        self.slack = spec.affinity_slack
+        self.home: dict[int, int] = {}
+
+    def choose(self, key: int | None, loads: list[ReplicaLoad]) -> int:
+        best = least_outstanding(loads)
+        if key is None:
+            return best
+        i = self.home.get(key)
+        if i is None or loads[i].outstanding > loads[best].outstanding + self.slack:
+            self.home[key] = i = best
+        return i
+
+
+ROUTERS = {
+    "round_robin": RoundRobin,
+    "random": RandomRouter,
+    "least_outstanding": LeastOutstanding,
+    "least_kv": LeastKV,
+    "power_of_two": PowerOfTwo,
+    "affinity": Affinity,
+}
+
+
+def make_router(spec: RouterSpec, rng: np.random.Generator):
+    return ROUTERS[spec.policy](spec, rng)

@@ -1,0 +1,204 @@
+"""Fitting runtimes to serving logs (sim/logfit.py), replaying logs (sim/replay.py), and
+step-time jitter (sim/jitter.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim import run
+from sim.cli import main
+from sim.jitter import JitteredLatency, JitterSpec, jittered, sample
+from sim.latency import RuntimeSpec, StepLatency, load_runtime
+from sim.logfit import fit_log, kv_blocks, prefill_lengths, read_requests_log, read_steps_log
+from sim.models import load_model
+from sim.profiles import load_profile
+from sim.replay import replay
+from sim.specload import SpecError
+
+ROOT = Path(__file__).resolve().parent.parent
+LIVE = ROOT / "data" / "live"
+STEPS, REQUESTS = LIVE / "cb_r16_steps.csv", LIVE / "cb_r16_requests.csv"
+SCENARIO = ROOT / "scenarios" / "azure_conv_reference.yaml"
+
+# the host terms and jitter the synthetic log is generated with
+TRUE = dict(serial_ms_per_step=2.0, serial_ms_per_new_prefill_shape=40.0, host_ms_per_prefill_seq=0.5,
+            gpu_scale=1.0, gpu_scale_decode=1.2)
+TRUE_SIGMA = 0.05  # lognormal jitter of every step
+
+
+def _synthetic_log(folder: Path, seed: int = 3) -> None:
+    """A serving log written by the simulator's own StepLatency with known terms:
+    decode steps of random shapes, prefill steps whose prompt lengths repeat now and then."""
+    rng = np.random.default_rng(seed)
+    base = load_runtime("h200-eager-reference")
+    lat = StepLatency(load_model("llama-3-8b"), load_profile("h200-sxm"), replace(base, **TRUE))
+    steps, reqs, t = [], [], 0.0
+    pool = rng.integers(64, 3000, 60)  # lengths drawn from a small pool: some repeat
+    for i in range(900):
+        if i % 8 == 0:
+            lens = [int(x) for x in rng.choice(pool, int(rng.integers(1, 6)))]
+            dur = lat.prefill([(q, 0) for q in lens])
+            for q in lens:
+                reqs.append((len(reqs), t, q, 10, t, t + dur, t + dur + 1, dur, dur + 1, 0.1, 0))
+            row = ("prefill", len(lens), sum(lens), 0)
+        else:
+            n = int(rng.integers(1, 257))
+            ctx = int(n * rng.integers(100, 2000))
+            dur = lat.decode(n, ctx)
+            row = ("decode", n, n, ctx)
+        dur *= float(np.exp(rng.normal(0.0, TRUE_SIGMA)))
+        steps.append((t, t + dur, *row, 10000))
+        t += dur
+    cols = ["t_start", "t_end", "kind", "num_seqs", "num_tokens", "sum_ctx", "free_blocks"]
+    pd.DataFrame(steps, columns=cols).to_csv(folder / "steps.csv", index=False, float_format="%.9f")
+    rcols = ["id", "arrival_s", "prompt_tokens", "output_tokens", "admitted_s", "first_token_s",
+             "finish_s", "ttft_s", "e2e_s", "tpot_s", "preemptions"]
+    pd.DataFrame(reqs, columns=rcols).to_csv(folder / "requests.csv", index=False, float_format="%.9f")
+
+
+def test_fit_recovers_the_host_terms_and_jitter_of_a_synthetic_log(tmp_path):
+    _synthetic_log(tmp_path)
+    fit = fit_log(tmp_path / "steps.csv", tmp_path / "requests.csv", load_model("llama-3-8b"),
+                  load_profile("h200-sxm"), load_runtime("h200-eager-reference"), "synthetic")
+    rt = fit.runtime
+    assert rt.serial_ms_per_new_prefill_shape == pytest.approx(40.0, rel=0.1)
+    assert rt.gpu_scale_decode == pytest.approx(1.2, rel=0.05)
+    assert rt.gpu_scale == pytest.approx(1.0, rel=0.08)
+    # serial per step and per-sequence terms trade off a little; the step times they give do not
+    assert rt.serial_ms_per_step == pytest.approx(2.0, abs=0.8)
+    for kind in ("prefill", "decode"):
+        assert abs(fit.errors[kind]["bias"]) < 0.02
+        assert fit.errors[kind]["median_abs"] < 0.05  # lognormal(0.05): median |e| is 3.4 %
+        table = np.asarray(getattr(rt.jitter, kind))
+        mid = table[len(table) // 2]
+        assert mid == pytest.approx(1.0, abs=0.02)
+        # the fitted table's spread is the generator's: p90/p10 = exp(2 * 1.2816 * 0.05)
+        p10, p90 = table[4], table[36]
+        assert p90 / p10 == pytest.approx(np.exp(2 * 1.2816 * TRUE_SIGMA), rel=0.05)
+
+
+def test_prefill_lengths_come_from_the_requests_log_and_the_kv_pool_from_the_first_step():
+    steps, reqs = read_steps_log(STEPS), read_requests_log(REQUESTS)
+    lengths = prefill_lengths(steps, reqs)
+    prefill = steps.kind == "prefill"
+    assert all(sum(q) == t for q, t, p in zip(lengths, steps.num_tokens, prefill, strict=True) if p)
+    assert lengths[1] == [669, 1944]
+    assert kv_blocks(steps, lengths) == 20480  # what the log's README says
+    equal = prefill_lengths(steps, None)  # no requests log: equal splits
+    assert equal[1] == [1306, 1307]
+
+
+def test_fit_on_the_live_log_models_new_prefill_shapes_and_beats_the_warm_grid_runtime():
+    fit = fit_log(STEPS, REQUESTS, load_model("llama-3-8b"), load_profile("h200-sxm"),
+                  load_runtime("h200-eager-reference"), "live")
+    assert fit.base_errors["prefill"]["bias"] < -0.5  # the warm grid: live prefill 2-3x slower
+    assert 30 < fit.runtime.serial_ms_per_new_prefill_shape < 50
+    assert fit.errors["prefill"]["median_abs"] < 0.05
+    assert fit.errors["decode"]["median_abs"] < 0.05
+    assert all(abs(b) < 0.03 for b in fit.jittered_mean_bias.values())
+
+
+def test_fit_log_cli_writes_a_runtime_that_loads_and_runs(tmp_path, capsys):
+    out = tmp_path / "live.yaml"
+    assert main(["fit-log", str(STEPS), "--requests", str(REQUESTS), "--model", "llama-3-8b",
+                 "--gpu", "h200-sxm", "--base-runtime", "h200-eager-reference", "--out", str(out)]) == 0
+    assert "per new prefill shape" in capsys.readouterr().out
+    rt = load_runtime(str(out))
+    assert rt.name == "live" and rt.jitter is not None and len(rt.jitter.decode) == 41
+    assert out.read_text().startswith("# Runtime fitted by llmsim fit-log")
+
+
+def test_fit_log_bad_log_is_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "steps.csv"
+    bad.write_text("t_start,t_end,kind\n0,1,decode\n")
+    out = tmp_path / "x.yaml"
+    assert main(["fit-log", str(bad), "--model", "llama-3-8b", "--gpu", "h200-sxm",
+                 "--base-runtime", "h200-eager-reference", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("llmsim: error: ") and "missing columns num_seqs" in err
+    assert len(err.splitlines()) == 1 and not out.exists()
+
+
+def test_replay_of_the_live_log_is_within_stated_bounds(tmp_path, capsys):
+    """In-sample for the step model (the runtime was fitted to this log's steps); the
+    request-level metrics are what the replay checks. Bounds as stated in the README."""
+    assert main(["validate", str(SCENARIO), "--replay", str(STEPS), str(REQUESTS),
+                 "--out", str(tmp_path / "r")]) == 0
+    assert (tmp_path / "r" / "replay.csv").is_file() and (tmp_path / "r" / "replay.md").is_file()
+    rows = {m["metric"]: m for m in replay(SCENARIO, STEPS, REQUESTS)["metrics"]}
+    assert rows["TTFT p50 (ms)"]["logged"] == pytest.approx(677.5, rel=1e-3)
+    bounds = {"TTFT p50 (ms)": 0.35, "TPOT p50 (ms)": 0.12, "E2E p50 (s)": 0.1,
+              "E2E p99 (s)": 0.1, "requests/s": 0.05, "mean batch size": 0.15}
+    for metric, bound in bounds.items():
+        assert abs(rows[metric]["error"]) < bound, (metric, rows[metric])
+    warm = {m["metric"]: m for m in replay(SCENARIO, STEPS, REQUESTS,
+                                           runtime="h200-eager-reference")["metrics"]}
+    assert warm["E2E p50 (s)"]["error"] < -0.4  # the warm-grid runtime is far optimistic
+
+
+def _small(seed: int = 0, runtime: str = "h200-eager-live") -> dict:
+    return {"seed": seed, "runtime": runtime, "workload": {
+        "arrival": {"kind": "poisson", "rate": 4}, "prompt": {"kind": "fixed", "value": 300},
+        "output": {"kind": "fixed", "value": 50}, "num_requests": 60}}
+
+
+def test_jitter_is_deterministic_per_seed_and_leaves_the_workload_stream_alone():
+    a, b, c = run(SCENARIO, _small()), run(SCENARIO, _small()), run(SCENARIO, _small(seed=5))
+    assert a.steps.equals(b.steps) and a.requests.equals(b.requests)
+    assert not a.steps.t_end.equals(c.steps.t_end)
+    decode = a.steps[a.steps.kind == "decode"]
+    assert (decode.t_end - decode.t_start).round(9).nunique() > 10  # equal shapes, varied times
+    plain = run(SCENARIO, _small(runtime="h200-eager-reference"))
+    assert plain.requests.arrival_s.equals(a.requests.arrival_s)  # the same workload stream
+
+
+def test_jitter_is_off_for_runtimes_without_a_table():
+    lat = StepLatency(load_model("llama-3-8b"), load_profile("h200-sxm"), load_runtime("cuda-graph"))
+    assert jittered(lat, 0) is lat
+    assert load_runtime("h200-eager-reference").jitter is None
+
+
+def test_jitter_factors_follow_the_quantile_table():
+    spec = JitterSpec(decode=(0.9, 1.0, 1.3), prefill=(1.0, 2.0))
+    f = sample(spec, "decode", 20000, seed=1)
+    assert f.min() >= 0.9 and f.max() <= 1.3
+    assert np.median(f) == pytest.approx(1.0, abs=0.01)
+    assert f.mean() == pytest.approx((0.95 + 1.15) / 2, abs=0.01)  # mean of the linear pieces
+    assert np.array_equal(f, sample(spec, "decode", 20000, seed=1))
+    lat = StepLatency(load_model("llama-3-8b"), load_profile("h200-sxm"),
+                      RuntimeSpec(name="j", jitter=spec))
+    j = jittered(lat, 0)
+    assert isinstance(j, JitteredLatency)
+    plain = lat.prefill([(512, 0)])
+    assert plain <= j.prefill([(512, 0)]) <= 2 * plain
+
+
+def test_a_bad_jitter_table_is_a_spec_error(tmp_path):
+    f = tmp_path / "rt.yaml"
+    f.write_text("name: x\njitter: {decode: [1.1, 0.9]}\n")
+    with pytest.raises(SpecError, match="jitter.decode: quantiles must be non-decreasing"):
+        load_runtime(str(f))
+
+
+def test_new_prefill_shapes_pay_once_per_run():
+    rt = RuntimeSpec(name="x", serial_ms_per_new_prefill_shape=40.0)
+    lat = StepLatency(load_model("llama-3-8b"), load_profile("h200-sxm"), rt)
+    first, again = lat.prefill([(300, 0), (500, 0)]), lat.prefill([(300, 0), (500, 0)])
+    assert first - again == pytest.approx(0.080)
+    assert lat.prefill([(300, 0), (700, 0)]) - again == pytest.approx(0.040, abs=0.005)
+
+
+def test_a_run_written_as_a_serving_log_reads_back_with_its_kv_pool(tmp_path):
+    from sim.logfit import write_serving_log
+
+    out = run(SCENARIO, {**_small(runtime="h200-eager-reference"), "kv.num_blocks": 3000})
+    write_serving_log(tmp_path, out.requests, out.steps, [0] * len(out.steps), 3000)
+    steps = read_steps_log(tmp_path / "serving_steps.csv")
+    reqs = read_requests_log(tmp_path / "serving_requests.csv")
+    assert len(reqs) == 60 and list(steps.kind.unique()) == ["prefill", "decode"]
+    assert kv_blocks(steps, prefill_lengths(steps, reqs)) == 3000

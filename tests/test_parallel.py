@@ -1,0 +1,213 @@
+"""Tensor parallelism, collectives, memory feasibility and FP8: known answers."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.latency import StepLatency, load_runtime
+from sim.memory import memory_budget
+from sim.models import load_model
+from sim.parallel import DTypeSpec, ParallelSpec, check_layout, with_dtypes
+from sim.profiles import load_profile
+from sim.scenario import load_scenario
+from sim.specload import SpecError
+
+ROOT = Path(__file__).resolve().parent.parent
+TP_SCENARIO = ROOT / "scenarios" / "llama2_70b_tp.yaml"
+GIB = 2**30
+
+
+def _gemm_ms(model: str, gpu: str, tensor: int, tokens: int) -> float:
+    shapes = load_model(model).shard(tensor).gemm_shapes()
+    p = load_profile(gpu)
+    return sum(p.gemm(tokens, *shapes[op])[0] for op in ("qkv", "o", "gate_up", "down"))
+
+
+def test_tensor_parallel_halves_per_gpu_weight_bytes():
+    m = load_model("llama-2-70b")
+    for tp in (2, 4, 8):
+        # everything but the replicated norms is split
+        assert m.shard(tp).weight_bytes * tp == pytest.approx(m.weight_bytes, rel=1e-3)
+    assert m.shard(2).weight_bytes == pytest.approx(m.weight_bytes / 2, rel=1e-4)
+
+
+def test_sharded_gemm_shapes_split_n_of_column_and_k_of_row_parallel_layers():
+    full, shard = load_model("llama-2-70b").gemm_shapes(), load_model("llama-2-70b").shard(4).gemm_shapes()
+    assert shard["qkv"] == (8192, (64 + 2 * 8) * 128 // 4)
+    assert shard["gate_up"] == (full["gate_up"][0], full["gate_up"][1] // 4)
+    assert shard["o"] == (full["o"][0] // 4, full["o"][1])
+    assert shard["down"] == (full["down"][0] // 4, full["down"][1])
+    assert shard["lm_head"] == (8192, 8000)
+
+
+def test_kv_heads_are_replicated_when_tensor_exceeds_them():
+    m = load_model("llama-2-70b")  # 8 KV heads
+    assert (m.shard(8).heads, m.shard(8).kv_heads) == (8, 1)
+    assert (m.shard(16).heads, m.shard(16).kv_heads) == (4, 1)  # replicated, not split
+    assert m.shard(16).kv_bytes_per_token == m.shard(8).kv_bytes_per_token
+
+
+def test_llama2_70b_tp4_gemms_on_h200_are_exact_hits():
+    p, shapes = load_profile("h200-sxm"), load_model("llama-2-70b").shard(4).gemm_shapes()
+    for op in ("qkv", "o", "gate_up", "down"):
+        for tokens in (1, 64, 1024, 16384):
+            assert p.gemm(tokens, *shapes[op])[1] == "exact", (op, tokens)
+
+
+def test_tp_roughly_halves_large_m_gemm_time():
+    for gpu in ("h200-sxm", "h100-sxm", "a100-80gb"):
+        ratio = _gemm_ms("llama-2-70b", gpu, 4, 8192) / _gemm_ms("llama-2-70b", gpu, 2, 8192)
+        assert 0.45 < ratio < 0.6, (gpu, ratio)
+
+
+def test_kv_capacity_grows_more_than_linearly_with_tp():
+    sc, m, p = load_scenario(TP_SCENARIO), load_model("llama-2-70b"), load_profile("h100-sxm")
+    tokens = {tp: memory_budget(dataclasses.replace(sc, parallel=ParallelSpec(tensor=tp)), m, p).kv_tokens
+              for tp in (2, 4, 8)}
+    # per GPU: fewer weights and a quarter of the KV heads per token at TP 4 vs 1
+    assert tokens[2] < tokens[4] < tokens[8]
+    assert tokens[4] > 2 * tokens[2]
+    budget = memory_budget(sc, m, p)
+    per_token = 80 * 2 * (8 // 4) * 128 * 2  # layers x K,V x local KV heads x head_dim x bf16
+    assert budget.kv_tokens == int(budget.kv_bytes // per_token)
+    assert budget.weight_bytes == pytest.approx(m.weight_bytes / 4, rel=1e-4)
+
+
+def test_ring_all_reduce_matches_the_alpha_beta_formula():
+    comm = load_profile("h100-sxm").comm
+    link = comm.link
+    nbytes, n = 64 * 2**20, 4
+    expected_ms = 2 * (n - 1) / n * nbytes / (link.bus_gbs * 1e9) * 1e3 + 2 * (n - 1) * link.latency_us * 1e-3
+    ms, tag = comm.all_reduce(nbytes, n)
+    assert (ms, tag) == (pytest.approx(expected_ms, rel=1e-12), "analytic")
+    assert comm.all_reduce(nbytes, 1) == (0.0, "analytic")
+
+
+def _measured_a100(gpus: int) -> dict[int, float]:
+    f = ROOT / "gpu_profiles" / "a100-80gb" / "all_reduce_a100_dgx.csv"
+    with f.open() as fh:
+        return {int(r["size"]): float(r["time_stats.all_reduce.median"]) for r in csv.DictReader(fh)
+                if int(r["num_workers"]) == gpus == int(r["devices_per_node"])}
+
+
+def test_a100_all_reduce_lookups_hit_the_measured_table():
+    comm = load_profile("a100-80gb").comm
+    for gpus in (2, 4, 8):
+        table = _measured_a100(gpus)
+        sizes = sorted(table)
+        big = sizes[-1]
+        ms, tag = comm.all_reduce(big, gpus)
+        assert tag == "exact" and ms <= table[big]  # the monotone envelope never raises a point
+        mid = (sizes[500] + sizes[501]) // 2
+        ms, tag = comm.all_reduce(mid, gpus)
+        assert tag == "interpolated"
+        low, high = comm.all_reduce(sizes[500], gpus)[0], comm.all_reduce(sizes[501], gpus)[0]
+        assert low * (1 - 1e-9) <= ms <= high * (1 + 1e-9)
+    assert comm.all_reduce(2 * big, 8)[1] == "extrapolated"
+
+
+def test_tp_step_pays_two_all_reduces_per_layer_plus_the_embeddings():
+    m, p, rt = load_model("llama-2-70b"), load_profile("a100-80gb"), load_runtime("cuda-graph")
+    lat = StepLatency(m, p, rt, tensor=4)
+    tokens = 512
+    comm_part = lat._dense_lookup(tokens)[-1]
+    ms, tag = p.comm.all_reduce(tokens * m.hidden * 2, 4)
+    assert comm_part == ((2 * m.layers + 1) * ms, tag)
+    assert len(StepLatency(m.shard(1), p, rt)._dense_lookup(tokens)) == len(lat._dense_lookup(tokens)) - 1
+
+
+def test_decode_step_is_faster_at_higher_tensor_degree():
+    m, p, rt = load_model("llama-2-70b"), load_profile("h100-sxm"), load_runtime("cuda-graph")
+    steps = [StepLatency(m, p, rt, tensor=tp).decode(16, 16 * 1000, 1000) for tp in (2, 4, 8)]
+    assert steps[0] > steps[1] > steps[2]
+    assert steps[1] > steps[0] / 2  # communication keeps TP from scaling perfectly
+
+
+def llmsim(*args):
+    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+def test_70b_at_tp1_on_one_a100_exits_2_with_a_gib_shortfall_line(tmp_path):
+    r = llmsim("run", str(TP_SCENARIO), "--set", "gpu=a100-80gb", "--set", "parallel.tensor=1",
+               "--out", str(tmp_path / "out"))
+    assert r.returncode == 2
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith(f"llmsim: error: {TP_SCENARIO}: model: does not fit: weights 128.5 GiB")
+    assert "> 71.3 GiB usable per GPU" in line and "GiB short" in line
+    assert "parallel.tensor >= 2" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_layout_that_cannot_hold_one_sequence_names_max_model_len():
+    m, p = load_model("llama-2-70b"), load_profile("h100-sxm")
+    sc = load_scenario(TP_SCENARIO, {"parallel.tensor": 2})
+    b = memory_budget(sc, m, p)
+    half_a_sequence = 4096 * m.shard(2).kv_bytes_per_token / 2  # room for half of one sequence
+    util = (b.weight_bytes + b.activation_bytes + b.attention_scratch_bytes + half_a_sequence) / b.gpu_bytes
+    tight = load_scenario(TP_SCENARIO, {"parallel.tensor": 2, "kv.gpu_memory_utilization": util})
+    with pytest.raises(SpecError, match=r"kv.max_model_len: does not fit: .* KV for one max_model_len"
+                                        r" sequence 0.6 GiB > .* 0.3 GiB short"):
+        memory_budget(tight, m, p)
+
+
+@pytest.mark.parametrize("tensor, pipeline, expected", [
+    (3, 1, "parallel.tensor: 3 does not divide heads=64 of llama-2-70b (allowed: 1, 2, 4, 8)"),
+    (16, 1, "parallel.tensor: 16 exceeds the 8 GPUs of one h100-sxm node"),
+    (1, 2, "parallel.pipeline: 2 is not modelled (allowed: 1"),
+])
+def test_bad_layouts_get_one_line(tensor, pipeline, expected):
+    with pytest.raises(SpecError) as e:
+        sc = load_scenario(TP_SCENARIO, {"parallel.tensor": tensor, "parallel.pipeline": pipeline})
+        check_layout(sc.parallel, load_model(sc.model), load_profile(sc.gpu), file=sc.file)
+    assert expected in str(e.value)
+
+
+def test_fp8_kv_halves_kv_bytes_and_about_doubles_capacity():
+    p, m = load_profile("h100-sxm"), load_model("llama-2-70b")
+    fp8 = with_dtypes(m, DTypeSpec(kv_cache="fp8"), p)
+    assert fp8.kv_bytes_per_token * 2 == m.kv_bytes_per_token
+    assert fp8.weight_bytes == m.weight_bytes
+    sc = load_scenario(TP_SCENARIO)
+    bf16_tokens, fp8_tokens = memory_budget(sc, m, p).kv_tokens, memory_budget(sc, fp8, p).kv_tokens
+    assert fp8_tokens == pytest.approx(2 * bf16_tokens, abs=1)
+
+
+def test_fp8_kv_decode_reads_half_the_bytes():
+    p, m, rt = load_profile("h100-sxm"), load_model("llama-2-70b"), load_runtime("cuda-graph")
+    fp8 = with_dtypes(m, DTypeSpec(kv_cache="fp8"), p)
+    bf16_attn = StepLatency(m, p, rt, tensor=4).decode_attn_ms(64, 64 * 4096, 4096)
+    fp8_attn = StepLatency(fp8, p, rt, tensor=4).decode_attn_ms(64, 64 * 4096, 4096)
+    assert fp8_attn == pytest.approx(StepLatency(m, p, rt, tensor=4).decode_attn_ms(64, 64 * 2048, 2048))
+    assert fp8_attn < 0.6 * bf16_attn
+
+
+def test_fp8_weights_halve_weight_bytes_and_speed_up_gemms():
+    p, m = load_profile("h200-sxm"), load_model("llama-2-70b")
+    fp8 = with_dtypes(m, DTypeSpec(weights="fp8"), p)
+    assert fp8.weight_bytes * 2 == m.weight_bytes
+    k, n = m.shard(4).gemm_shapes()["gate_up"]
+    for tokens, low, high in ((1, 0.45, 0.75), (8192, 0.45, 0.55)):  # bytes-bound, FLOP-bound
+        ms, tag = p.gemm_fp8(tokens, k, n)
+        assert tag == "analytic"
+        assert low < ms / p.gemm(tokens, k, n)[0] < high
+
+
+def test_fp8_is_refused_on_a100():
+    with pytest.raises(SpecError, match=r"dtype.weights: fp8 needs FP8 tensor cores, which a100-80gb lacks"):
+        with_dtypes(load_model("llama-2-70b"), DTypeSpec(weights="fp8"), load_profile("a100-80gb"))
+
+
+def test_tensor_1_is_the_unsharded_model():
+    m = load_model("llama-3-8b")
+    assert m.shard(1) is m
+    p, rt = load_profile("h200-sxm"), load_runtime("cuda-graph")
+    a, b = StepLatency(m, p, rt), StepLatency(m, p, rt, tensor=1)
+    assert a.decode(8, 8000, 1500) == b.decode(8, 8000, 1500)
+    assert a.prefill([(512, 0), (100, 0)]) == b.prefill([(512, 0), (100, 0)])
