@@ -101,9 +101,9 @@ def cmd_run(a) -> int:
     out = run(sc, progress=not a.no_progress and sys.stderr.isatty())
     out.write(dest, plots=not a.no_plots)
     if a.trace_out:
-        from .perfetto import write_trace
+        from .perfetto import replica_parts, write_trace
 
-        write_trace(a.trace_out, [(out.steps, out.requests)])
+        write_trace(a.trace_out, replica_parts(out.steps, out.requests))
     print(table([out.scenario.name], [out.summary]))
     if out.summary.get("per_replica"):
         print("\n" + replica_table(out.summary["per_replica"]))

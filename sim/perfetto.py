@@ -10,9 +10,8 @@ One process per replica (pid = replica index + 1, named "replica N"), with:
 * an instant event "preempted" (`ph: i`, scope thread) per preemption, placed at the
   request's first token (the step log does not keep preemption times, so the count
   is exact and the time is a marker; args carry the count).
-Timestamps are microseconds of simulated time. A fleet (`sim/fleet.py`) gives one
-(steps, requests) pair per replica: `write_trace(path, [(fleet.replica_steps[i],
-fleet.requests[fleet.requests.replica == i]) for i in ...])`.
+Timestamps are microseconds of simulated time. `replica_parts` splits a cluster run's
+tables into one (steps, requests) pair per replica for `write_trace`.
 """
 
 from __future__ import annotations
@@ -77,6 +76,14 @@ def _async(ph: str, pid: int, rid: str, name: str, t: float, args: dict | None =
 
 def _nan(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def replica_parts(steps: pd.DataFrame, requests: pd.DataFrame) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
+    """A run's tables split per replica (a cluster run has a `replica` column)."""
+    if "replica" not in steps.columns or "replica" not in requests.columns:
+        return [(steps, requests)]
+    names = list(dict.fromkeys(steps.replica.tolist() + requests.replica.tolist()))
+    return [(steps[steps.replica == n], requests[requests.replica == n]) for n in names]
 
 
 def write_trace(path: str | Path, replicas: list[tuple[pd.DataFrame, pd.DataFrame]]) -> Path:

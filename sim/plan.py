@@ -19,7 +19,7 @@ ceil(target / that rate), GPUs = replicas x TP, $/hour from the prices file, $/M
 tokens = $/hour / (target x mean output tokens x 3600) x 1e6, and p99 latencies of one
 replica at its share of the target (target / replicas). The binding constraint is read
 from the first probe that broke the SLOs (`binding`). The cheapest candidate (ties:
-lower p99 TTFT) is then checked as a fleet (`sim/fleet.py`) at the target rate: the
+lower p99 TTFT) is then checked as a fleet (`sim/fleet.py`: the cluster engine, random router) at the target rate: the
 replica count moves until the fleet meets the SLOs for every seed and one replica fewer
 does not; that validated count is the recommendation.
 """

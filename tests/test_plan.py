@@ -52,7 +52,7 @@ def test_fleet_routes_every_request_to_exactly_one_replica():
     wl = prepare(sc).workload
     assert sorted(fleet.requests.id) == list(range(len(wl)))
     assert np.allclose(fleet.requests.sort_values("id").arrival_s, wl.arrival_s)
-    assert set(fleet.requests.replica) == {0, 1, 2}
+    assert set(fleet.requests.replica) == {0, 1, 2} and len(fleet.replica_steps) == 3
     assert fleet.summary["requests"]["finished"] == 300
 
 

@@ -117,3 +117,14 @@ def test_fleet_trace_has_one_process_per_replica(tmp_path):
     for pid, t in first.items():  # a replica's first iteration starts at its first request
         arrivals = fleet.requests[fleet.requests.replica == pid - 1].arrival_s
         assert t == pytest.approx(arrivals.min() * 1e6)
+
+
+def test_cluster_run_trace_splits_into_one_process_per_replica(tmp_path):
+    from sim.perfetto import replica_parts
+
+    out = run(ROOT / "scenarios" / "quickstart.yaml", {
+        "workload.num_requests": 60, "cluster": {"router": {"policy": "round_robin"}, "groups": [{"count": 2}]}})
+    parts = replica_parts(out.steps, out.requests)
+    assert len(parts) == 2 and sum(len(r) for _, r in parts) == 60
+    ev = json.loads(write_trace(tmp_path / "c.json", parts).read_text())["traceEvents"]
+    assert {e["pid"] for e in ev} == {1, 2}
