@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -97,6 +98,7 @@ def add_parsers(sub) -> None:
     s.add_argument("--values", help="one-field form: comma-separated values")
     s.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a scenario field")
     s.add_argument("--out", help="output folder (default runs/sweep_<scenario>); rerun to resume")
+    s.add_argument("--no-plots", action="store_true", help=argparse.SUPPRESS)  # a sweep writes tables only
     _executor_args(s)
     s.set_defaults(fn=cmd_sweep)
 
