@@ -22,7 +22,7 @@ from .jitter import jittered
 from .kv import ContiguousKV, make_kv
 from .latency import RuntimeSpec, StepLatency, load_runtime
 from .memory import MemoryBudget, memory_budget
-from .models import ModelSpec, load_model
+from .models import ModelSpec, context_window, load_model
 from .parallel import check_layout, with_dtypes
 from .prefix import PrefixCache
 from .profiles import GPUProfile, load_profile
@@ -113,6 +113,7 @@ def _resolve(sc: Scenario, name: str, group: str, role: str, where: str,
     prefix = f"{where}." if where else ""
     profile = load_profile(sc.gpu, file=f, path=f"{prefix}gpu")
     model = with_dtypes(load_model(sc.model, file=f, path="model"), sc.dtype, profile, file=f)
+    context_window(model, sc.kv.max_model_len, file=f, path=f"{prefix}kv.max_model_len")  # vLLM refuses more
     if runtime is None:
         runtime = load_runtime(sc.runtime, file=f, path=f"{prefix}runtime",
                                base_dir=sc.base_dir or None)

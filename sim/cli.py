@@ -9,9 +9,7 @@ import sys
 import threading
 from pathlib import Path
 
-import yaml
-
-from .specload import SpecError
+from .specload import SpecError, parse_cli_value
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "quickstart.yaml"
 
@@ -22,7 +20,7 @@ def _parse_sets(pairs: list[str]) -> dict[str, object]:
         if "=" not in p:
             raise SpecError("--set", p, "expected FIELD.PATH=VALUE")
         k, v = p.split("=", 1)
-        out[k.strip()] = yaml.safe_load(v)
+        out[k.strip()] = parse_cli_value(v, f"--set {k.strip()}")
     return out
 
 
@@ -56,7 +54,9 @@ ROWS = [
     ("spec. speed-up vs decode", lambda s: f"{s['speculative']['speedup_vs_decode']:.2f}x" if s.get("speculative") else "-"),
     ("prefix cache hit rate", lambda s: f"{s['prefix_cache']['hit_rate']:.1%}" if s.get("prefix_cache") else "-"),
     ("goodput (req/s)", lambda s: _fmt(s["goodput"]["requests_per_s"]) if s.get("goodput") else "-"),
-    ("lookups measured", lambda s: f"{1 - s['lookup_provenance']['analytic']:.0%}" + {
+    ("lookups measured", lambda s: f"{1 - s['lookup_provenance']['analytic']:.0%}"
+     + (f" ({s['lookup_provenance']['derived']:.0%} derived)"
+        if s["lookup_provenance"].get("derived") else "") + {
         True: " (analytic GPU profile)", "partial": " (GPU profile partly analytic)"}.get(
         s.get("gpu_analytic"), "")),
     ("wall time (s)", lambda s: f"{s['wall_s']:.2f}"),
@@ -153,6 +153,13 @@ def cmd_gpus(a) -> int:
         f = p.facts
         kind = "measured" if f.analytic is False else ("analytic" if f.analytic is True else "partly measured")
         print(f"{name:12} {f.memory_gib:6.1f} GiB  {kind}")
+        capped = {t: n for t, n in p.capped.items() if n}
+        if capped:  # table rows faster than the GPU's peak, raised to it at load
+            rows = ", ".join(f"{t} {n}" for t, n in capped.items())
+            print(f"{'':12} capped at the GPU's peak: {rows} rows")
+        if p.summary()["derived_decode"]:
+            print(f"{'':12} paged decode derived from the contiguous table "
+                  f"(+{f.efficiency.paged_decode_overhead:.0%})")
     return 0
 
 

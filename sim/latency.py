@@ -21,13 +21,20 @@ contexts, and the LM head runs on one row per sequence (k+1 rows per sequence
 when verifying k draft tokens). Every kernel time comes from the GPU profile
 (measured tables, interpolated or extrapolated, or analytic roofline).
 
-Host overhead comes from a runtime profile (`gpu_profiles/runtimes/`): the
-host issues kernels at a cost per step, per layer, and per sequence and layer for
-the per-sequence attention launches of prefill and of multi-token (verify) steps; the step takes the slower of host and GPU,
-since the host runs ahead of the GPU until the GPU is the bottleneck.
-`cuda-graph` has no host cost (kernels only). Per-sequence host terms add to the host
-side; serial terms (per step, per sequence, and a stall per prefill shape not seen
-before in the run, fitted from live logs by sim/logfit.py) add after the max.
+Host overhead comes from a runtime profile (`gpu_profiles/runtimes/`, one per
+serving stack): the host issues kernels at a cost per step, per layer, and per
+sequence and layer for the per-sequence attention launches of prefill and of
+multi-token (verify) steps, and prepares inputs, samples and detokenises at a cost
+per prefill and per decode sequence. That host work overlaps the GPU (the host runs
+ahead of an asynchronous GPU until the GPU is the bottleneck, as with async output
+processing), so the step takes the slower of the two; a serial part per step and per
+sequence (what waits for the GPU's sampled tokens) adds to it, and so does a stall the
+first time a run sees a prefill shape (fitted from live logs by sim/logfit.py):
+
+    step = max(host, GPU) + serial_ms_per_step + serial_ms_per_seq · sequences
+           + serial_ms_per_new_prefill_shape · new prefill shapes
+
+`cuda-graph` has no host cost (kernels only, a lower bound for any stack).
 """
 
 from __future__ import annotations
@@ -38,10 +45,10 @@ from typing import Literal
 
 from .jitter import JitterSpec
 from .models import ModelSpec
-from .profiles import ANALYTIC, BF16, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
+from .profiles import ANALYTIC, BF16, DERIVED, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
 from .specload import ROOT, SpecError, build, known_names, load_yaml
 
-TAGS = (EXACT, INTERPOLATED, EXTRAPOLATED, ANALYTIC)
+TAGS = (EXACT, INTERPOLATED, DERIVED, EXTRAPOLATED, ANALYTIC)
 _TAG_INDEX = {t: i for i, t in enumerate(TAGS)}
 RUNTIMES_DIR = ROOT / "gpu_profiles" / "runtimes"
 
@@ -122,7 +129,7 @@ class StepLatency:
         self.verify_impl = verify_impl
         self.tensor, self.fp8_weights, self.vocab = tensor, fp8_weights, model.vocab
         self.shapes = self.m.gemm_shapes()
-        self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown(4), uses]
+        self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
         self._seen_shapes: set[tuple[int, int]] = set()  # prefill shapes run so far
 
@@ -132,7 +139,7 @@ class StepLatency:
         if e is None:
             parts = compute()
             ms = 0.0
-            br = [0.0, 0.0, 0.0, 0.0]
+            br = [0.0] * len(TAGS)
             for t, tag in parts:
                 ms += t
                 br[_TAG_INDEX[tag]] += t
@@ -243,8 +250,9 @@ class StepLatency:
                 ms, tag = self.p.prefill_attn("flash", 1, q_len, max(kv_q, q_len),
                                               m.heads, m.kv_heads, m.head_dim)
             else:
-                impl = "paged" if self.verify_impl == "paged" else "paged_gather"
-                rows = q_len if impl == "paged" else 1
+                paged = self.verify_impl in ("paged", "paged_reference")
+                impl = self.verify_impl if paged else "paged_gather"
+                rows = q_len if paged else 1
                 ms, tag = self.p.decode_attn(impl, rows, rows * self._kv_ctx(kv_q), m.heads,
                                              m.kv_heads, m.head_dim)
                 tag = self._kv_tag(tag)
@@ -254,21 +262,23 @@ class StepLatency:
 
     # ---- steps (seconds) --------------------------------------------------------
     def _combine(self, gpu_ms: float, prefill_seqs: int = 0, verify_seqs: int = 0,
-                 decode: bool = False, decode_seqs: int = 0, new_shapes: int = 0) -> float:
+                 decode_seqs: int = 0, decode: bool = False, new_shapes: int = 0) -> float:
+        """Seconds of a step: combine(host, GPU) + the serial host part. The host issues
+        kernels (per step, layer, and per-sequence attention launch) and prepares inputs,
+        samples and detokenises per sequence (a verify sequence counts as a decode one)."""
         rt, layers = self.rt, self.m.layers
-        host = rt.host_ms_per_step + rt.host_ms_per_layer * layers
+        seqs = decode_seqs + verify_seqs
+        host = (rt.host_ms_per_step + rt.host_ms_per_layer * layers
+                + rt.host_ms_per_prefill_seq * prefill_seqs + rt.host_ms_per_decode_seq * seqs)
         if decode:
             host += rt.host_ms_per_layer_decode_extra * layers
         if prefill_seqs or verify_seqs:
             host += layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
                               + rt.host_ms_per_verify_seq_layer * verify_seqs)
-        host += rt.host_ms_per_prefill_seq * prefill_seqs + rt.host_ms_per_decode_seq * (
-            decode_seqs + verify_seqs)
         gpu = gpu_ms * (rt.gpu_scale_decode if decode else rt.gpu_scale)
-        step = host + gpu if rt.combine == "sum" else max(host, gpu)
-        step += (rt.serial_ms_per_step + rt.serial_ms_per_seq * (prefill_seqs + verify_seqs + decode_seqs)
-                 + rt.serial_ms_per_new_prefill_shape * new_shapes)
-        return step * 1e-3
+        serial = (rt.serial_ms_per_step + rt.serial_ms_per_seq * (prefill_seqs + seqs)
+                  + rt.serial_ms_per_new_prefill_shape * new_shapes)
+        return ((host + gpu if rt.combine == "sum" else max(host, gpu)) + serial) * 1e-3
 
     def _new_shapes(self, chunks: list[tuple[int, int]]) -> int:
         """How many of these prefill attention shapes this run has not seen before."""
@@ -281,15 +291,16 @@ class StepLatency:
                 new += 1
         return new
 
-    def _step(self, key: tuple, parts) -> float:
-        """Seconds of a whole decode-like step, memoised by `key` (one dict hit when warm)."""
+    def _step(self, key: tuple, parts, seqs: int) -> float:
+        """Seconds of a whole decode-like step of `seqs` sequences, memoised by `key` (one
+        dict hit when warm)."""
         e = self._memo.get(key)
         if e is not None:
             e[2] += 1
             return e[3]
         gpu = self._piece(key, parts)
         e = self._memo[key]
-        e.append(self._combine(gpu, decode=True, decode_seqs=key[1]))
+        e.append(self._combine(gpu, decode_seqs=seqs, decode=True))
         return e[3]
 
     def prefill(self, chunks: list[tuple[int, int]]) -> float:
@@ -314,7 +325,7 @@ class StepLatency:
         ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
         return self._step(("decode", n, ctx_q, max_q),  # the hot path: one dict hit per step
                           lambda: self._dense_parts(n) + self._lm_parts(n)
-                          + self._decode_attn_parts(n, ctx_q, max_q))
+                          + self._decode_attn_parts(n, ctx_q, max_q), n)
 
     def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]]) -> float:
         """A chunked-prefill step: `n` decodes (over `sum_ctx` tokens, longest `max_ctx`)
@@ -326,7 +337,7 @@ class StepLatency:
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.decode_attn_ms(n, sum_ctx, max_ctx)
         gpu += self.dense_ms(n + tokens) + self.lm_head_ms(n + len(chunks))
-        return self._combine(gpu, prefill_seqs=len(chunks), decode=True, decode_seqs=n,
+        return self._combine(gpu, prefill_seqs=len(chunks), decode_seqs=n, decode=True,
                              new_shapes=self._new_shapes(chunks))
 
     def verify(self, rows: list[tuple[int, int]]) -> float:
@@ -352,7 +363,7 @@ class StepLatency:
             return (self._dense_parts(n * q) + self._lm_parts(n * q)
                     + [(m.layers * ms, self._kv_tag(tag))])
 
-        return self._step(("verify", n, q, ctx_q, max_q), compute)
+        return self._step(("verify", n, q, ctx_q, max_q), compute, n)
 
     def gpu_ms(self, kind: str, n: int, new_tokens: int, ctx: int) -> float:
         """Kernel-only time of a uniform step (for error tables against measured grids)."""

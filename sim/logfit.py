@@ -142,7 +142,7 @@ class StepRows:
 
 def step_rows(steps: pd.DataFrame, lengths: list[list[int]], model: ModelSpec,
               profile: GPUProfile, prefill_impl: str = "flash",
-              decode_impl: str = "paged") -> StepRows:
+              decode_impl: str = "paged_reference") -> StepRows:
     kernels = StepLatency(model, profile, RuntimeSpec(name="kernels"), prefill_impl, decode_impl)
     seen: set[tuple[int, int]] = set()
     gpu, new = [], []
@@ -256,7 +256,7 @@ class LogFit:
 
 def fit_log(steps_csv: str | Path, requests_csv: str | Path | None, model: ModelSpec,
             profile: GPUProfile, base: RuntimeSpec, name: str, prefill_impl: str = "flash",
-            decode_impl: str = "paged") -> LogFit:
+            decode_impl: str = "paged_reference") -> LogFit:
     steps = read_steps_log(steps_csv)
     requests = read_requests_log(requests_csv) if requests_csv else None
     lengths = prefill_lengths(steps, requests)

@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sim.specload import ROOT, SpecError, build, known_names, load_yaml
+from sim.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
 
 MODELS_DIR = ROOT / "models"
 
@@ -181,8 +181,8 @@ def load_model(
         p = Path(name_or_path)
         if not p.is_absolute() and file is not None:
             p = Path(file).parent / p
-        if not p.is_file():
-            raise SpecError(file, path, f"model file not found: {name_or_path!r}")
+        if not is_file(p):
+            raise SpecError(file, path, f"model file not found: {show(name_or_path)}")
     else:
         known = known_models()
         if name_or_path not in known:
@@ -199,3 +199,18 @@ def _load_file(p: Path) -> ModelSpec:
             p, "name", f"{spec.name!r} differs from the file name (allowed: {p.stem!r})"
         )
     return spec
+
+
+def context_window(model: ModelSpec, max_model_len: int | None, *,
+                   file: str | Path | None = None, path: str = "kv.max_model_len") -> int:
+    """The context window a run uses: `max_model_len` (None: the model's own window).
+
+    As in vLLM, a `max_model_len` above the model's window (`max_len`, its
+    max_position_embeddings) is refused: the model was not trained for those positions.
+    """
+    if max_model_len is None:
+        return model.max_len
+    if max_model_len > model.max_len:
+        raise SpecError(file, path, f"{max_model_len} is over {model.name}'s context window "
+                                    f"(allowed: <= {model.max_len})")
+    return max_model_len

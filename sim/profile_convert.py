@@ -26,7 +26,8 @@ import pandas as pd
 
 from sim.specload import load_yaml
 
-DECODE_IMPLS = {"contig": "contiguous", "paged_triton": "paged", "paged_gather": "paged_gather"}
+DECODE_IMPLS = {"contig": "contiguous", "paged_triton": "paged_reference",
+                "paged_gather": "paged_gather"}
 PEER_PROFILES = {"a100": "a100-80gb", "h100": "h100-sxm"}  # Vidur's device name -> ours
 PEER_LICENSE = "LICENSE-vidur-MIT"
 BF16 = 2  # bytes per element
@@ -159,7 +160,9 @@ def fit_attention_efficiency(prefill: pd.DataFrame, decode: pd.DataFrame, tflops
 
     flash: t = floor + flops / (tflops·eff); naive: t = floor + max(flops / GEMM rate,
     scores · bytes_per_score / GEMM bandwidth); each decode impl (uniform rows only):
-    t = floor + KV bytes / (tbs·eff). Returns the Efficiency fields and the errors.
+    t = floor + KV bytes / (tbs·eff), where `paged_reference` (the Triton teaching kernel)
+    reads K/V once per query head, not once per KV head. Returns the Efficiency fields
+    and the errors.
     """
     out: dict = {"attn_decode_bw": {}, "attn_decode_floor_ms": {}, "errors": {}}
     floors = np.round(np.arange(0.0, 0.2001, 0.001), 3)
@@ -180,7 +183,8 @@ def fit_attention_efficiency(prefill: pd.DataFrame, decode: pd.DataFrame, tflops
     out["errors"]["naive"] = err
     uniform = decode[decode["ctx"] == decode["max_ctx"]]
     for impl, d in uniform.groupby("impl"):
-        kv = ((d["sum_ctx"] * 2 * d["hkv"] * d["d"] + d["batch"] * 2 * d["hq"] * d["d"]) * BF16)
+        heads = d["hq"] if impl == "paged_reference" else d["hkv"]
+        kv = ((d["sum_ctx"] * 2 * heads * d["d"] + d["batch"] * 2 * d["hq"] * d["d"]) * BF16)
         kv_ms = kv.to_numpy(float) / (tbs * 1e9)
         e, fl, *err = _grid_fit(lambda e, fl, x=kv_ms: fl + x / e, effs, floors,
                                 d["ms"].to_numpy(float))

@@ -39,9 +39,11 @@ from statistics import median
 from typing import Literal
 
 from sim.comm import Collectives, Interconnect, read_all_reduce
+from sim.profile_sanity import cap_tables
 from sim.specload import ROOT, SpecError, build, known_names, load_yaml
 from sim.tables import (
     ANALYTIC,
+    DERIVED,
     EXACT,
     EXTRAPOLATED,
     INTERPOLATED,
@@ -53,11 +55,11 @@ from sim.tables import (
     scaled,
 )
 
-__all__ = ["ANALYTIC", "BF16", "ELEMENTWISE_BYTES", "EXACT", "EXTRAPOLATED", "IMPLS",
+__all__ = ["ANALYTIC", "BF16", "DERIVED", "ELEMENTWISE_BYTES", "EXACT", "EXTRAPOLATED", "IMPLS",
            "INTERPOLATED", "PROFILES_DIR", "TABLES", "Efficiency", "GPUFacts", "GPUProfile",
            "known_profiles", "load_profile"]
 
-_RANK = {EXACT: 0, INTERPOLATED: 1, EXTRAPOLATED: 2, ANALYTIC: 3}
+_RANK = {EXACT: 0, INTERPOLATED: 1, DERIVED: 2, EXTRAPOLATED: 3, ANALYTIC: 4}
 
 PROFILES_DIR = ROOT / "gpu_profiles"
 _CFG = {"hq": int, "hkv": int, "d": int}
@@ -73,8 +75,12 @@ TABLES: dict[str, dict[str, type]] = {  # table -> its columns
 # cos/sin, writes x; kv_write copies K and V (H = 2·hkv·d); embedding copies one row.
 ELEMENTWISE_BYTES = {"rmsnorm": 4, "residual_add": 6, "silu_mul": 6, "rotary": 6,
                      "kv_write": 4, "embedding": 4}
-IMPLS = {"attn_prefill": ("flash", "naive"), "attn_decode": ("contiguous", "paged", "paged_gather"),
+IMPLS = {"attn_prefill": ("flash", "naive"),
+         "attn_decode": ("contiguous", "paged", "paged_reference", "paged_gather"),
          "elementwise": tuple(ELEMENTWISE_BYTES)}
+# decode kernels with their own roofline terms (and possibly a table); `paged` is derived
+# from `contiguous` with the profile's paged_decode_overhead (see GPUProfile)
+MEASURED_DECODE = ("contiguous", "paged_reference", "paged_gather")
 BF16 = 2
 _MEMO_MAX = 1 << 20  # cached lookups per profile before the cache is cleared
 _FRACTION = {"gt": 0, "le": 1}
@@ -93,11 +99,13 @@ class Efficiency:
     naive_bytes_per_score: float = field(metadata=_POSITIVE)  # HBM bytes per QKᵀ element
     attn_decode_bw: dict[str, float]  # per decode impl: t = floor + KV bytes / bw
     attn_decode_floor_ms: dict[str, float]
+    # a production paged kernel's time over the contiguous kernel's, minus 1 (`paged`)
+    paged_decode_overhead: float = field(metadata={"ge": 0, "le": 1})
     elementwise_floor_ms: float = field(metadata={"ge": 0})  # smallest elementwise kernel
     source: str = ""
 
     def check(self) -> tuple[str, str] | None:
-        impls = IMPLS["attn_decode"]
+        impls = MEASURED_DECODE
         for name, allowed in (("attn_decode_bw", "0 < x <= 1"), ("attn_decode_floor_ms", ">= 0")):
             per_impl = getattr(self, name)
             if sorted(per_impl) != sorted(impls):
@@ -152,9 +160,11 @@ class GPUProfile:
     """Kernel-time lookups for one GPU; each returns (ms, tag) and is memoised."""
 
     def __init__(self, facts: GPUFacts, tables: dict[str, list[dict]],
-                 all_reduce: dict[tuple[float, float], float] | None = None):
+                 all_reduce: dict[tuple[float, float], float] | None = None,
+                 capped: dict[str, int] | None = None):
         self.facts, self.name, self._memo = facts, facts.name, {}
         self.comm = Collectives(facts.interconnect, all_reduce)  # see sim/comm.py
+        self.capped = capped or {}  # rows per table raised to a ceiling (profile_sanity)
         self.rows = {t: len(tables.get(t, [])) for t in TABLES}
         e = facts.efficiency
         self._gemm_rate = facts.datasheet_tflops * 1e9 * e.flops  # FLOP per ms
@@ -177,6 +187,14 @@ class GPUProfile:
         uniform = group([r for r in dec if _uniform(r)], cfg, ("batch", "ctx"))
         self._dec = {c: Grid(p, lambda b, x, c=c: self.decode_model(c[0], b, b * x, *c[1:]))
                      for c, p in uniform.items()}
+        self._derived: set[tuple] = set()  # decode configs derived from another kernel's table
+        slower = 1 + e.paged_decode_overhead
+        for c, p in uniform.items():
+            paged = ("paged", *c[1:])
+            if c[0] == "contiguous" and paged not in uniform:
+                self._dec[paged] = Grid({k: v * slower for k, v in p.items()},
+                                        lambda b, x, c=paged: self.decode_model(c[0], b, b * x, *c[1:]))
+                self._derived.add(paged)
         self._mix: dict[tuple, tuple[list[int], list[float]]] = {}  # cfg -> (batches, weights)
         mixed = group(self.mixed_decode_rows, cfg, ("batch", "sum_ctx", "max_ctx"))
         for c, rows in mixed.items():
@@ -201,8 +219,14 @@ class GPUProfile:
 
     def decode_model(self, impl: str, batch: float, sum_ctx: float,
                      hq: int, hkv: int, d: int) -> float:
+        """floor + KV bytes / bw; `paged` is the contiguous kernel's time × (1 + overhead);
+        `paged_reference` reads K/V once per query head (it does not share a GQA group's)."""
         e = self.facts.efficiency
-        nbytes = (sum_ctx * 2 * hkv * d + batch * 2 * hq * d) * BF16  # K, V read; q in, out
+        if impl == "paged":
+            contiguous = self.decode_model("contiguous", batch, sum_ctx, hq, hkv, d)
+            return contiguous * (1 + e.paged_decode_overhead)
+        heads = hq if impl == "paged_reference" else hkv
+        nbytes = (sum_ctx * 2 * heads * d + batch * 2 * hq * d) * BF16  # K, V read; q in, out
         bw = self.facts.datasheet_mem_bw_tbs * 1e9 * e.attn_decode_bw[impl]
         return e.attn_decode_floor_ms[impl] + nbytes / bw
 
@@ -271,7 +295,9 @@ class GPUProfile:
         if kv_len < q_len:
             raise ValueError(f"need kv_len >= q_len, got q_len={q_len}, kv_len={kv_len}")
         seq = math.sqrt(2 * q_len * kv_len - q_len * q_len)
-        hit = scaled(self._pre, (impl, hq, hkv, d), batch, seq, lambda c: hq * d / (c[1] * c[3]))
+        hit = (_other_head_dim(self._pre, (impl, hq, hkv, d), batch, seq,
+                               lambda c: math.sqrt(d / c[3]))  # equal FLOPs: seq² · d
+               or scaled(self._pre, (impl, hq, hkv, d), batch, seq, lambda c: hq * d / (c[1] * c[3])))
         if hit is None:
             return self.prefill_model(impl, batch, q_len, kv_len, hq, hkv, d), ANALYTIC
         if kv_len == q_len:
@@ -285,7 +311,10 @@ class GPUProfile:
         """Extra GPU memory of a prefill call: naive O(batch·hq·seq²), flash O(batch·seq)."""
         _check(impl, "attn_prefill", batch=batch, seq=seq, hq=hq, hkv=hkv, d=d)
         per_seq = (lambda c: hq / c[1]) if impl == "naive" else (lambda c: hq * d / (c[1] * c[3]))
-        return (scaled(self._pre_mem, (impl, hq, hkv, d), batch, seq, per_seq)
+        cfg = (impl, hq, hkv, d)
+        per_token = (lambda c: 1.0) if impl == "naive" else (lambda c: (2 * d + 4) / (2 * c[3] + 4))
+        return (_other_head_dim(self._pre_mem, cfg, batch, seq, per_token)
+                or scaled(self._pre_mem, cfg, batch, seq, per_seq)
                 or (self.prefill_mem_model(impl, batch, seq, hq, hkv, d), ANALYTIC))
 
     @_memoised
@@ -303,10 +332,16 @@ class GPUProfile:
             raise ValueError(f"need batch <= sum_ctx and mean <= max_ctx <= sum_ctx, got "
                              f"batch={batch}, sum_ctx={sum_ctx}, max_ctx={max_ctx}")
         cfg = (impl, hq, hkv, d)
-        lo = scaled(self._dec, cfg, batch, sum_ctx / batch, lambda c: hkv * d / (c[2] * c[3]))
+        lo = (_other_head_dim(self._dec, cfg, batch, sum_ctx / batch,
+                              lambda c: d / c[3])  # equal KV bytes: ctx · d
+              or scaled(self._dec, cfg, batch, sum_ctx / batch, lambda c: hkv * d / (c[2] * c[3])))
         if lo is None:
             return self.decode_model(impl, batch, sum_ctx, hq, hkv, d), ANALYTIC
-        near = cfg if cfg in self._mix else nearest(tuple(self._mix), cfg)
+        if cfg in self._derived or nearest(tuple(self._dec), cfg) in self._derived:
+            lo = lo[0], _derived(lo[1])
+        # a derived `paged` kernel mixes lengths as the measured split-K paged kernel does
+        mix_cfg = ("paged_reference", *cfg[1:]) if impl == "paged" else cfg
+        near = mix_cfg if mix_cfg in self._mix else nearest(tuple(self._mix), mix_cfg)
         if max_ctx is None or max_ctx * batch == sum_ctx or near is None:
             return lo
         hi = self.decode_attn(impl, batch, max_ctx * batch, hq, hkv, d)
@@ -314,17 +349,40 @@ class GPUProfile:
         b = min(max(batch, batches[0]), batches[-1])
         i, w = bracket(batches, [math.log(x) for x in batches], b)
         mix = weights[i] + w * (weights[i + 1] - weights[i]) if len(batches) > 1 else weights[0]
-        own = INTERPOLATED if near == cfg else EXTRAPOLATED
+        own = INTERPOLATED if near == cfg else DERIVED if near == mix_cfg else EXTRAPOLATED
         tag = max(lo[1], hi[1], own, key=_RANK.__getitem__)
         return lo[0] ** (1 - mix) * hi[0] ** mix, tag
 
     def summary(self) -> dict:
-        """Name, analytic flag, table rows, and measured points lowered by the envelope."""
+        """Name, analytic flag, table rows, measured points lowered by the envelope, rows
+        capped at a ceiling per table, and the decode configs derived from another table."""
         grids = [*self._gemm.values(), *self._elem.values(), *self._pre.values(),
-                 *self._dec.values()]
+                 *(g for c, g in self._dec.items() if c not in self._derived)]
         return {"name": self.name, "analytic": self.facts.analytic, "tables": dict(self.rows),
                 "envelope_adjusted": sum(g.adjusted for g in grids),
+                "capped": dict(self.capped), "derived_decode": sorted(self._derived),
                 "mixed_decode_rows": len(self.mixed_decode_rows)}
+
+
+def _derived(tag: str) -> str:
+    """A lookup in a derived table: `derived` unless it was extrapolated beyond it."""
+    return DERIVED if _RANK[tag] < _RANK[DERIVED] else tag
+
+
+def _other_head_dim(grids: dict[tuple, Grid], cfg: tuple, x: float, y: float,
+                    y_scale: Callable[[tuple], float]) -> tuple[float, str] | None:
+    """A config measured only at another head dim (same impl and heads): that table at
+    the same batch and the length of equal work, y · y_scale(measured cfg) (decode: equal
+    KV bytes; prefill: equal FLOPs), tagged derived. Monotone as the table is; None
+    when cfg is measured or no table differs from it in head dim alone."""
+    if cfg in grids:
+        return None
+    same = [c for c in grids if c[:-1] == cfg[:-1]]
+    if not same:
+        return None
+    near = min(same, key=lambda c: abs(math.log(c[-1] / cfg[-1])))
+    t, tag = grids[near].lookup(x, y * y_scale(near))
+    return t, _derived(tag)
 
 
 def _uniform(row: dict) -> bool:
@@ -381,5 +439,7 @@ def load_profile(name: str, *, file: str | Path | None = None, path: str = "gpu"
                 raise SpecError(yaml_file, "interconnect.all_reduce_table",
                                 f"file not found: {link.all_reduce_table!r}")
             all_reduce = read_all_reduce(folder / link.all_reduce_table)
-        _LOADED[folder] = GPUProfile(facts, tables, all_reduce)
+        ceiling = facts.peak_tflops or facts.datasheet_tflops
+        capped = cap_tables(tables, ceiling, facts.datasheet_mem_bw_tbs, ELEMENTWISE_BYTES)
+        _LOADED[folder] = GPUProfile(facts, tables, all_reduce, capped)
     return _LOADED[folder]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from .batch import FINISHED, REJECTED, SWAPPED, TRANSFERRING, WAITING, Seq
 from .kv import ContiguousKV, PagedKV
 from .latency import StepLatency
+from .router import ReplicaLoad
 from .scheduler import DECODE, ReplicaState, StaticPolicy, StepPlan
 from .speculative import SpecBatch
 
@@ -120,6 +121,7 @@ class Replica:
         self.weights = array("q")
         self.static_rows: list[Seq] = []
         self.done = 0  # requests this replica finished or rejected
+        self.load = ReplicaLoad()  # what a router knows of it (outstanding kept current here)
         self.handed_over = 0  # disaggregated prefill: requests whose KV left for a decode replica
         self.transfer_bytes = 0.0  # KV bytes received from prefill replicas
         self.policy_watermark = getattr(policy, "watermark", 0)
@@ -166,6 +168,7 @@ class Replica:
             s.state = REJECTED
             s.reject_reason = why
             self.done += 1
+            self.load.outstanding -= 1
 
     def admit(self, plan: StepPlan, now: float, chunk: list[int] | None = None) -> None:
         """Take the plan's new requests off the queue and give them KV for their whole
@@ -226,6 +229,7 @@ class Replica:
         self.free(s, self.st.kv.blocks_for(tokens))
         self.outside_tokens -= s.prompt
         self.handed_over += 1
+        self.load.outstanding -= 1
 
     def reserve_transfer(self, s: Seq) -> int:
         """Disaggregated decode: take the blocks for `s`'s incoming KV; returns its tokens."""
@@ -251,6 +255,7 @@ class Replica:
         """A finished request gives back its KV (static contiguous rows wait for the batch)."""
         s.state = FINISHED
         self.done += 1
+        self.load.outstanding -= 1
         if self.contiguous:
             if not self.static:
                 self.st.kv.free(s.reserved)
@@ -377,16 +382,22 @@ class Replica:
         kind = (1 if n else 0) if not chunks else (3 if n else 0)
         return dur, kind, n + len(chunks), n + sum(q for q, _ in chunks)
 
-    def finish_mixed_step(self, plan: StepPlan, t_end: float) -> None:
+    def finish_mixed_step(self, plan: StepPlan, t_end: float) -> list[Seq]:
+        """Decodes advance and chunks complete; returns the requests that finished."""
         st = self.st
+        done = []
         if st.batch.n_compute:
-            for s in st.batch.advance(t_end, self.gaps, self.weights):
+            done = st.batch.advance(t_end, self.gaps, self.weights)
+            for s in done:
                 self.release(s)
         for s, q in plan.chunks:
             s.prefilled += q
             if s.prefilled >= s.tokens_to_prefill:
                 st.prefilling.remove(s)
                 self.first_token(s, t_end)
+                if s.state == FINISHED:
+                    done.append(s)
+        return done
 
     def end_static_batch(self) -> None:
         """The batch's longest request finished: every row gives its slot back."""
@@ -430,22 +441,25 @@ class Replica:
             self.swap(plan)
         return None
 
-    def finish(self, step: Step, t0: float, t_end: float) -> None:
+    def finish(self, step: Step, t0: float, t_end: float) -> list[Seq]:
         """The step begun at `t0` ended at `t_end`: tokens out, finished requests free
-        their KV, the step is logged."""
+        their KV, the step is logged. Returns the requests that finished in it."""
         kind = step.plan.kind
         if kind == "decode":
-            for s in self.st.batch.advance(t_end, self.gaps, self.weights):
+            done = self.st.batch.advance(t_end, self.gaps, self.weights)
+            for s in done:
                 self.release(s)
             code, tokens = self.finish_round(step.seqs) if self.spec else (1, step.seqs)
             self.record(t0, t_end, code, step.seqs, tokens)
         elif kind == "prefill":
             self.finish_prefill_step(step.plan, t_end)
+            done = [s for s in step.plan.prefill if s.state == FINISHED]
             self.record(t0, t_end, 0, step.seqs, step.tokens)
         else:
-            self.finish_mixed_step(step.plan, t_end)
+            done = self.finish_mixed_step(step.plan, t_end)
             self.record(t0, t_end, step.code, step.seqs, step.tokens)
         self.end_of_step()
+        return done
 
     def end_of_step(self) -> None:
         """Static batching: once the batch's last row finished, every slot is given back."""

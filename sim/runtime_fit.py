@@ -50,7 +50,7 @@ def read_grid(path: str | Path) -> list[dict]:
     return rows
 
 
-def gpu_times(rows: list[dict], gpu: str, prefill_impl="flash", decode_impl="paged",
+def gpu_times(rows: list[dict], gpu: str, prefill_impl="flash", decode_impl="paged_reference",
               verify_impl="paged_gather") -> np.ndarray:
     profile = load_profile(gpu)
     zero = RuntimeSpec(name="kernels")

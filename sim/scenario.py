@@ -25,7 +25,16 @@ from typing import Literal
 
 from .cluster import ClusterSpec, ReplicaGroupSpec
 from .parallel import DTypeSpec, ParallelSpec
-from .specload import SpecError, build, load_yaml
+from .specload import (
+    MAX_BLOCK_SIZE,
+    MAX_HOST_GIB,
+    MAX_SEED,
+    MAX_TIME_S,
+    MAX_TOKENS,
+    SpecError,
+    build,
+    load_yaml,
+)
 from .speculative import SpeculativeSpec
 from .workload import WorkloadSpec
 
@@ -33,8 +42,10 @@ from .workload import WorkloadSpec
 @dataclass(frozen=True)
 class AttentionSpec:
     prefill: Literal["flash", "naive"] = "flash"
-    # None: follow the KV manager (paged -> paged kernel, contiguous -> contiguous kernel)
-    decode: Literal["paged", "paged_gather", "contiguous"] | None = None
+    # None: follow the KV manager (paged -> paged kernel, contiguous -> contiguous kernel).
+    # paged: a FlashAttention/FlashInfer-class paged kernel (derived); paged_reference: the
+    # measured Triton teaching kernel of the eager reference stack; paged_gather: gather+SDPA
+    decode: Literal["paged", "paged_reference", "paged_gather", "contiguous"] | None = None
     # multi-token steps over cached context (speculative verify): the decode kernel once per
     # query row, or per sequence gather + SDPA (the eager reference stack), or flash
     verify: Literal["decode_kernel", "paged_gather", "flash"] = "decode_kernel"
@@ -51,24 +62,25 @@ class SchedulerSpec:
     preemption: Literal["recompute", "swap"] = "recompute"
     # static (request-level): collect up to max_batch_size, waiting at most max_wait_s
     max_batch_size: int = field(default=8, metadata={"gt": 0})
-    max_wait_s: float = field(default=1.0, metadata={"ge": 0})
+    max_wait_s: float = field(default=1.0, metadata={"ge": 0, "le": MAX_TIME_S})
 
 
 @dataclass(frozen=True)
 class KVSpec:
     manager: Literal["paged", "contiguous"] = "paged"
-    block_size: int = field(default=16, metadata={"gt": 0})
+    block_size: int = field(default=16, metadata={"gt": 0, "le": MAX_BLOCK_SIZE})
     gpu_memory_utilization: float = field(default=0.9, metadata={"gt": 0, "le": 1})
     num_blocks: int | None = field(default=None, metadata={"gt": 0})  # overrides the memory budget
-    max_model_len: int | None = field(default=None, metadata={"gt": 0})  # default: the model's
-    swap_space_gib: float = field(default=4.0, metadata={"ge": 0})  # host memory for swap preemption
+    # default: the model's context window; larger is refused (as vLLM does)
+    max_model_len: int | None = field(default=None, metadata={"gt": 0, "le": MAX_TOKENS})
+    swap_space_gib: float = field(default=4.0, metadata={"ge": 0, "le": MAX_HOST_GIB})  # host memory for swap preemption
     # contiguous only: what a request reserves at admission. max_model_len: the whole
     # context window (FasterTransformer, Orca "max"); max_tokens: its prompt plus its
     # output cap (a system that knows each request's max_tokens)
     reserve: Literal["max_model_len", "max_tokens"] = "max_model_len"
     # paged only: reuse KV blocks of cached prompt prefixes (hashes come from the workload)
     prefix_caching: bool = False
-    prefix_cache_host_gib: float = field(default=0.0, metadata={"ge": 0})  # host-memory tier
+    prefix_cache_host_gib: float = field(default=0.0, metadata={"ge": 0, "le": MAX_HOST_GIB})  # host-memory tier
 
 
 @dataclass(frozen=True)
@@ -83,7 +95,7 @@ class Scenario:
     workload: WorkloadSpec
     name: str = "scenario"
     description: str = ""
-    seed: int = 0
+    seed: int = field(default=0, metadata={"ge": 0, "le": MAX_SEED})
     model: str = "llama-3-8b"
     gpu: str = "h200-sxm"
     runtime: str = "cuda-graph"
@@ -109,7 +121,8 @@ class Scenario:
             return "kv.prefix_caching", "needs scheduler.policy: continuous or chunked"
         if self.scheduler.policy == "chunked" and self.kv.manager != "paged":
             return "scheduler.policy", "'chunked' needs kv.manager: paged"
-        if self.kv.manager == "contiguous" and self.attention.decode in ("paged", "paged_gather"):
+        if self.kv.manager == "contiguous" and self.attention.decode in ("paged", "paged_reference",
+                                                                       "paged_gather"):
             return (
                 "attention.decode",
                 f"'{self.attention.decode}' needs kv.manager: paged (allowed with contiguous: contiguous)",
@@ -117,7 +130,8 @@ class Scenario:
         if self.kv.manager == "paged" and self.attention.decode == "contiguous":
             return (
                 "attention.decode",
-                "'contiguous' needs kv.manager: contiguous (allowed with paged: paged, paged_gather)",
+                "'contiguous' needs kv.manager: contiguous "
+                "(allowed with paged: paged, paged_reference, paged_gather)",
             )
         return None
 

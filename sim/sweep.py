@@ -24,10 +24,9 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from .outdir import open_progress, write_output
-from .specload import SpecError
+from .specload import SpecError, parse_cli_value
 
 EXECUTORS = ("process", "ray", "sequential")
 UNSTABLE = ("wall_s",)
@@ -42,10 +41,7 @@ def parse_axis(text: str, where: str) -> tuple[str, list]:
     name, values = text.split("=", 1)
     if not name.strip() or not values.strip():
         raise SpecError(where, text, "expected FIELD.PATH=V1,V2,... with at least one value")
-    try:
-        return name.strip(), [yaml.safe_load(v) for v in values.split(",")]
-    except yaml.YAMLError:
-        raise SpecError(where, text, "a value is not valid YAML") from None
+    return name.strip(), [parse_cli_value(v, f"{where} {name.strip()}") for v in values.split(",")]
 
 
 def configurations(grid: list[tuple[str, list]], zipped: list[tuple[str, list]]) -> list[dict]:

@@ -7,7 +7,8 @@ fill cells missing from the grid and to scale values outside it.
 A grid is made monotone when built (a measured value becomes the minimum over the
 points at least as large), interpolates linearly in log value over log sizes, and
 tags each lookup `exact`, `interpolated` or `extrapolated`; `analytic` is the tag of a
-value no table covers (the caller's cost model alone).
+value no table covers (the caller's cost model alone), `derived` of a measured value
+scaled by a stated factor (the callers' business).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ EXACT = "exact"
 INTERPOLATED = "interpolated"
 EXTRAPOLATED = "extrapolated"
 ANALYTIC = "analytic"
+DERIVED = "derived"  # a measured table scaled by a stated factor (published or by bytes/FLOPs)
 
 
 def read_table(file: Path, columns: dict[str, type], names: tuple[str, ...]) -> list[dict]:

@@ -12,13 +12,12 @@ import csv
 import json
 import warnings
 from collections.abc import Callable, Sequence
-from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
-from sim.specload import ROOT, SpecError
+from sim.specload import MAX_TIME_S, MAX_TOKENS, ROOT, SpecError, is_file, read_text, show
 
 if TYPE_CHECKING:
     from sim.workload import TraceSpec
@@ -44,12 +43,15 @@ _CACHE: dict[tuple, Any] = {}  # parsed files, by (what, path, modification time
 
 def resolve(p: str, base: Path | None, file: Any, field_path: str) -> Path:
     """The file `p` names: absolute, else under `base` (the scenario's folder), else ROOT."""
-    rel = Path(p).expanduser()
+    try:
+        rel = Path(p).expanduser()
+    except RuntimeError:  # ~user of no such user
+        rel = Path(p)
     tries = [rel] if rel.is_absolute() else [d / rel for d in (base, ROOT) if d is not None]
     for c in tries:
-        if c.is_file():
+        if is_file(c):
             return c.resolve()
-    raise SpecError(file, field_path, f"file not found: {p!r} (looked for {', '.join(map(str, tries))})")
+    raise SpecError(file, field_path, f"file not found: {show(p)} (looked for {', '.join(show(str(c))[1:-1] for c in tries)})")
 
 
 def length_column(src: Path, name: str, file: Any, field_path: str) -> np.ndarray:
@@ -57,7 +59,7 @@ def length_column(src: Path, name: str, file: Any, field_path: str) -> np.ndarra
     cols, linenos = _cached(("csv",), src, lambda: _read_csv(src))
     if name not in cols:
         raise SpecError(file, field_path, f"no column {name!r} in {src.name} (columns: {', '.join(cols)})")
-    return _cached(("col", name), src, lambda: _numbers(src, cols[name], linenos, name, integer=True, lo=1))
+    return _cached(("col", name), src, lambda: _numbers(src, cols[name], linenos, name, integer=True, lo=1, hi=MAX_TOKENS))
 
 
 def trace_window(ts: TraceSpec, p: Path, file: Any, path: str) -> Trace:
@@ -79,20 +81,24 @@ def _cached(key: tuple, p: Path, make: Callable[[], Any]) -> Any:
 
 def _read_csv(p: Path, need: Sequence[str] = ()) -> tuple[dict[str, tuple[str, ...]], np.ndarray]:
     """A CSV's columns (as strings) by header name, and each data row's line number."""
-    lines = p.read_text(encoding="utf-8-sig", errors="replace").splitlines()
+    lines = read_text(p).splitlines()
     if not lines or not lines[0].strip():
         raise SpecError(p, "line 1", "missing header line (allowed: a CSV with column names)")
-    header = [h.strip() for h in next(csv.reader(lines[:1]))]
-    missing = [c for c in need if c not in header]
-    if missing:
-        raise SpecError(p, "line 1", f"no column {missing[0]!r} (needed: {', '.join(need)}; is trace.format right?)")
+    reader = csv.reader(lines)
     rows, linenos = [], []
-    for i, row in enumerate(csv.reader(lines[1:]), start=2):
-        if row and len(row) != len(header):
-            raise SpecError(p, f"line {i}", f"{len(row)} fields, expected {len(header)} ({', '.join(header)[:80]})")
-        if row:
-            rows.append(row)
-            linenos.append(i)
+    try:
+        header = [h.strip() for h in next(reader)]
+        missing = [c for c in need if c not in header]
+        if missing:
+            raise SpecError(p, "line 1", f"no column {missing[0]!r} (needed: {', '.join(need)}; is trace.format right?)")
+        for row in reader:
+            if row and len(row) != len(header):
+                raise SpecError(p, f"line {reader.line_num}", f"{len(row)} fields, expected {len(header)} ({', '.join(header)[:80]})")
+            if row:
+                rows.append(row)
+                linenos.append(reader.line_num)
+    except csv.Error as e:  # e.g. a field over the csv module's size limit
+        raise SpecError(p, f"line {reader.line_num}", f"malformed CSV: {show(str(e))[1:-1]} (allowed: comma-separated values)") from None
     if not rows:
         raise SpecError(p, "", "no data rows (allowed: a header line, then one row per request)")
     return dict(zip(header, zip(*rows, strict=True), strict=True)), np.array(linenos)
@@ -102,24 +108,24 @@ def _first_bad(raw: Sequence[Any], convert: Callable[[Any], Any]) -> int:
     for i, s in enumerate(raw):
         try:
             convert(s)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):
             return i
     return 0
 
 
 def _numbers(p: Path, raw: Sequence[Any], linenos: np.ndarray, name: str, *,
-             integer: bool, lo: float) -> np.ndarray:
-    """A column as float64 (int64 if `integer`), every value finite and >= lo; read-only."""
-    what = f"allowed: {'integers' if integer else 'numbers'} >= {lo:g}"
+             integer: bool, lo: float, hi: float) -> np.ndarray:
+    """A column as float64 (int64 if `integer`), every value finite and in [lo, hi]; read-only."""
+    what = f"allowed: {'integers' if integer else 'numbers'} from {lo:,g} to {hi:,.0f}"
     try:
         v = np.array(raw, dtype=str if isinstance(raw[0], str) else object).astype(np.float64)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, OverflowError):
         i = _first_bad(raw, float)
-        raise SpecError(p, f"line {linenos[i]}", f"{name}: {raw[i]!r} is not a number ({what})") from None
-    ok = np.isfinite(v) & (v >= lo) & ((v == np.floor(v)) if integer else True)
+        raise SpecError(p, f"line {linenos[i]}", f"{name}: {show(raw[i])} is not a number ({what})") from None
+    ok = np.isfinite(v) & (v >= lo) & (v <= hi) & ((v == np.floor(v)) if integer else True)
     if not ok.all():
         i = int(np.flatnonzero(~ok)[0])
-        raise SpecError(p, f"line {linenos[i]}", f"{name}: {raw[i]!r} is out of range ({what})")
+        raise SpecError(p, f"line {linenos[i]}", f"{name}: {show(raw[i])} is out of range ({what})")
     v = v.astype(np.int64) if integer else v
     v.flags.writeable = False
     return v
@@ -143,19 +149,20 @@ def _parse_trace(p: Path, fmt: str) -> Trace:
         if i >= 0:
             raise SpecError(p, f"line {linenos[i]}", f"{tcol}: {cols[tcol][i]!r} is not a date-time (allowed: YYYY-MM-DD HH:MM:SS.fffffff)")
         t = (ts - ts.min()) / np.timedelta64(1, "s")
+        if not (t <= MAX_TIME_S).all():  # a span past MAX_TIME_S (or one that overflows)
+            i = int(np.argmax(~(t <= MAX_TIME_S)))
+            raise SpecError(p, f"line {linenos[i]}", f"{tcol}: {show(cols[tcol][i])} is {t[i]:.3g} s after the first request (allowed: at most {MAX_TIME_S:.0e} s)")
     else:
-        t = _numbers(p, cols[tcol], linenos, tcol, integer=False, lo=0) / (1000.0 if fmt == "mooncake" else 1.0)
-    prompt = _numbers(p, cols[pcol], linenos, pcol, integer=True, lo=1)
-    output = _numbers(p, cols[ocol], linenos, ocol, integer=True, lo=1)
+        per_s = 1000.0 if fmt == "mooncake" else 1.0
+        t = _numbers(p, cols[tcol], linenos, tcol, integer=False, lo=0, hi=MAX_TIME_S * per_s) / per_s
+    prompt = _numbers(p, cols[pcol], linenos, pcol, integer=True, lo=1, hi=MAX_TOKENS)
+    output = _numbers(p, cols[ocol], linenos, ocol, integer=True, lo=1, hi=MAX_TOKENS)
     order = np.argsort(t, kind="stable")  # time order; ties keep file order
     hashes = tuple(hashes[i] for i in order) if hashes is not None else None
     arrays = [t[order] - t[order[0]], prompt[order], output[order]]
     acc = None
     if "acceptance" in cols:  # speculative decoding: per-request draft acceptance rate
-        acc = _numbers(p, cols["acceptance"], linenos, "acceptance", integer=False, lo=0)
-        if (acc > 1).any():
-            i = int(np.argmax(acc > 1))
-            raise SpecError(p, f"line {linenos[i]}", f"acceptance: {acc[i]} (allowed: 0 to 1)")
+        acc = _numbers(p, cols["acceptance"], linenos, "acceptance", integer=False, lo=0, hi=1)
         acc = acc[order]
         acc.flags.writeable = False
     for a in arrays:
@@ -166,20 +173,28 @@ def _parse_trace(p: Path, fmt: str) -> Trace:
 def _read_jsonl(p: Path) -> tuple[dict[str, tuple], np.ndarray, tuple[tuple[int, ...], ...]]:
     """Mooncake JSON lines: {timestamp (ms), input_length, output_length, hash_ids}."""
     keys = (*_TRACE_COLUMNS["mooncake"], "hash_ids")
-    pick = itemgetter(*keys)
     rows, linenos = [], []
-    with p.open(encoding="utf-8") as f:
-        for ln, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                values = pick(json.loads(line))
-            except (ValueError, KeyError, TypeError):  # JSONDecodeError is a ValueError
-                raise SpecError(p, f"line {ln}", f"expected a JSON object with keys {', '.join(keys)}") from None
-            if not isinstance(values[-1], list) or not all(type(x) is int for x in values[-1]):
-                raise SpecError(p, f"line {ln}", f"hash_ids: {str(values[-1])[:40]} (allowed: a list of integers)")
-            rows.append(values)
-            linenos.append(ln)
+    for ln, line in enumerate(read_text(p).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+            raise SpecError(p, f"line {ln}", f"not valid JSON (expected a JSON object with keys {', '.join(keys)})") from None
+        if not isinstance(obj, dict):
+            raise SpecError(p, f"line {ln}", f"a JSON {type(obj).__name__} (expected a JSON object with keys {', '.join(keys)})")
+        missing = [k for k in keys if k not in obj]
+        if missing:
+            raise SpecError(p, f"line {ln}", f"no key {missing[0]!r} (expected a JSON object with keys {', '.join(keys)})")
+        values = tuple(obj[k] for k in keys)
+        for k, v in zip(keys[:3], values, strict=False):
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise SpecError(p, f"line {ln}", f"{k}: {show(v)} is a JSON {type(v).__name__} (allowed: a number)")
+        hashes = values[-1]
+        if not isinstance(hashes, list) or not all(type(x) is int and abs(x) < 2**63 for x in hashes):
+            raise SpecError(p, f"line {ln}", f"hash_ids: {show(hashes)} (allowed: a list of integers below 2**63)")
+        rows.append(values)
+        linenos.append(ln)
     if not rows:
         raise SpecError(p, "", "no data rows (allowed: one JSON object per line)")
     cols = dict(zip(keys, zip(*rows, strict=True), strict=True))

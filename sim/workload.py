@@ -7,7 +7,8 @@ distributions, a length file, or a trace (`data/traces/README.md`).
   stretches the trace to twice its span, i.e. half the request rate (no rate_scale).
 - With a trace, lengths come from its rows unless `prompt`/`output` or `lengths` override
   them; synthetic arrivals over a trace take its rows in order, wrapping around.
-- Lognormal lengths are rounded and clipped to [min, max].
+- Lognormal lengths are rounded and clipped to [min, max] (max defaults to MAX_TOKENS,
+  10^7); sigma is at most MAX_LOGNORMAL_SIGMA (10). Bounds: `sim/specload.py`.
 - `max_tokens` (what a system reserving KV up front plans for) is `max_output_tokens`
   (outputs are cut to it), else the output distribution's max (fixed value, uniform high,
   lognormal max, file or trace column max), else the largest output drawn.
@@ -24,15 +25,23 @@ from typing import Any, Literal
 
 import numpy as np
 
-from sim.prefix import MultiTurnSpec, SharedPrefixSpec, declare_prefixes
-from sim.specload import SpecError
+from sim.prefix import HASH_TOKENS, MultiTurnSpec, SharedPrefixSpec, declare_prefixes
+from sim.specload import (
+    MAX_GAMMA_CV,
+    MAX_LOGNORMAL_SIGMA,
+    MAX_PREFIX_BLOCKS,
+    MAX_REQUESTS,
+    MAX_TIME_S,
+    MAX_TOKENS,
+    MIN_GAMMA_CV,
+    SpecError,
+)
 from sim.traces import MOONCAKE_BLOCK_TOKENS, length_column, resolve, trace_window
-
-MAX_REQUESTS = 50_000_000  # guard against a duration_s x rate that would not fit in memory
 
 _Problem = tuple[str, str] | None  # what check() returns: (field, message) or None
 _POS = {"gt": 0}
-_ONE = {"ge": 1}
+_LENGTH = {"ge": 1, "le": MAX_TOKENS}  # one length in tokens
+_TOKENS = {"gt": 0, "le": MAX_TOKENS}
 _ARRIVAL_FIELDS = {"poisson": ("rate",), "gamma": ("rate", "cv"), "constant": ("rate",), "trace": ()}
 _LENGTH_FIELDS = {"fixed": ("value",), "uniform": ("low", "high"), "file": ("path", "column"),
                   "lognormal": ("mean", "median", "sigma", "min", "max")}
@@ -57,7 +66,7 @@ class ArrivalSpec:
 
     kind: Literal["poisson", "gamma", "constant", "trace"]
     rate: float | None = field(default=None, metadata=_POS)  # requests per second
-    cv: float | None = field(default=None, metadata=_POS)  # gamma: std/mean of gaps; 1 = Poisson
+    cv: float | None = field(default=None, metadata={"ge": MIN_GAMMA_CV, "le": MAX_GAMMA_CV})  # gamma: std/mean of gaps; 1 = Poisson
 
     def check(self) -> _Problem:
         return _kind_problem(self, _ARRIVAL_FIELDS, _ARRIVAL_FIELDS[self.kind])
@@ -68,14 +77,15 @@ class LengthSpec:
     """A token-length distribution: fixed, uniform, lognormal, or rows of a CSV column."""
 
     kind: Literal["fixed", "uniform", "lognormal", "file"]
-    value: int | None = field(default=None, metadata=_ONE)  # fixed
-    low: int | None = field(default=None, metadata=_ONE)  # uniform, inclusive
-    high: int | None = field(default=None, metadata=_ONE)  # uniform, inclusive
-    mean: float | None = field(default=None, metadata=_POS)  # lognormal: mean or median
-    median: float | None = field(default=None, metadata=_POS)
-    sigma: float | None = field(default=None, metadata={"ge": 0})  # lognormal: std of log(length)
-    min: int | None = field(default=None, metadata=_ONE)  # lognormal clip; default 1
-    max: int | None = field(default=None, metadata=_ONE)  # lognormal clip; default unbounded
+    value: int | None = field(default=None, metadata=_LENGTH)  # fixed
+    low: int | None = field(default=None, metadata=_LENGTH)  # uniform, inclusive
+    high: int | None = field(default=None, metadata=_LENGTH)  # uniform, inclusive
+    mean: float | None = field(default=None, metadata=_TOKENS)  # lognormal: mean or median
+    median: float | None = field(default=None, metadata=_TOKENS)
+    # lognormal: std of log(length), at most MAX_LOGNORMAL_SIGMA
+    sigma: float | None = field(default=None, metadata={"ge": 0, "le": MAX_LOGNORMAL_SIGMA})
+    min: int | None = field(default=None, metadata=_LENGTH)  # lognormal clip; default 1
+    max: int | None = field(default=None, metadata=_LENGTH)  # lognormal clip; default MAX_TOKENS
     path: str | None = None  # file: a CSV with a header line, rows sampled with replacement
     column: str | None = None  # file: the column to sample
 
@@ -100,7 +110,7 @@ class LengthSpec:
             mu = np.log(self.median if self.median is not None else self.mean)
             mu -= self.sigma**2 / 2 if self.median is None else 0.0  # E[X] = exp(mu + sigma^2/2)
             x = np.rint(rng.lognormal(mu, self.sigma, size=n))
-            hi = self.max if self.max is not None else np.inf
+            hi = self.max if self.max is not None else MAX_TOKENS
             return np.clip(x, self.min or 1, hi).astype(np.int64), self.max
         values = column()
         return values[rng.integers(0, len(values), size=n)], int(values.max())
@@ -122,22 +132,22 @@ class TraceSpec:
     path: str
     format: Literal["csv", "azure", "mooncake"] = "csv"
     time_scale: float = field(default=1.0, metadata=_POS)  # arrival_s = (t - start_s) * time_scale
-    start_s: float = field(default=0.0, metadata={"ge": 0})  # skip rows before this trace time
-    limit: int = field(default=0, metadata={"ge": 0})  # keep at most this many rows; 0 = all
+    start_s: float = field(default=0.0, metadata={"ge": 0, "le": MAX_TIME_S})  # skip rows before this trace time
+    limit: int = field(default=0, metadata={"ge": 0, "le": MAX_REQUESTS})  # keep at most this many rows; 0 = all
 
 
 @dataclass(frozen=True)
 class WorkloadSpec:
     """The scenario's `workload:` mapping."""
 
-    num_requests: int | None = field(default=None, metadata=_ONE)
-    duration_s: float | None = field(default=None, metadata=_POS)  # no arrivals at or after this
+    num_requests: int | None = field(default=None, metadata={"ge": 1, "le": MAX_REQUESTS})
+    duration_s: float | None = field(default=None, metadata={"gt": 0, "le": MAX_TIME_S})  # no arrivals at or after this
     arrival: ArrivalSpec | None = None  # default with a trace: {kind: trace}
     prompt: LengthSpec | None = None
     output: LengthSpec | None = None
     lengths: LengthsSpec | None = None
     trace: TraceSpec | None = None
-    max_output_tokens: int | None = field(default=None, metadata=_ONE)
+    max_output_tokens: int | None = field(default=None, metadata=_LENGTH)
     shared_prefix: SharedPrefixSpec | None = None  # see sim/prefix.py
     multi_turn: MultiTurnSpec | None = None
 
@@ -152,6 +162,10 @@ class WorkloadSpec:
                 return "num_requests", f"arrival kind '{kind}' needs num_requests or duration_s (or both)"
             if self.num_requests is None and self.duration_s * self.arrival.rate > MAX_REQUESTS:
                 return "duration_s", f"{self.duration_s} s x rate {self.arrival.rate} is over {MAX_REQUESTS} requests (allowed: fewer, or set num_requests)"
+        if self.shared_prefix is not None and self.shared_prefix.tokens > MAX_TOKENS:
+            return "shared_prefix.tokens", f"{self.shared_prefix.tokens} is out of range (allowed: <= {MAX_TOKENS:,})"
+        if self.multi_turn is not None and self.multi_turn.turns > MAX_REQUESTS:
+            return "multi_turn.turns", f"{self.multi_turn.turns} is out of range (allowed: <= {MAX_REQUESTS:,})"
         if self.shared_prefix is not None and self.multi_turn is not None:
             return "multi_turn", "give either shared_prefix or multi_turn, not both"
         if self.lengths is not None and (self.prompt is not None or self.output is not None):
@@ -196,15 +210,19 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
     ts = spec.trace
     tr = trace_window(ts, resolve(ts.path, base, file, f"{path}.trace.path"), file, f"{path}.trace") if ts else None
     if spec.arrival is None or spec.arrival.kind == "trace":
-        arrival = (tr.t - spec.trace.start_s) * spec.trace.time_scale
+        with np.errstate(over="ignore"):
+            arrival = (tr.t - spec.trace.start_s) * spec.trace.time_scale
         n = min(len(arrival), spec.num_requests or len(arrival))
         if spec.duration_s is not None:
             n = min(n, int(np.searchsorted(arrival, spec.duration_s, side="left")))
         if n == 0:
             raise SpecError(file, f"{path}.duration_s", f"no trace request arrives before {spec.duration_s} s (allowed: > {arrival[0]:.3f})")
         arrival, rows = arrival[:n], np.arange(n)
+        _check_times(arrival, file, f"{path}.trace.time_scale")
     else:
-        arrival = _arrivals(spec.arrival, spec.num_requests, spec.duration_s, rng)
+        with np.errstate(over="ignore", invalid="ignore"):  # checked just below
+            arrival = _arrivals(spec.arrival, spec.num_requests, spec.duration_s, rng)
+        _check_times(arrival, file, f"{path}.arrival.rate")
         n = len(arrival)
         rows = np.arange(n) % len(tr.t) if tr is not None else None
 
@@ -232,14 +250,40 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
                   hashes, MOONCAKE_BLOCK_TOKENS if hashes is not None else None, acc)
     if (spec.shared_prefix or spec.multi_turn) and hashes is not None:
         raise SpecError(file, f"{path}.shared_prefix", "the trace brings its own prefix hashes (allowed: no shared_prefix/multi_turn with a mooncake trace)")
+    _check_prefix_blocks(wl, spec, file, path)
     return declare_prefixes(wl, spec.shared_prefix, spec.multi_turn, rng)
+
+
+def _check_prefix_blocks(wl: Workload, spec: WorkloadSpec, file: Any, path: str) -> None:
+    """Synthetic prefixes keep one hash per HASH_TOKENS prompt tokens of every request:
+    refuse a workload that would need more than MAX_PREFIX_BLOCKS of them."""
+    p, o, n = wl.prompt_tokens.astype(np.float64), wl.output_tokens.astype(np.float64), len(wl)
+    if spec.shared_prefix is not None:  # at most: the prefix's blocks + the whole prompt's
+        total, where = (n * 2.0 * spec.shared_prefix.tokens + p.sum()) / HASH_TOKENS + n, "shared_prefix.tokens"
+    elif spec.multi_turn is not None:  # each turn's prompt holds its conversation so far
+        convs = max(1, n // spec.multi_turn.turns)
+        grid = np.zeros(-(-n // convs) * convs)
+        grid[:n] = p + o
+        total = np.cumsum(grid.reshape(-1, convs), axis=0).ravel()[:n].sum() / HASH_TOKENS + n
+        where = "multi_turn.turns"
+    else:
+        return
+    if total > MAX_PREFIX_BLOCKS:
+        raise SpecError(file, f"{path}.{where}", f"the prompts would need {total:.3g} prefix-hash blocks of {HASH_TOKENS} tokens (allowed: at most {MAX_PREFIX_BLOCKS:.0e}: fewer requests, shorter prompts or fewer turns)")
+
+
+def _check_times(arrival: np.ndarray, file: Any, field_path: str) -> None:
+    """Arrival times must stay finite and at most MAX_TIME_S."""
+    last = float(arrival[-1]) if len(arrival) else 0.0
+    if not last <= MAX_TIME_S:  # also catches inf and nan
+        raise SpecError(file, field_path, f"arrivals reach {last:.3g} s (allowed: arrival times <= {MAX_TIME_S:.0e} s)")
 
 
 def _arrivals(a: ArrivalSpec, n: int | None, duration: float | None,
               rng: np.random.Generator) -> np.ndarray:
     """Arrival times: the first at 0, then gaps of mean 1/rate, until n requests or duration."""
     if a.kind == "constant":
-        count = n if duration is None else min(n or np.inf, int(np.ceil(duration * a.rate)) + 1)
+        count = n if duration is None else int(min(n or np.inf, np.ceil(duration * a.rate) + 1))
         t = np.arange(count) / a.rate  # exactly evenly spaced: k / rate
         return t[t < (duration or np.inf)]
 
@@ -251,7 +295,7 @@ def _arrivals(a: ArrivalSpec, n: int | None, duration: float | None,
 
     if duration is None:
         return np.concatenate(([0.0], np.cumsum(gaps(n - 1))))
-    chunk = min(int(duration * a.rate * 1.1) + 64, n or np.inf)  # draws depend on the spec only
+    chunk = int(min(duration * a.rate * 1.1 + 64, n or np.inf))  # draws depend on the spec only
     parts, total = [np.zeros(1)], 1
     while parts[-1][-1] < duration and (n is None or total < n):
         parts.append(parts[-1][-1] + np.cumsum(gaps(chunk)))

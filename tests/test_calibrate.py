@@ -63,7 +63,7 @@ def test_calibrated_profile_loads_with_every_table_populated(profile):
     p = load_profile(str(profile))
     assert p.name == "tiny-cpu" and p.facts.analytic is False
     assert all(p.rows[t] > 0 for t in TABLES), p.rows
-    assert set(pd.read_csv(profile / "attn_decode.csv").impl) == {"contiguous", "paged",
+    assert set(pd.read_csv(profile / "attn_decode.csv").impl) == {"contiguous", "paged_reference",
                                                                   "paged_gather"}
     assert set(pd.read_csv(profile / "elementwise.csv").op) == {
         "rmsnorm", "residual_add", "silu_mul", "rotary", "kv_write", "embedding"}
@@ -75,6 +75,8 @@ def test_calibrated_profile_loads_with_every_table_populated(profile):
     for key in ("device_name", "driver", "torch", "date", "command", "threads"):
         assert meta[key] not in (None, "")
     assert meta["stopped"] == "complete"
+    assert set(meta["timing"]) == {"cpu clock"}  # on CUDA: "graph" (or "events" where a
+    # point could not be captured)
 
 
 def test_kernel_times_grow_with_problem_size(profile):
@@ -173,6 +175,7 @@ def _plans_match(sc_over: dict) -> None:
     from sim.workload import Workload
 
     base = {"name": "plans", "model": "tiny-llama", "gpu": "h200-sxm",
+            "attention": {"decode": "paged_reference"},  # the kernel the reference engine runs
             "workload": {"num_requests": 1, "arrival": {"kind": "constant", "rate": 1},
                          "prompt": {"kind": "fixed", "value": 8},
                          "output": {"kind": "fixed", "value": 2}}}
@@ -235,7 +238,7 @@ def test_paged_kernels_match_contiguous_attention_with_pages_in_random_order():
                                rtol=1e-4, atol=1e-4)
 
 
-def test_triton_paged_kernel_matches_pytorch_in_the_triton_interpreter():
+def test_triton_paged_kernel_passes_the_multi_shape_check_in_the_triton_interpreter():
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     code = ("import torch; from sim.calibrate.triton_paged import check_paged_attention; "
@@ -288,7 +291,7 @@ def _few_points(monkeypatch, extra):
     def few(models, g):
         return [p for p in real(models, g) if p.table == "gemm"][:4] + extra
     monkeypatch.setattr(calibrate.bench, "kernel_points", few)
-    monkeypatch.setattr(itergrid, "iteration_points", lambda models, g: [])
+    monkeypatch.setattr(itergrid, "iteration_points", lambda models, g, resident: [])
 
 
 def test_out_of_memory_shape_is_recorded_skipped_and_reported_with_exit_2(tmp_path, monkeypatch,
@@ -339,10 +342,14 @@ def test_interrupted_calibration_keeps_the_partial_profile_and_exits_130(tmp_pat
     assert load_profile(str(out)).facts.analytic == "partial"
 
 
-def test_time_budget_measures_the_most_important_tables_first(tmp_path):
+def test_time_budget_measures_the_most_important_tables_first(tmp_path, monkeypatch):
     pytest.importorskip("torch")
+    from sim.calibrate import bench
     from sim.calibrate.calibrate import calibrate
 
+    # fixed ceilings: on a loaded 2-core machine measuring them can take the whole second
+    monkeypatch.setattr(bench, "ceilings", lambda dev, mib, n: {
+        "mem_bw_tbs": 0.01, "peak_tflops": 0.1, "pcie_gbs": 5.0})
     res = calibrate(["tiny-llama"], tmp_path / "b", device="cpu", quick=True, budget_s=1.0,
                     progress=False)
     assert res.stopped == "budget" and 0 < res.measured < res.total
@@ -368,3 +375,251 @@ def test_validation_scenarios_load_and_suit_the_reference_engine(scenario):
     wl = generate(sc.workload, np.random.default_rng(sc.seed), file=sc.file,
                   base_dir=sc.base_dir)
     assert len(wl) and wl.prompt_tokens.max() <= load_model(sc.model).max_len
+
+
+# ---- harness defects (issue 9, item 6) ---------------------------------------------------------
+
+def test_pytorch_paged_kernel_passes_the_multi_shape_check_with_nan_in_unowned_pool_slots():
+    torch = pytest.importorskip("torch")
+    from sim.calibrate import ops
+    from sim.calibrate.kernel_check import CASES, check_paged, make_case
+
+    groups = {c.hq // c.hkv for c in CASES}
+    assert {1, 4, 8} <= groups and {64, 128} <= {c.d for c in CASES}
+    assert any(max(-(-n // c.block) for n in c.lens) > 64 for c in CASES)  # >1 block per split
+    q, k, v, tables, lens = make_case(CASES[0], torch.device("cpu"), torch.float32)
+    assert torch.isnan(k).any() and torch.isnan(v).any()  # the tails and block 0
+    assert check_paged(ops.paged_torch, torch.device("cpu"), torch.float32) < 1e-4
+
+
+def test_kernel_check_raises_a_one_line_error_naming_the_shape():
+    torch = pytest.importorskip("torch")
+    from sim.calibrate import ops
+    from sim.calibrate.kernel_check import KernelMismatch, check_paged
+
+    def off_by_a_little(*args):
+        return ops.paged_torch(*args) + 1e-3
+
+    with pytest.raises(KernelMismatch, match=r"differs .* by 0.001 \(allowed 0.0001\) on hq=8"
+                       ) as e:
+        check_paged(off_by_a_little, torch.device("cpu"), torch.float32)
+    assert "\n" not in str(e.value)
+
+
+def test_naive_prefill_budget_has_a_known_answer_and_covers_the_measured_peak():
+    torch = pytest.importorskip("torch")
+    from sim.calibrate import ops
+    from sim.calibrate.bench import naive_prefill_scratch_bytes
+    from sim.calibrate.device import Device
+
+    # 1 x 8 heads x 256^2 scores: three fp32 copies (12 B), the bool mask, K and V repeated
+    # from 2 to 8 heads in bf16
+    assert naive_prefill_scratch_bytes(1, 8, 2, 256, 64, 2) == \
+        12 * 8 * 256**2 + 256**2 + 2 * 8 * 256 * 64 * 2
+    assert naive_prefill_scratch_bytes(1, 8, 8, 256, 64, 2) == 12 * 8 * 256**2 + 256**2
+    for dtype, esize in ((torch.bfloat16, 2), (torch.float32, 4)):
+        dev = Device(torch.device("cpu"), dtype)
+        for hq, hkv in ((8, 2), (4, 4)):
+            q, k, v = dev.randn(1, hq, 128, 32), dev.randn(1, hkv, 128, 32), dev.randn(1, hkv, 128, 32)
+            out = q.numel() * esize  # the output, counted with the inputs by the caller
+            peak = dev.peak_bytes(lambda q=q, k=k, v=v: ops.prefill_naive(q, k, v))
+            budget = naive_prefill_scratch_bytes(1, hq, hkv, 128, 32, esize)
+            assert peak - out <= budget <= 1.1 * peak, (dtype, hq, peak, budget)
+
+
+def _iteration_then(point_after, resident, tmp_path):
+    """Run one real iteration point (tiny-llama on the CPU), then `point_after`."""
+    import torch
+
+    from sim.calibrate.calibrate import Outcome, _measure
+    from sim.calibrate.device import Device, quiet_gc
+    from sim.calibrate.grids import GRIDS
+    from sim.calibrate.itergrid import iteration_points
+    from sim.calibrate.output import TableWriter
+    from sim.models import load_model
+
+    g = GRIDS["quick"]
+    dev = Device(torch.device("cpu"), torch.float32, warmup=1, repeats=3, max_s_per_point=0.01)
+    pts = iteration_points([load_model("tiny-llama")], {**g, "iter_repeats": 3,
+                                                        "iter_max_s": 0.01}, resident)
+    w = TableWriter(tmp_path / "p")
+    with quiet_gc():
+        _measure([pts[0], point_after], dev, w, Outcome(tmp_path), 0.0, None, False, resident)
+    w.close()
+    return dev
+
+
+def test_kernel_tables_after_iterations_run_without_the_reference_model_resident(tmp_path):
+    pytest.importorskip("torch")
+    import weakref
+
+    from sim.calibrate.bench import Point
+    from sim.calibrate.itergrid import Resident
+
+    resident = Resident()
+    seen: dict = {}
+
+    def kernel_point(dev):
+        seen["model"] = resident.model
+        seen["alive"] = [r() is not None for r in seen["refs"]]
+        return []
+
+    real_get = Resident.get
+
+    def get(self, *a):
+        model, cache = real_get(self, *a)
+        seen["refs"] = [weakref.ref(model.embed), weakref.ref(model.layers[0]["wqkv"]),
+                        weakref.ref(cache.k), weakref.ref(cache.v)]
+        return model, cache
+    Resident.get = get
+    try:
+        _iteration_then(Point("gemm", 1, "after", kernel_point), resident, tmp_path)
+    finally:
+        Resident.get = real_get
+    assert seen["model"] is None and seen["alive"] == [False] * 4
+
+
+def test_out_of_memory_point_drops_its_tensors_before_the_cache_is_emptied(tmp_path):
+    torch = pytest.importorskip("torch")
+    import weakref
+
+    from sim.calibrate.bench import Point
+    from sim.calibrate.calibrate import Outcome, _measure
+    from sim.calibrate.device import Device, quiet_gc
+    from sim.calibrate.itergrid import Resident
+    from sim.calibrate.output import TableWriter
+
+    refs, alive_at_release = [], []
+
+    class Holder:  # a reference cycle through the failing frame, as closures often make
+        pass
+
+    def oom(dev):
+        big = torch.empty(1 << 20)
+        h = Holder()
+        h.me, h.big = h, big
+        refs.append(weakref.ref(big))
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 MiB")
+
+    dev = Device(torch.device("cpu"), torch.float32)
+    dev.release = lambda: alive_at_release.append(refs[0]() is not None)
+    w = TableWriter(tmp_path / "p")
+    res = Outcome(tmp_path)
+    with quiet_gc():  # as calibrate measures: the collector paused
+        _measure([Point("gemm", 0, "too big", oom)], dev, w, res, 0.0, None, False, Resident())
+    w.close()
+    assert res.oom == 1 and alive_at_release == [False]
+
+
+def test_eager_and_graph_decode_rows_both_sample(monkeypatch):
+    torch = pytest.importorskip("torch")
+    import contextlib
+
+    from sim.calibrate import itergrid, ops
+    from sim.calibrate.device import Device
+    from sim.calibrate.reference import Llama, PagedCache
+    from sim.models import load_model
+
+    class FakeStream:  # the CUDA graph API, run eagerly, so the captured step runs here
+        def wait_stream(self, other):
+            pass
+
+    class FakeGraph:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: FakeStream())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: FakeStream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    calls = {"logits": 0, "sample": 0}
+    real_logits, real_sample = itergrid.decode_logits, ops.sample
+
+    def logits(*a, **k):
+        calls["logits"] += 1
+        return real_logits(*a, **k)
+
+    def sample(*a, **k):
+        calls["sample"] += 1
+        return real_sample(*a, **k)
+    monkeypatch.setattr(itergrid, "decode_logits", logits)
+    monkeypatch.setattr(ops, "sample", sample)
+    dev = Device(torch.device("cpu"), torch.float32)
+    spec = load_model("tiny-llama")
+    model, cache = Llama(spec, dev), PagedCache(spec, 8, 16, dev)
+    itergrid.GraphDecode(model, cache, batch=2, width=2)  # 2 warm-ups + the capture
+    assert calls == {"logits": 3, "sample": 3}
+    point = itergrid.decode_point(spec, 2, 20, 128, 16, 0, (0.01, 3), itergrid.Resident())
+    point.run(Device(torch.device("cpu"), torch.float32, warmup=1))
+    assert calls["logits"] > 3 and calls["sample"] == calls["logits"]
+
+
+def test_recalibrating_a_folder_in_one_process_reloads_its_tables(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from sim.calibrate.calibrate import calibrate
+    from sim.profiles import load_profile
+
+    out = tmp_path / "again"
+    _few_points(monkeypatch, [])
+    calibrate(["tiny-llama"], out, device="cpu", quick=True, progress=False)
+    assert load_profile(str(out)).rows["gemm"] == 4
+    from sim.calibrate import bench
+    few = bench.kernel_points
+    monkeypatch.setattr(bench, "kernel_points", lambda models, g: few(models, g)[:2])
+    calibrate(["tiny-llama"], out, device="cpu", quick=True, progress=False)
+    assert load_profile(str(out)).rows["gemm"] == 2
+
+
+def test_host_terms_without_rows_of_their_kind_follow_the_stated_rule(profile):
+    from sim.calibrate.output import _unmeasured_terms
+    from sim.latency import RuntimeSpec
+    from sim.specload import build, load_yaml
+
+    fitted = RuntimeSpec(name="e", host_ms_per_prefill_seq_layer=0.02,
+                         host_ms_per_verify_seq_layer=0.3)  # 0.3: what a search might leave
+    eager, note = _unmeasured_terms(fitted, {"prefill", "decode"}, None)
+    assert eager.host_ms_per_verify_seq_layer == 0.02 and "no verify rows" in note
+    graphs, note = _unmeasured_terms(RuntimeSpec(name="g", host_ms_per_prefill_seq_layer=0.1,
+                                                 host_ms_per_verify_seq_layer=0.1),
+                                     {"decode"}, eager)
+    assert graphs.host_ms_per_prefill_seq_layer == graphs.host_ms_per_verify_seq_layer == 0.02
+    alone, note = _unmeasured_terms(graphs, {"decode"}, None)
+    assert alone.host_ms_per_verify_seq_layer == 0 and "not fitted" in note
+    rt = build(RuntimeSpec, load_yaml(profile / "runtime-eager.yaml"))
+    assert rt.host_ms_per_verify_seq_layer == rt.host_ms_per_prefill_seq_layer
+    assert "no verify rows" in rt.source
+
+
+def test_kernel_warm_up_covers_every_specialisation_a_real_run_meets():
+    torch = pytest.importorskip("torch")
+    from sim.calibrate import ops, warmup
+    from sim.calibrate.device import Device
+    from sim.calibrate.reference import Llama, ReferenceEngine
+    from sim.models import load_model
+    from sim.scenario import load_scenario
+    from sim.workload import generate
+
+    # known answers: 132 SMs, 8 KV heads; batch 1 wants 66 splits (capped at 64)
+    assert ops.split_plan(1, 8, 10, 132) == (10, 1)
+    assert ops.split_plan(1, 8, 200, 132) == (50, 4)
+    assert warmup.specialisation(1, 16, 8, 132) == (16, (False, True), (True, False),
+                                                    (False, True))
+    sc = load_scenario(TINY)
+    wl = generate(sc.workload, np.random.default_rng(sc.seed), file=sc.file)
+    dev = Device(torch.device("cpu"), torch.float32)
+    engine = ReferenceEngine(sc, Llama(load_model(sc.model), dev), 4096, 2048)
+    shapes, real_attn = [], engine.decode_attn
+
+    def spy(q, kc, vc, tables, lens):
+        shapes.append((q.shape[0], tables.shape[1]))
+        return real_attn(q, kc, vc, tables, lens)
+    engine.decode_attn = spy
+    steps = warmup.warm_kernels(engine, wl)
+    warmed = {warmup.specialisation(b, w, 2, 4) for b, w in shapes}
+    n_warm = len(shapes) // 2  # one decode per class, once per layer
+    assert steps == n_warm + 1 and len(warmed) == n_warm
+    shapes.clear()
+    engine.run(wl, seed=sc.seed)
+    met = {warmup.specialisation(b, w, 2, 4) for b, w in shapes}
+    assert len(met) > 1 and met <= warmed

@@ -36,7 +36,8 @@ def _synthetic_log(folder: Path, seed: int = 3) -> None:
     decode steps of random shapes, prefill steps whose prompt lengths repeat now and then."""
     rng = np.random.default_rng(seed)
     base = load_runtime("h200-eager-reference")
-    lat = StepLatency(load_model("llama-3-8b"), load_profile("h200-sxm"), replace(base, **TRUE))
+    lat = StepLatency(load_model("llama-3-8b"), load_profile("h200-sxm"), replace(base, **TRUE),
+                      decode_impl="paged_reference")  # the eager stack's measured Triton kernel
     steps, reqs, t = [], [], 0.0
     pool = rng.integers(64, 3000, 60)  # lengths drawn from a small pool: some repeat
     for i in range(900):

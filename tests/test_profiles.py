@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from sim.profiles import (
     ANALYTIC,
+    DERIVED,
     EXACT,
     EXTRAPOLATED,
     INTERPOLATED,
@@ -63,8 +64,8 @@ def test_exact_grid_points_return_the_measured_ms_tagged_exact(h200):
                if (r["impl"], r["batch"], r["seq"], r["hkv"]) == ("flash", "1", "4096", "8"))
     assert h200.prefill_attn("flash", 1, 4096, 4096, *LLAMA3) == (float(pre["ms"]), EXACT)
     dec = next(r for r in rows("attn_decode")
-               if (r["impl"], r["batch"], r["ctx"], r["hkv"]) == ("paged", "32", "2048", "8"))
-    assert h200.decode_attn("paged", 32, 32 * 2048, *LLAMA3) == (float(dec["ms"]), EXACT)
+               if (r["impl"], r["batch"], r["ctx"], r["hkv"]) == ("paged_reference", "32", "2048", "8"))
+    assert h200.decode_attn("paged_reference", 32, 32 * 2048, *LLAMA3) == (float(dec["ms"]), EXACT)
     ew = next(r for r in rows("elementwise") if (r["op"], r["M"]) == ("silu_mul", "2048"))
     assert h200.elementwise("silu_mul", 2048, 14336) == (float(ew["ms"]), EXACT)
 
@@ -108,8 +109,8 @@ def test_decode_beyond_the_grid_follows_the_memory_roofline(h200):
 
 
 def test_decode_cells_missing_from_the_staircase_grid_are_extrapolated(h200):
-    ms, tag = h200.decode_attn("paged", 256, 256 * 8192, *LLAMA3)  # measured up to 4096 only
-    half, _ = h200.decode_attn("paged", 256, 256 * 4096, *LLAMA3)
+    ms, tag = h200.decode_attn("paged_reference", 256, 256 * 8192, *LLAMA3)  # measured to 4096
+    half, _ = h200.decode_attn("paged_reference", 256, 256 * 4096, *LLAMA3)
     assert tag == EXTRAPOLATED and ms == pytest.approx(2 * half, rel=0.1)
 
 
@@ -190,8 +191,9 @@ def test_prefill_never_gets_faster_with_more_batch_or_tokens(name, impl, heads, 
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.sampled_from(known_profiles()), st.sampled_from(["contiguous", "paged", "paged_gather"]),
-       st.sampled_from([LLAMA3, LLAMA2, (64, 8, 128)]),
+@given(st.sampled_from(known_profiles()),
+       st.sampled_from(["contiguous", "paged", "paged_reference", "paged_gather"]),
+       st.sampled_from([LLAMA3, LLAMA2, (64, 8, 128), (32, 8, 64)]),
        st.integers(1, 600), st.integers(1, 600), st.integers(1, 70000), st.integers(1, 70000))
 def test_decode_never_gets_faster_with_more_sequences_or_context(name, impl, heads, b1, b2, c1, c2):
     p = load_profile(name)
@@ -239,9 +241,9 @@ def test_mixed_length_decode_with_max_ctx_is_within_15_percent_out_of_sample(tmp
     mha_only = load_profile(str(folder))
     mha_only.mixed_decode_rows = h200.mixed_decode_rows
     errs = mixed_errors(mha_only, hkv=8)
-    assert set(errs) == {"paged", "paged_gather"}
+    assert set(errs) == {"paged_reference", "paged_gather"}
     assert max(max(e) for e in errs.values()) < 0.15
-    tag = mha_only.decode_attn("paged", 64, 64 * 4000, *LLAMA3, max_ctx=8000)[1]
+    tag = mha_only.decode_attn("paged_reference", 64, 64 * 4000, *LLAMA3, max_ctx=8000)[1]
     assert tag == EXTRAPOLATED  # weights borrowed from the nearest head configuration
 
 
@@ -312,7 +314,7 @@ def test_decode_efficiency_must_name_every_decode_impl(tmp_path):
     yaml_file = folder / "profile.yaml"
     yaml_file.write_text(yaml_file.read_text().replace("paged_gather: 0.32}", "flashinfer: 0.32}"))
     with pytest.raises(SpecError, match=r"profile.yaml: efficiency.attn_decode_bw: has contiguous, "
-                                        r"paged, flashinfer \(allowed: one entry per"):
+                                        r"paged_reference, flashinfer \(allowed: one entry per"):
         load_profile(str(folder))
 
 
@@ -399,3 +401,122 @@ def test_converter_reproduces_the_vidur_tables(tmp_path):
 
     for p in convert_peers(SHARED / "peers", tmp_path):
         assert p.read_text() == (PROFILES_DIR / p.parent.name / p.name).read_text(), p
+
+
+# ---- production paged decode, derived ---------------------------------------------------
+
+PAGED_OVERHEAD = 0.20  # the profiles' paged_decode_overhead (PagedAttention paper, 20-26 %)
+
+
+@pytest.mark.parametrize("heads", [LLAMA3, LLAMA2])
+@pytest.mark.parametrize("name", known_profiles())
+def test_paged_decode_costs_the_stated_overhead_over_contiguous_for_gqa_and_mha(name, heads):
+    p = load_profile(name)
+    assert p.facts.efficiency.paged_decode_overhead == PAGED_OVERHEAD
+    for batch, ctx in [(1, 8192), (8, 2048), (64, 1024), (256, 4096)]:
+        paged, tag = p.decode_attn("paged", batch, batch * ctx, *heads)
+        contiguous = p.decode_attn("contiguous", batch, batch * ctx, *heads)[0]
+        assert paged == pytest.approx(contiguous * (1 + PAGED_OVERHEAD), rel=0.02)
+        assert tag in (DERIVED, EXTRAPOLATED) if name == "h200-sxm" else tag == ANALYTIC
+
+
+def test_paged_decode_is_gqa_aware_where_the_reference_kernel_is_not(h200):
+    # same KV bytes: Llama-3 (8 KV heads) at 4x the batch of Llama-2 (32 KV heads)
+    gqa = h200.decode_attn("paged", 64, 64 * 4096, *LLAMA3)[0]
+    mha = h200.decode_attn("paged", 16, 16 * 4096, *LLAMA2)[0]
+    assert gqa == pytest.approx(mha, rel=0.1)
+    ref_gqa = h200.decode_attn("paged_reference", 64, 64 * 4096, *LLAMA3)[0]
+    ref_mha = h200.decode_attn("paged_reference", 16, 16 * 4096, *LLAMA2)[0]
+    assert ref_gqa > 2.5 * ref_mha  # the teaching kernel reads K/V once per query head
+    assert ref_gqa > 4 * gqa
+
+
+@pytest.mark.parametrize("name", ["a100-80gb", "h100-sxm", "l40s"])
+def test_analytic_reference_kernel_efficiency_differs_for_gqa_and_mha(name):
+    p = load_profile(name)
+    gqa = p.decode_attn("paged_reference", 64, 64 * 4096, *LLAMA3)[0]
+    mha = p.decode_attn("paged_reference", 16, 16 * 4096, *LLAMA2)[0]
+    assert gqa > 3 * mha  # equal KV bytes, 4x the query heads reading them
+
+
+def test_paged_reference_is_the_measured_triton_table(h200):
+    for r in rows("attn_decode"):
+        if r["impl"] == "paged_reference" and r["ctx"] == r["max_ctx"]:
+            b, ctx = int(r["batch"]), int(r["ctx"])
+            ms, tag = h200.decode_attn("paged_reference", b, b * ctx, int(r["hq"]),
+                                       int(r["hkv"]), int(r["d"]))
+            assert tag == EXACT and ms <= float(r["ms"])  # lowered only by the envelope
+    s = h200.summary()
+    assert s["derived_decode"] == [("paged", 32, 8, 128), ("paged", 32, 32, 128)]
+
+
+def test_reference_stack_scenarios_and_runtime_fit_use_the_measured_kernel():
+    import inspect
+
+    from sim.runtime_fit import gpu_times
+    from sim.scenario import load_scenario
+
+    for f in ("azure_conv_reference", "azure_code_reference"):
+        assert load_scenario(Path("scenarios") / f"{f}.yaml").decode_attention == "paged_reference"
+    assert inspect.signature(gpu_times).parameters["decode_impl"].default == "paged_reference"
+
+
+# ---- profile sanity: no table above its GPU's peak -----------------------------------------
+
+
+@pytest.mark.parametrize("name", known_profiles())
+def test_no_lookup_at_a_measured_point_is_above_the_gpus_peak(name):
+    p = load_profile(name)
+    peak = (p.facts.peak_tflops or p.facts.datasheet_tflops) * 1e9  # FLOP per ms
+    bw = p.facts.datasheet_mem_bw_tbs * 1e9
+    folder = PROFILES_DIR / name
+    if (folder / "gemm.csv").is_file():
+        for r in rows("gemm", folder):
+            M, K, N = int(r["M"]), int(r["K"]), int(r["N"])
+            assert 2 * M * K * N / p.gemm(M, K, N)[0] <= peak * (1 + 1e-9)
+    if (folder / "elementwise.csv").is_file():
+        for r in rows("elementwise", folder):
+            M, H = int(r["M"]), int(r["H"])
+            per = {"rmsnorm": 4, "residual_add": 6, "silu_mul": 6}[r["op"]]
+            assert M * H * per / p.elementwise(r["op"], M, H)[0] <= bw * (1 + 1e-9)
+
+
+def test_h100_gemms_above_the_h200_measured_rate_are_capped_and_counted():
+    h100 = load_profile("h100-sxm")
+    assert h100.facts.peak_tflops == 793  # the H200's measured ceiling, same tensor cores
+    assert h100.capped["gemm"] > 0
+    ms = h100.gemm(1024, 11008, 4096)[0]
+    assert 2 * 1024 * 11008 * 4096 / ms / 1e9 <= 793
+
+
+def test_gpus_command_shows_the_capped_rows(capsys):
+    from sim.cli import main
+
+    assert main(["gpus"]) == 0
+    out = capsys.readouterr().out
+    assert "capped at the GPU's peak: gemm 23" in out
+    assert "paged decode derived from the contiguous table (+20%)" in out
+
+
+def test_a100_flash_prefill_uses_flashattention2_published_rates(h200):
+    a100 = load_profile("a100-80gb")
+    assert 0.5 <= a100.facts.efficiency.attn_prefill_flops <= 0.73
+    ms = a100.prefill_attn("flash", 1, 8192, 8192, *LLAMA3)[0]
+    rate = 4 * 32 * 128 * 8192 * 8192 / 2 / ms / 1e9
+    assert 0.45 * 312 < rate < 0.73 * 312
+
+
+# ---- head dim 64, derived from the head dim 128 tables ------------------------------------
+
+
+LLAMA32_1B = (32, 8, 64)
+
+
+def test_head_dim_64_attention_is_derived_from_the_head_dim_128_tables(h200):
+    for impl in ("contiguous", "paged", "paged_reference"):
+        ms, tag = h200.decode_attn(impl, 32, 32 * 4096, *LLAMA32_1B)
+        same_bytes = h200.decode_attn(impl, 32, 32 * 2048, *LLAMA3)[0]
+        assert tag == DERIVED and ms == pytest.approx(same_bytes, rel=1e-9)
+    ms, tag = h200.prefill_attn("flash", 1, 4096, 4096, *LLAMA32_1B)
+    d128 = h200.prefill_attn("flash", 1, 4096, 4096, *LLAMA3)[0]
+    assert tag == DERIVED and 0.4 * d128 < ms < d128

@@ -271,11 +271,11 @@ def test_bad_spec_is_a_one_line_error_naming_file_and_field(data, expected):
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,abc,5\n", "t.csv: line 3: prompt_tokens: 'abc' is not a number (allowed: integers >= 1)"),
-    ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,10,-5\n", "t.csv: line 3: output_tokens: '-5' is out of range (allowed: integers >= 1)"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,abc,5\n", "t.csv: line 3: prompt_tokens: 'abc' is not a number (allowed: integers from 1 to 10,000,000)"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,10,-5\n", "t.csv: line 3: output_tokens: '-5' is out of range (allowed: integers from 1 to 10,000,000)"),
     ("arrival_s,prompt_tokens,output_tokens\n0,10,5\n\n1,10\n", "t.csv: line 4: 2 fields, expected 3 (arrival_s, prompt_tokens, output_tokens)"),
-    ("arrival_s,prompt_tokens,output_tokens\n-1,10,5\n", "t.csv: line 2: arrival_s: '-1' is out of range (allowed: numbers >= 0)"),
-    ("arrival_s,prompt_tokens,output_tokens\n0,1.5,5\n", "t.csv: line 2: prompt_tokens: '1.5' is out of range (allowed: integers >= 1)"),
+    ("arrival_s,prompt_tokens,output_tokens\n-1,10,5\n", "t.csv: line 2: arrival_s: '-1' is out of range (allowed: numbers from 0 to 1,000,000,000)"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,1.5,5\n", "t.csv: line 2: prompt_tokens: '1.5' is out of range (allowed: integers from 1 to 10,000,000)"),
     ("arrival_s,prompt_tokens,output_tokens\n", "t.csv: no data rows"),
 ])
 def test_malformed_csv_trace_row_names_the_trace_file_and_line(tmp_path, text, expected):
@@ -291,10 +291,10 @@ def test_malformed_azure_timestamp_names_the_line(tmp_path):
 
 
 @pytest.mark.parametrize("line, expected", [
-    ('{"timestamp": 5, "input_length": 10}', "m.jsonl: line 2: expected a JSON object with keys timestamp, input_length, output_length, hash_ids"),
-    ('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1, "x"]}', "m.jsonl: line 2: hash_ids: [1, 'x'] (allowed: a list of integers)"),
-    ('not json', "m.jsonl: line 2: expected a JSON object"),
-    ('{"timestamp": "soon", "input_length": 10, "output_length": 2, "hash_ids": []}', "m.jsonl: line 2: timestamp: 'soon' is not a number"),
+    ('{"timestamp": 5, "input_length": 10}', "m.jsonl: line 2: no key 'output_length' (expected a JSON object with keys timestamp, input_length, output_length, hash_ids)"),
+    ('{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [1, "x"]}', "m.jsonl: line 2: hash_ids: [1, 'x'] (allowed: a list of integers below 2**63)"),
+    ('not json', "m.jsonl: line 2: not valid JSON (expected a JSON object"),
+    ('{"timestamp": "soon", "input_length": 10, "output_length": 2, "hash_ids": []}', "m.jsonl: line 2: timestamp: 'soon' is a JSON str (allowed: a number)"),
 ])
 def test_malformed_mooncake_line_names_the_trace_file_and_line(tmp_path, line, expected):
     good = '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [0]}'
@@ -305,7 +305,7 @@ def test_malformed_mooncake_line_names_the_trace_file_and_line(tmp_path, line, e
 def test_bad_length_file_value_names_the_length_file_and_line(tmp_path):
     write(tmp_path, "l.csv", "num_prefill_tokens,num_decode_tokens\n10,5\n0,5\n")
     msg = error({**SYNTH, "lengths": {"path": "l.csv"}}, base_dir=tmp_path)
-    assert "l.csv: line 3: num_prefill_tokens: '0' is out of range (allowed: integers >= 1)" in msg
+    assert "l.csv: line 3: num_prefill_tokens: '0' is out of range (allowed: integers from 1 to 10,000,000)" in msg
 
 
 def test_edited_trace_file_is_parsed_again(tmp_path):

@@ -48,12 +48,26 @@ def gemm_point(M: int, K: int, N: int, tier: int) -> Point:
 
 # ---- attention ---------------------------------------------------------------------------
 
+def naive_prefill_scratch_bytes(b: int, hq: int, hkv: int, s: int, d: int, esize: int) -> int:
+    """Peak bytes `ops.prefill_naive` allocates beyond its inputs and output, in any dtype.
+
+    Its peak is at the softmax, where three fp32 copies of the b·hq·s² scores are alive
+    at once: `scores` (QKᵀ cast to fp32 and scaled; the bf16 product and the unscaled fp32
+    cast, 6 bytes a score, are freed before), the masked copy and the softmax's output
+    (12 bytes a score; the bf16 cast of the probabilities comes after the masked copy is
+    freed: 4 + 4 + 2 = 10). Plus the s² boolean mask and, under GQA, K and V repeated
+    to hq heads."""
+    repeated = 2 * b * hq * s * d * esize if hq != hkv else 0
+    return 12 * b * hq * s * s + s * s + repeated
+
+
 def prefill_point(impl: str, b: int, s: int, cfg: tuple[int, int, int], tier: int) -> Point:
     hq, hkv, d = cfg
 
     def run(dev: Device) -> list[dict]:
         io = (2 * b * hq * s * d + 2 * b * hkv * s * d) * _esize(dev)
-        scratch = b * hq * s * s * 10 + 2 * b * hq * s * d * _esize(dev) if impl == "naive" else 0
+        scratch = naive_prefill_scratch_bytes(b, hq, hkv, s, d, _esize(dev)) \
+            if impl == "naive" else 0
         dev.check_fits(io + scratch, f"{impl} prefill batch {b} seq {s}")
         q = dev.randn(b, hq, s, d)
         k, v = dev.randn(b, hkv, s, d), dev.randn(b, hkv, s, d)
@@ -65,20 +79,20 @@ def prefill_point(impl: str, b: int, s: int, cfg: tuple[int, int, int], tier: in
     return Point("attn_prefill", tier, f"{impl} prefill b={b} s={s} {hq}/{hkv}/{d}", run)
 
 
-_TRITON_CHECKED: dict[str, float] = {}
-
-
 def _check_triton(dev: Device) -> None:
-    """Compare the Triton kernel with the PyTorch one once per process, before timing it."""
-    if dev.cuda and "err" not in _TRITON_CHECKED:
-        try:
-            from .triton_paged import check_paged_attention
-
-            _TRITON_CHECKED["err"] = check_paged_attention(dev.device, dev.dtype)
-        except ImportError as e:
-            raise DeviceError(f"the paged-attention kernel needs Triton ({e})") from None
-        except AssertionError as e:
-            raise DeviceError(f"Triton paged attention failed its check: {e}") from None
+    """Check the Triton kernel against exact attention on this device and dtype before
+    timing it (once per Device: the result lives on the Device, not in the module)."""
+    if not dev.cuda or "triton_paged" in dev.checked:
+        return
+    try:
+        from .kernel_check import KernelMismatch
+        from .triton_paged import check_paged_attention
+    except ImportError as e:
+        raise DeviceError(f"the paged-attention kernel needs Triton ({e})") from None
+    try:
+        dev.checked["triton_paged"] = check_paged_attention(dev.device, dev.dtype)
+    except KernelMismatch as e:
+        raise DeviceError(f"the Triton paged-attention kernel failed its check: {e}") from None
 
 
 def decode_point(impl: str, b: int, lens: list[int] | int, cfg: tuple[int, int, int],
@@ -93,7 +107,11 @@ def decode_point(impl: str, b: int, lens: list[int] | int, cfg: tuple[int, int, 
     def run(dev: Device) -> list[dict]:
         blocks = [-(-n // block) for n in lengths]
         kv_bytes = 2 * (sum(blocks) + 1) * block * hkv * d * _esize(dev)
-        gather = 2 * b * max(blocks) * block * hkv * d * _esize(dev) * (2 if impl != "paged" else 1)
+        # K/V-sized copies beyond the pool: contiguous K, V (or gathered pages) and SDPA's
+        # working copies; the Triton kernel makes none, its PyTorch twin gathers K and V
+        # and zeroes V past each length
+        copies = {"contiguous": 4, "paged_gather": 4, "paged_reference": 0 if dev.cuda else 3}[impl]
+        gather = copies * b * max(blocks) * block * hkv * d * _esize(dev)
         dev.check_fits(kv_bytes + gather, label)
         q = dev.randn(b, hq, d)
         if impl == "contiguous":
@@ -101,7 +119,7 @@ def decode_point(impl: str, b: int, lens: list[int] | int, cfg: tuple[int, int, 
             q4 = q[:, :, None, :]
             ms = dev.time_ms(lambda: ops.decode_contiguous(q4, k, v))
         else:
-            if impl == "paged":
+            if impl == "paged_reference":
                 _check_triton(dev)
             kc = dev.randn(sum(blocks) + 1, block, hkv, d)
             vc = dev.randn(sum(blocks) + 1, block, hkv, d)
@@ -197,12 +215,12 @@ def kernel_points(models: list[ModelSpec], g: dict) -> list[Point]:
                     continue
                 tier = max(tier_of(g["decode_batch"], b), tier_of(g["decode_ctx"], c))
                 pts += [decode_point(i, b, c, cfg, block, tier)
-                        for i in ("paged", "contiguous", "paged_gather")]
+                        for i in ("paged_reference", "contiguous", "paged_gather")]
         for b in g["mixed"]["batch"]:
             for mx in g["mixed"]["max_ctx"]:
                 if b * mx <= g["decode_max_tokens"]:
                     pts += [decode_point(i, b, mixed_lengths(b, mx), cfg, block, 1)
-                            for i in ("paged", "paged_gather")]
+                            for i in ("paged_reference", "paged_gather")]
         for b in g["prefill_batch"]:
             for s in every(g["prefill_seq"]):
                 tier = tier_of(g["prefill_seq"], s)

@@ -11,11 +11,13 @@ and the runtime fits for them.
 from __future__ import annotations
 
 import datetime
+import gc
 import platform
 import shutil
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -103,18 +105,21 @@ def calibrate(models: list[str], out: Path, *, device: str = "auto", dtype: str 
     meta = metadata(dev, models, "quick" if quick else "full", argv or [])
     w = TableWriter(out)
     res = Outcome(out)
-    points = ordered(bench.kernel_points(specs, g) + itergrid.iteration_points(specs, g))
+    resident = itergrid.Resident()  # the reference model, while iteration points run
+    points = ordered(bench.kernel_points(specs, g)
+                     + itergrid.iteration_points(specs, g, resident))
     res.total = len(points)
     ceil: dict = {}
     try:
         with quiet_gc():
             ceil = bench.ceilings(dev, *g["ceilings"][dev_t.type])
-            _measure(points, dev, w, res, t0, budget_s, progress)
+            _measure(points, dev, w, res, t0, budget_s, progress, resident)
     except KeyboardInterrupt:
         res.stopped = "interrupted"
         raise
     finally:
-        itergrid.release(dev)
+        resident.release(dev)
+        meta["timing"] = dict(dev.timing)
         w.close()
         res.seconds = time.perf_counter() - t0
         res.rows = {t: n for t, n in w.rows.items() if n}
@@ -123,7 +128,11 @@ def calibrate(models: list[str], out: Path, *, device: str = "auto", dtype: str 
 
 
 def _measure(points: list[bench.Point], dev: Device, w: TableWriter, res: Outcome, t0: float,
-             budget_s: float | None, progress: bool) -> None:
+             budget_s: float | None, progress: bool, resident: itergrid.Resident) -> None:
+    """Run the points in order. Between phases the reference model and its KV pool are
+    released (a kernel point after an iteration point runs on an empty device); after an
+    out-of-memory error the failed point's tensors are dropped before the cache is
+    emptied, so the next point starts from the memory the failed one found."""
     from tqdm import tqdm
 
     bar = tqdm(points, desc="calibrating", unit="pt", leave=False, file=sys.stderr,
@@ -133,6 +142,9 @@ def _measure(points: list[bench.Point], dev: Device, w: TableWriter, res: Outcom
             res.stopped = "budget"
             break
         bar.set_postfix_str(p.label[:40])
+        if p.table != "iteration":
+            resident.release(dev)  # no-op unless an iteration point ran last
+        oom = ""
         try:
             rows = p.run(dev)
         except TooLarge as e:
@@ -142,9 +154,14 @@ def _measure(points: list[bench.Point], dev: Device, w: TableWriter, res: Outcom
         except (RuntimeError, MemoryError) as e:
             if not is_oom(e):
                 raise
+            oom = "out of memory: " + str(e).splitlines()[0][:120]
+            # the traceback's frames hold the point's tensors: clear them, and `e` goes
+            # at the end of this clause
+            traceback.clear_frames(e.__traceback__)
+        if oom:
+            gc.collect()  # the collector is paused while measuring; cycles too
             dev.release()
-            w.add("skipped", {"table": p.table, "what": p.label,
-                              "reason": "out of memory: " + str(e).splitlines()[0][:120]})
+            w.add("skipped", {"table": p.table, "what": p.label, "reason": oom})
             res.skipped += 1
             res.oom += 1
             continue

@@ -187,5 +187,6 @@ def add_parsers(sub) -> None:
     f.add_argument("--out", required=True, help="runtime YAML to write")
     f.add_argument("--name", help="runtime name (default: the --out file's stem)")
     f.add_argument("--prefill-attention", default="flash", choices=["flash", "naive"])
-    f.add_argument("--decode-attention", default="paged", choices=["paged", "paged_gather", "contiguous"])
+    f.add_argument("--decode-attention", default="paged_reference",
+                   choices=["paged", "paged_reference", "paged_gather", "contiguous"])
     f.set_defaults(fn=cmd_fit_log)

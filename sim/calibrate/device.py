@@ -4,8 +4,11 @@ Timing follows the usual rules for kernel benchmarks:
 
 * warm-up calls first (compilation, autotuning, allocator growth), then the median
   of repeated calls;
-* on CUDA each call sits between two CUDA events, after a 256 MiB buffer is written
-  to flush the L2 cache, so the time is the device's and excludes host launch cost;
+* on CUDA the call is captured once in a CUDA graph, and each timed replay of the
+  graph sits between two CUDA events, after a 256 MiB buffer is written to flush the
+  L2 cache (see `Device._cuda_times` for why a graph), so the time is the device's
+  and excludes host launch cost; a call that cannot be captured is timed eagerly
+  between events instead, and `Device.timing` counts which way each point went;
 * on the CPU each call is timed with the calling thread's CPU clock
   (`time.thread_time`): PyTorch's CPU ops are synchronous and, at one intra-op
   thread, run in the calling thread, so this is the work's own time, and time the
@@ -164,6 +167,10 @@ class Device:
         self.clock: Callable[[], float] = time.perf_counter if self.cuda else time.thread_time
         self._flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=device) \
             if self.cuda else None
+        self._capture_stream = torch.cuda.Stream(device=device) if self.cuda else None
+        # how each time_ms call was timed: "graph", "events" (capture failed), "cpu clock"
+        self.timing: dict[str, int] = {}
+        self.checked: dict[str, float] = {}  # kernel checks passed on this device: max error
 
     # ---- facts ------------------------------------------------------------------------
     @property
@@ -241,6 +248,7 @@ class Device:
         reps = max(3, min(self.repeats, math.ceil(self.max_s / max(first, 1e-9))))
         if self.cuda:
             return median(self._cuda_times(fn, reps, flush))
+        self._count("cpu clock")
         times = []
         for _ in range(reps):
             t = clock()
@@ -248,14 +256,60 @@ class Device:
             times.append((clock() - t) * 1e3)
         return median(times)
 
+    def _count(self, how: str) -> None:
+        self.timing[how] = self.timing.get(how, 0) + 1
+
+    def _capture(self, fn: Callable[[], object]) -> Callable[[], None] | None:
+        """`fn` captured in a CUDA graph: returns the graph's replay (which keeps the graph
+        and its outputs alive), or None when `fn` cannot be captured."""
+        stream, current = self._capture_stream, torch.cuda.current_stream(self.device)
+        stream.wait_stream(current)
+        with torch.cuda.stream(stream):  # lazy per-stream set-up (cuBLAS workspace) first
+            fn()
+        current.wait_stream(stream)
+        self.sync()
+        torch.cuda.empty_cache()  # the warm-up's cached blocks, for the graph's own pool
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, stream=stream):
+                out = fn()
+        except RuntimeError:  # e.g. a host synchronisation, or a non-default RNG generator
+            del graph
+            self.sync()
+            return None
+
+        def replay() -> None:
+            graph.replay()
+            _ = out  # the outputs live in the graph's pool as long as the replay does
+        return replay
+
     def _cuda_times(self, fn: Callable[[], object], reps: int, flush: bool) -> list[float]:
+        """Event-timed replays of `fn` captured in a CUDA graph (eager calls if it cannot be).
+
+        Why a graph: events time the stream, not the kernels. An op of several kernels
+        (naive attention, RMSNorm as unfused ops, sampling) launched eagerly at a small
+        size runs each kernel faster than the host launches the next one, so the GPU
+        idles between them and the events count those gaps: the host's launch cost,
+        which the runtime profile models separately, would be counted twice. Timing
+        many back-to-back repetitions and subtracting an empty launch removes a constant
+        latency, not gaps that grow with the op's kernel count and the host's speed at
+        that moment, and when the host is the slower side back-to-back calls queue
+        nothing ahead. A graph replays all of the op's kernels from one launch with
+        device-side dependencies, so none waits for the host; the L2 flush before each
+        replay (~60 µs on an H200) keeps the GPU busy while the host records the start
+        event and launches the graph, so the start event does not wait either. The
+        replay is the warm, compiled op (warm-up and one side-stream call come first).
+        """
+        launch = self._capture(fn)
+        self._count("graph" if launch is not None else "events")
+        launch = launch or fn
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                   for _ in range(reps)]
         for start, end in events:
             if flush:
                 self._flush.fill_(1.0)  # evict the L2 (a 256 MiB write)
             start.record()
-            fn()
+            launch()
             end.record()
         torch.cuda.synchronize(self.device)
         return [s.elapsed_time(e) for s, e in events]

@@ -11,9 +11,12 @@ overhead and a synchronisation). Rows follow `sim.runtime_fit`'s grid format
 `eager` rows go to `iter_grid_eager.csv`. On CUDA, decode steps are also
 captured in a CUDA graph per (batch, block-table width) and replayed (inputs
 copied into the graph's static buffers): those rows go to `iter_grid_graphs.csv`.
+Both kinds of decode row sample their tokens (`sampled_decode`), as serving does.
 """
 
 from __future__ import annotations
+
+import gc
 
 import torch
 
@@ -23,37 +26,51 @@ from . import ops
 from .bench import Point
 from .device import Device, TooLarge
 from .grids import every, tier_of
-from .reference import Llama, PagedCache, decode_step, prefill_step
+from .reference import Llama, PagedCache, decode_logits, prefill_step
 
 
-class _Loaded:
-    """The one model (and its cache) held on the device at a time."""
+class Resident:
+    """The one model (and its KV pool) kept on the device while iteration points run.
 
-    spec: ModelSpec | None = None
-    model: Llama | None = None
-    cache: PagedCache | None = None
+    `calibrate` owns one per run and calls `release` before any kernel point that follows
+    an iteration point, and at the end: kernel tables are measured on an empty device
+    (free memory and allocator state as for every other kernel point)."""
 
-    @classmethod
-    def get(cls, spec: ModelSpec, dev: Device, pool_tokens: int, block: int):
-        if cls.spec is not spec:
-            cls.release(dev)
+    def __init__(self) -> None:
+        self.spec: ModelSpec | None = None
+        self.model: Llama | None = None
+        self.cache: PagedCache | None = None
+
+    def get(self, spec: ModelSpec, dev: Device, pool_tokens: int,
+            block: int) -> tuple[Llama, PagedCache]:
+        if self.spec is not spec:
+            self.release(dev)
             dev.check_fits(spec.params * torch.finfo(dev.dtype).bits / 8,
                            f"{spec.name} weights")
-            cls.model = Llama(spec, dev)
+            self.model = Llama(spec, dev)
             per_token = 2 * spec.layers * spec.kv_dim * torch.finfo(dev.dtype).bits / 8
             tokens = min(pool_tokens, int(0.5 * dev.free_bytes() / per_token))  # room for steps
-            cls.cache = PagedCache(spec, max(1, tokens // block), block, dev)
-            cls.spec = spec
-        return cls.model, cls.cache
+            self.cache = PagedCache(spec, max(1, tokens // block), block, dev)
+            self.spec = spec
+        return self.model, self.cache
 
-    @classmethod
-    def release(cls, dev: Device) -> None:
-        cls.spec = cls.model = cls.cache = None
+    def release(self, dev: Device) -> None:
+        """Drop the model and pool, collect, and return the memory (no-op when empty)."""
+        if self.model is None and self.cache is None:
+            return
+        self.spec = self.model = self.cache = None
+        gc.collect()
         dev.release()
 
 
-def release(dev: Device) -> None:
-    _Loaded.release(dev)
+def sampled_decode(model: Llama, cache: PagedCache, ids, pos, slots, tables, lens,
+                   generator: torch.Generator | None) -> torch.Tensor:
+    """The decode step both row kinds time: logits, then sampling, as serving does. The
+    eager rows sample with the device's generator, as `decode_step` does; a captured graph
+    samples with the default CUDA generator, the one every PyTorch version lets a graph
+    capture (the ops, and so the cost, are the same)."""
+    return ops.sample(decode_logits(model, cache, ids, pos, slots, tables, lens, ops.paged),
+                      generator)
 
 
 class GraphDecode:
@@ -71,11 +88,11 @@ class GraphDecode:
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):
             for _ in range(2):  # warm-up (Triton compilation) outside the capture
-                decode_step(*args, attn=ops.paged, greedy=True)
+                sampled_decode(*args, generator=None)
         torch.cuda.current_stream(dev).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            self.out = decode_step(*args, attn=ops.paged, greedy=True)
+            self.out = sampled_decode(*args, generator=None)
 
     def __call__(self, ids, pos, slots, tables, lens) -> list[int]:
         for buf, host in zip(self.bufs.values(), (ids, pos, slots, tables, lens), strict=True):
@@ -90,9 +107,9 @@ def _row(spec: ModelSpec, kind: str, b: int, new: int, ctx: int, ms: float, mode
 
 
 def prefill_point(spec: ModelSpec, b: int, n: int, pool: int, block: int, tier: int,
-                  limits: tuple[float, int]) -> Point:
+                  limits: tuple[float, int], resident: Resident) -> Point:
     def run(dev: Device) -> list[dict]:
-        model, cache = _Loaded.get(spec, dev, pool, block)
+        model, cache = resident.get(spec, dev, pool, block)
         rows = [(i, dev.randint(spec.vocab, n).tolist()) for i in range(b)]
 
         def step() -> list[int]:
@@ -107,9 +124,9 @@ def prefill_point(spec: ModelSpec, b: int, n: int, pool: int, block: int, tier: 
 
 
 def decode_point(spec: ModelSpec, b: int, ctx: int, pool: int, block: int, tier: int,
-                 limits: tuple[float, int]) -> Point:
+                 limits: tuple[float, int], resident: Resident) -> Point:
     def run(dev: Device) -> list[dict]:
-        model, cache = _Loaded.get(spec, dev, pool, block)
+        model, cache = resident.get(spec, dev, pool, block)
         nblk = -(-(ctx + 1) // block)
         free = cache.free_list
         if b * nblk > len(free):
@@ -124,10 +141,11 @@ def decode_point(spec: ModelSpec, b: int, ctx: int, pool: int, block: int, tier:
         d = dev.device
 
         def step() -> list[int]:
-            return decode_step(model, cache, torch.tensor(ids, device=d),
-                               torch.tensor(pos, device=d), torch.tensor(slots, device=d),
-                               torch.tensor(tables, device=d),
-                               torch.tensor(lens, device=d, dtype=torch.int32)).tolist()
+            return sampled_decode(model, cache, torch.tensor(ids, device=d),
+                                  torch.tensor(pos, device=d), torch.tensor(slots, device=d),
+                                  torch.tensor(tables, device=d),
+                                  torch.tensor(lens, device=d, dtype=torch.int32),
+                                  generator=dev.gen).tolist()
         out = [_row(spec, "decode", b, 1, ctx, dev.wall_ms(step, *limits), "eager")]
         if dev.cuda:
             graph = GraphDecode(model, cache, b, nblk)
@@ -138,8 +156,9 @@ def decode_point(spec: ModelSpec, b: int, ctx: int, pool: int, block: int, tier:
     return Point("iteration", tier, f"{spec.name} decode step b={b} ctx={ctx}", run)
 
 
-def iteration_points(models: list[ModelSpec], g: dict) -> list[Point]:
-    """Prefill and decode steps over the grid, grouped by model (one model on the device)."""
+def iteration_points(models: list[ModelSpec], g: dict, resident: Resident) -> list[Point]:
+    """Prefill and decode steps over the grid, grouped by model (one model on the device,
+    held by `resident`)."""
     pre, dec, block = g["iter_prefill"], g["iter_decode"], g["block"]
     pts: list[Point] = []
     for spec in models:
@@ -149,10 +168,10 @@ def iteration_points(models: list[ModelSpec], g: dict) -> list[Point]:
                    + [b * (n + block) for b, n in rows])
         pts += [prefill_point(spec, b, n, pool, block,
                               max(tier_of(pre["batch"], b), tier_of(pre["new_tokens"], n)),
-                              (g["iter_max_s"], g["iter_repeats"]))
+                              (g["iter_max_s"], g["iter_repeats"]), resident)
                 for b, n in rows]
         pts += [decode_point(spec, b, c, pool, block,
                              max(tier_of(dec["batch"], b), tier_of(dec["ctx"], c)),
-                             (g["iter_max_s"], g["iter_repeats"]))
+                             (g["iter_max_s"], g["iter_repeats"]), resident)
                 for b in every(dec["batch"]) for c in every(dec["ctx"])]
     return pts

@@ -12,7 +12,8 @@ Attention implementations (the names of the profile's `impl` column):
   flash / memory-efficient kernels on CUDA (the CPU's SDPA has its own flash
   kernel); `naive`: QKᵀ materialised, fp32 softmax, then ·V.
 * decode `contiguous`: SDPA over per-sequence contiguous K, V;
-  `paged`: a paged-attention kernel over the block pool — the Triton kernel in
+  `paged` (`paged_reference` in scenarios and tables): a paged-attention kernel over
+  the block pool — the Triton kernel in
   `triton_paged.py` on CUDA, `paged_torch` elsewhere; `paged_gather`: the pages
   gathered into a contiguous tensor, then SDPA.
 """
@@ -110,15 +111,21 @@ def _length_mask(ctx_lens: torch.Tensor, n: int) -> torch.Tensor:
 def paged_torch(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                 block_tables: torch.Tensor, ctx_lens: torch.Tensor) -> torch.Tensor:
     """Portable paged attention for q[b, hq, d]: index the pool through the block table,
-    then masked attention per KV-head group with an fp32 softmax; returns [b, hq, d]."""
+    then masked attention per KV-head group with an fp32 softmax; returns [b, hq, d].
+
+    Slots past a sequence's length (the tail of its last block, padding entries of the
+    block table) may hold anything, NaN included: their scores are replaced by -inf and
+    their values by zeros with `where` (a probability of 0 times NaN would still be NaN)."""
     b, hq, d = q.shape
     hkv = k_cache.shape[2]
     k = gather_pages(k_cache, block_tables)  # [b, n, hkv, d]
     v = gather_pages(v_cache, block_tables)
+    valid = _length_mask(ctx_lens, k.shape[1])  # [b, n]
+    v = torch.where(valid[:, :, None, None], v, v.new_zeros(()))
     qg = q.view(b, hkv, hq // hkv, d)
     scores = torch.einsum("bhgd,bnhd->bhgn", qg, k).float() * (1.0 / math.sqrt(d))
-    mask = _length_mask(ctx_lens, k.shape[1])[:, None, None, :]
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1).to(q.dtype)
+    scores = torch.where(valid[:, None, None, :], scores, float("-inf"))
+    probs = scores.softmax(-1).to(q.dtype)
     return torch.einsum("bhgn,bnhd->bhgd", probs, v).reshape(b, hq, d)
 
 
@@ -143,7 +150,32 @@ def paged(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return paged_torch(q, k_cache, v_cache, block_tables, ctx_lens)
 
 
-DECODE_PAGED = {"paged": paged, "paged_gather": paged_gather}
+DECODE_PAGED = {"paged_reference": paged, "paged_gather": paged_gather}
+
+
+def pow2(n: int) -> int:
+    """The smallest power of two >= n (at least 1)."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def paged_sms(device: torch.device) -> int:
+    """The SM count the Triton kernel plans its splits for (4 off CUDA: its interpreter)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4
+
+
+def split_want(batch: int, kv_heads: int, sms: int) -> int:
+    """Splits per sequence that would fill ~4 waves of the SMs (before the caps)."""
+    return -(-4 * sms // max(1, batch * kv_heads))
+
+
+def split_plan(batch: int, kv_heads: int, width: int, sms: int) -> tuple[int, int]:
+    """(splits, blocks per split) of the Triton kernel for a block table `width` blocks
+    wide: enough programs for ~4 waves of the SMs, at most 64 splits and one per block."""
+    nsplit = max(1, min(width, split_want(batch, kv_heads, sms), 64))
+    per_split = -(-width // nsplit)
+    return -(-width // per_split), per_split
 
 
 def sample(logits: torch.Tensor, generator: torch.Generator | None = None,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from sim.latency import RUNTIMES_DIR
+from sim.latency import RUNTIMES_DIR, RuntimeSpec
 from sim.profiles import PROFILES_DIR, TABLES, load_profile
 from sim.runtime_fit import error_summary, fit
 
@@ -37,8 +37,18 @@ SOURCE_KEYS = ("device_name", "device", "driver", "torch", "triton", "dtype", "t
 # Roofline parameters used when a table needed for their fit was not measured.
 FALLBACK = {"flops": 0.75, "mem_bw": 0.75, "gemm_floor_ms": 0.01, "attn_prefill_flops": 0.3,
             "attn_prefill_floor_ms": 0.02, "naive_bytes_per_score": 40.0,
-            "attn_decode_bw": {"contiguous": 0.8, "paged": 0.3, "paged_gather": 0.3},
-            "attn_decode_floor_ms": {"contiguous": 0.01, "paged": 0.05, "paged_gather": 0.1}}
+            "attn_decode_bw": {"contiguous": 0.8, "paged_reference": 0.5, "paged_gather": 0.3},
+            "attn_decode_floor_ms": {"contiguous": 0.01, "paged_reference": 0.05, "paged_gather": 0.1},
+            "paged_decode_overhead": 0.20}  # as gpu_profiles/h200-sxm (PagedAttention paper)
+
+
+def forget_loaded(folder: Path) -> None:
+    """Drop `folder` from `sim.profiles`' loader cache, which is keyed by the folder alone:
+    its files are being rewritten, and a later `load_profile` in this process must read
+    them again, not return the previous calibration's tables."""
+    from sim import profiles
+
+    getattr(profiles, "_LOADED", {}).pop(Path(folder).resolve(), None)
 
 
 def _fmt(v):
@@ -53,6 +63,7 @@ class TableWriter:
         out.mkdir(parents=True, exist_ok=True)
         for name in OWNED:  # a new calibration replaces the previous one's files
             (out / name).unlink(missing_ok=True)
+        forget_loaded(out)
         self.files: dict[str, tuple] = {}
         self.rows: dict[str, int] = dict.fromkeys(COLUMNS, 0)
 
@@ -132,24 +143,52 @@ def write_profile(w: TableWriter, meta: dict, ceil: dict, dev_facts: dict, note:
     p = w.out / "profile.yaml"
     p.write_text("# Written by llmsim calibrate; see calibration.json for the run's details.\n"
                  + yaml.safe_dump(facts, sort_keys=False, width=100))
+    forget_loaded(w.out)
     meta["roofline_fit_errors"] = errors
     return p
+
+
+def _unmeasured_terms(spec: RuntimeSpec, kinds: set[str], eager: RuntimeSpec | None
+                      ) -> tuple[RuntimeSpec, str]:
+    """Per-sequence host terms with no rows of their kind to fit them, set by a stated rule
+    instead of the search's arbitrary value: verify steps launch attention per sequence
+    as prefill steps do, so without verify rows the verify term is the prefill term
+    (derived); a graph runtime (decode rows only) takes both from the eager fit, since a
+    graph-capturing engine runs prefill and verify steps eagerly (derived), or 0 when no
+    eager rows exist either (not fitted)."""
+    notes = []
+    if "prefill" not in kinds:
+        c = eager.host_ms_per_prefill_seq_layer if eager else 0.0
+        spec = replace(spec, host_ms_per_prefill_seq_layer=c)
+        notes.append("host_ms_per_prefill_seq_layer " + (
+            "derived: the eager fit's (no prefill rows)" if eager else "not fitted: 0 (no prefill rows)"))
+    if "verify" not in kinds:
+        spec = replace(spec, host_ms_per_verify_seq_layer=spec.host_ms_per_prefill_seq_layer)
+        notes.append("host_ms_per_verify_seq_layer derived: = host_ms_per_prefill_seq_layer "
+                     "(no verify rows)")
+    return spec, "; ".join(notes)
 
 
 def fit_runtimes(w: TableWriter, combine: str = "max") -> dict[str, dict]:
     """runtime-eager.yaml (and runtime-graphs.yaml) fitted to the iteration grids; for a
     profile written into gpu_profiles/, also gpu_profiles/runtimes/NAME-eager.yaml.
-    `combine`: max on a GPU (host and kernels overlap), sum on the CPU (they do not)."""
+    `combine`: max on a GPU (host and kernels overlap), sum on the CPU (they do not).
+    Terms whose kind of row was not measured are set by `_unmeasured_terms`, and say so."""
     out: dict[str, dict] = {}
     load_profile(str(w.out))  # fails loudly if the tables just written do not load
+    eager: RuntimeSpec | None = None
     for mode, kinds in (("eager", ("prefill", "decode")), ("graphs", ("decode",))):
         grid = w.frame(f"iter_grid_{mode}")
         if not len(grid):
             continue
         rows = grid.to_dict("records")
         spec, table = fit(rows, str(w.out), f"{w.out.name}-{mode}", kinds=kinds, combine=combine)
+        spec, derived = _unmeasured_terms(spec, {r["kind"] for r in rows if r["kind"] in kinds},
+                                          eager)
         spec = replace(spec, description=f"{mode} reference engine on {w.out.name}",
-                       source=f"fitted by sim.runtime_fit to {w.out.name}/iter_grid_{mode}.csv")
+                       source=f"fitted by sim.runtime_fit to {w.out.name}/iter_grid_{mode}.csv"
+                       + (f"; {derived}" if derived else ""))
+        eager = spec if mode == "eager" else eager
         text = yaml.safe_dump(asdict(spec), sort_keys=False)
         (w.out / f"runtime-{mode}.yaml").write_text(text)
         if w.out.parent.resolve() == PROFILES_DIR.resolve():  # usable as `runtime: NAME-eager`

@@ -2,7 +2,8 @@
 
 1. The scenario's workload is drawn (same seed, same requests) and replayed
    through the reference engine on the device, twice (`runs`), after a short
-   warm-up run. Run 1 is "real"; run 2 shows the real run-to-run spread.
+   warm-up run and one untimed step per kernel specialisation the runs can meet
+   (`warmup.warm_kernels`). Run 1 is "real"; run 2 shows the real run-to-run spread.
 2. The same workload is simulated with the measured profile (the scenario's
    `gpu` pointed at the profile folder) and its fitted runtime
    (`<profile>/runtime-eager.yaml` unless another is given), with the same KV
@@ -41,6 +42,7 @@ from sim.workload import Workload, generate
 
 from .device import Device, pick_device, pick_dtype, quiet_gc, set_threads
 from .reference import Llama, ReferenceEngine, StepDetail, check_supported
+from .warmup import warm_kernels
 
 METRICS = [(f"{name} p{p} (ms)", key, f"p{p}", 1e3) for name, key in
            (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"))
@@ -153,6 +155,7 @@ def validate(scenario: str | Path, profile_dir: str | Path, out: str | Path, *,
     dev = Device(dev_t, pick_dtype(dtype, dev_t), seed=sc.seed)
     engine = ReferenceEngine(sc, Llama(spec, dev), kv_tokens, max_len)
     engine.run(_warmup_workload(wl), seed=sc.seed)
+    warm_kernels(engine, wl)  # every kernel specialisation the timed runs can meet
     real = []
     for _ in range(runs):
         with quiet_gc():

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import pytest
+
+from sim.latency import RUNTIMES_DIR, RuntimeSpec, StepLatency, load_runtime
+from sim.models import load_model
+from sim.profiles import load_profile
+from sim.specload import known_names
+
+SHIPPED = known_names(RUNTIMES_DIR)
+
+
+def latency(runtime: str | RuntimeSpec, model: str = "llama-3-8b") -> StepLatency:
+    rt = load_runtime(runtime) if isinstance(runtime, str) else runtime
+    return StepLatency(load_model(model), load_profile("h200-sxm"), rt)
+
+
+def test_the_serving_stacks_ship_as_runtimes():
+    assert {"vllm", "trtllm", "h200-eager-reference", "cuda-graph"} <= set(SHIPPED)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_runtime_loads_and_says_what_it_stands_on(name):
+    rt = load_runtime(name)
+    assert rt.name == name and rt.description
+    assert len(rt.source) > 20
+
+
+def test_vllm_host_cost_amortises_per_sequence_with_batch():
+    vllm, kernels = latency("vllm"), latency("cuda-graph")
+    per_seq = []
+    for n in (1, 4, 16, 64, 256):
+        host = vllm.decode(n, n * 1024) - kernels.decode(n, n * 1024)
+        assert host > 0
+        per_seq.append(host / n)
+    assert all(a > b for a, b in zip(per_seq[:-1], per_seq[1:], strict=True))
+    assert per_seq[0] >= 0.6e-3  # the serial part is never hidden behind the GPU
+    rt = load_runtime("vllm")  # on the order of 2 ms of host time per step at light load
+    light = (rt.host_ms_per_step + rt.host_ms_per_decode_seq + rt.serial_ms_per_step
+             + rt.serial_ms_per_seq)
+    assert 1.5 < light < 2.5
+
+
+def test_trtllm_host_cost_is_well_below_vllms():
+    vllm, trt, kernels = latency("vllm"), latency("trtllm"), latency("cuda-graph")
+    for n in (1, 64):
+        base = kernels.decode(n, n * 1024)
+        assert trt.decode(n, n * 1024) - base < 0.3 * (vllm.decode(n, n * 1024) - base)
+
+
+def test_step_is_the_slower_of_host_and_gpu_plus_the_serial_part():
+    rt = RuntimeSpec(name="t", host_ms_per_step=1.0, host_ms_per_decode_seq=0.5,
+                     host_ms_per_prefill_seq=2.0, serial_ms_per_step=0.25, serial_ms_per_seq=0.125)
+    lat, gpu = latency(rt, "llama-3.2-1b"), latency("cuda-graph", "llama-3.2-1b")
+    for n in (1, 8, 64):
+        g = gpu.decode(n, n * 512)
+        host = (1.0 + 0.5 * n) * 1e-3
+        assert lat.decode(n, n * 512) == pytest.approx(max(host, g) + (0.25 + 0.125 * n) * 1e-3)
+    g = gpu.prefill([(512, 0), (256, 0)])
+    assert lat.prefill([(512, 0), (256, 0)]) == pytest.approx(max(5e-3, g) + 0.5e-3)
+    g = gpu.mixed(3, 3 * 512, 512, [(128, 0)])
+    host = (1.0 + 2.0 + 1.5) * 1e-3
+    assert lat.mixed(3, 3 * 512, 512, [(128, 0)]) == pytest.approx(max(host, g) + 0.75e-3)
+
+
+def test_the_decode_step_stays_a_single_dict_hit_when_warm():
+    lat = latency("vllm")
+    first = lat.decode(32, 32 * 1000, 2000)
+    memo = len(lat._memo)
+    assert lat.decode(32, 32 * 1000, 2000) == first and len(lat._memo) == memo
