@@ -50,11 +50,12 @@ def test_compare_prints_one_column_per_scenario():
     assert header.count("quickstart") == 2
 
 
-def test_sweep_prints_one_column_per_value():
+def test_sweep_prints_one_row_per_value(tmp_path):
     r = llmsim("sweep", "scenarios/quickstart.yaml", "--field", "workload.arrival.rate",
-               "--values", "1,4", "--set", "workload.num_requests=50")
+               "--values", "1,4", "--set", "workload.num_requests=50", "--out", str(tmp_path / "s"))
     assert r.returncode == 0, r.stderr
-    assert "rate=1" in r.stdout and "rate=4" in r.stdout
+    rates = pd.read_csv(tmp_path / "s" / "results.csv")["workload.arrival.rate"].tolist()
+    assert rates == [1, 4] and "workload.arrival.rate" in r.stdout
 
 
 BAD = {
