@@ -106,7 +106,7 @@ USAGE_ERRORS = {
     "no command": ([], "the following arguments are required: cmd"),
     "unknown command": (["bogus"], "invalid choice: 'bogus'"),
     "missing value": (["run", "--set"], "run: argument --set: expected one argument"),
-    "missing required flags": (["sweep", "s.yaml"], "sweep: the following arguments are required"),
+    "missing required positional": (["sweep"], "sweep: the following arguments are required: scenario"),
     "missing positional": (["compare"], "compare: the following arguments are required: scenarios"),
     "bad choice in an added parser": (["calibrate", "--out", "x", "--device", "tpu"],
                                       "calibrate: argument --device: invalid choice: 'tpu'"),
