@@ -61,6 +61,7 @@ def cmd_plan(a) -> int:
     result = run_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
     out = write_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
     rec, check = result["recommended"], result["fleet_check"]
+    print(candidate_table(result["candidates"]) + "\n")
     if rec is None:
         print("no candidate meets the SLOs")
     else:
@@ -72,6 +73,26 @@ def cmd_plan(a) -> int:
     _maybe_report(a, out)
     print(f"wrote {out}/ (plan.json, candidates.csv, fleet_check.csv)")
     return 0
+
+
+def candidate_table(rows: list[dict]) -> str:
+    """One line per candidate, cheapest first: what one replica sustains, the fleet it
+    takes, its cost, its latency at its share of the target and what binds it."""
+    head = (f"{'candidate':30} {'req/s':>7} {'repl':>4} {'GPUs':>4} {'$/h':>7} {'$/M tok':>8} "
+            f"{'TTFT99':>7} {'TPOT99':>7}  {'binding':17} pareto")
+    lines = [head, "-" * len(head)]
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("replicas")]
+    for r in sorted(ok, key=lambda r: (r["usd_per_hour"], r["ttft_p99_at_target_s"] or 0)):
+        ttft, tpot = r.get("ttft_p99_at_target_s"), r.get("tpot_p99_at_target_s")
+        lines.append(
+            f"{r['candidate'][:30]:30} {r['sustained_rate']:7.2f} {r['replicas']:4d} {r['gpus']:4d} "
+            f"{r['usd_per_hour']:7.2f} {r['usd_per_m_output_tokens']:8.3f} "
+            f"{'-' if ttft is None else f'{ttft:.3f}':>7} {'-' if tpot is None else f'{tpot:.3f}':>7}  "
+            f"{str(r.get('binding') or '-')[:17]:17} {'*' if r.get('pareto') else ''}")
+    for r in rows:
+        if r not in ok:
+            lines.append(f"{r['candidate'][:30]:30} skipped: {r.get('note') or r.get('status')}")
+    return "\n".join(lines)
 
 
 def _maybe_report(a, folder: Path) -> None:
