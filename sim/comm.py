@@ -18,6 +18,16 @@ lookups of `sim/profiles.py`:
 
   B is NCCL's "bus bandwidth" (algorithm bandwidth × 2(n−1)/n), which sits well
   below the datasheet link rate; each profile says which B it uses and why.
+- custom (runtime `custom_all_reduce: true`): production stacks (vLLM since PR #2192,
+  TensorRT-LLM's all-reduce plugin, SGLang) reduce small messages over NVLink with
+  their own one-shot / two-shot kernels, whose latency hardly grows with the GPU count,
+  and fall back to NCCL above a size limit (vLLM: 8 MiB). The profile's
+  `interconnect.custom_all_reduce` states it as a two-shot α–β term,
+
+      custom all-reduce of S ≤ max_bytes on n GPUs:  α_c + 2(n−1)/n · S / B_c
+
+  (`analytic`), used when it is faster than the NCCL estimate; stacks without it (the
+  eager reference) always use NCCL.
 """
 
 from __future__ import annotations
@@ -34,6 +44,16 @@ VIDUR_ALL_REDUCE = {"size": int, "num_workers": int, "devices_per_node": int,
 
 
 @dataclass(frozen=True)
+class CustomAllReduce:
+    """profile.yaml `interconnect.custom_all_reduce` — a stack's NVLink all-reduce kernel."""
+
+    latency_us: float = field(metadata={"ge": 0})  # α_c: a small message, flat in GPU count
+    bus_gbs: float = field(metadata=_POSITIVE)  # B_c of the two-shot term
+    max_bytes: int = field(default=8 * 2**20, metadata=_POSITIVE)  # NCCL above this
+    source: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Interconnect:
     """profile.yaml `interconnect:` — the GPU-to-GPU link inside one node."""
 
@@ -43,6 +63,7 @@ class Interconnect:
     latency_us: float = field(metadata={"ge": 0})  # α: per ring step
     gpus_per_node: int = field(default=8, metadata=_POSITIVE)  # largest tensor-parallel group
     all_reduce_table: str | None = None  # CSV in the profile folder (Vidur's columns)
+    custom_all_reduce: CustomAllReduce | None = None  # stacks' own kernel (runtime switch)
     source: tuple[str, ...] = ()
 
 
@@ -78,13 +99,29 @@ class Collectives:
         return ((gpus - 1) / gpus * nbytes / (link.bus_gbs * 1e6)
                 + (gpus - 1) * link.latency_us * 1e-3)
 
-    def all_reduce(self, nbytes: int, gpus: int) -> tuple[float, str]:
-        """An all-reduce of `nbytes` (each GPU's buffer) over `gpus` GPUs of one node."""
+    def all_reduce(self, nbytes: int, gpus: int, custom: bool = False) -> tuple[float, str]:
+        """An all-reduce of `nbytes` (each GPU's buffer) over `gpus` GPUs of one node;
+        `custom`: the stack's own small-message kernel where the link states one."""
         if gpus == 1:
             return 0.0, ANALYTIC
         if self._table is not None:
-            return self._table.lookup(nbytes, gpus)
-        return self.ring_all_reduce(nbytes, gpus), ANALYTIC
+            ms, tag = self._table.lookup(nbytes, gpus)
+        else:
+            ms, tag = self.ring_all_reduce(nbytes, gpus), ANALYTIC
+        if custom:
+            fast = self.custom_all_reduce(nbytes, gpus)
+            if fast is not None and fast < ms:
+                return fast, ANALYTIC
+        return ms, tag
+
+    def custom_all_reduce(self, nbytes: float, gpus: float) -> float | None:
+        """The stack's own all-reduce kernel, ms; None above its size limit or where the
+        link states none (PCIe without peer access: NCCL)."""
+        kernel = self._link().custom_all_reduce
+        if kernel is None or nbytes > kernel.max_bytes:
+            return None
+        return (kernel.latency_us * 1e-3
+                + 2 * (gpus - 1) / gpus * nbytes / (kernel.bus_gbs * 1e6))
 
     def all_gather(self, nbytes: int, gpus: int) -> tuple[float, str]:
         """An all-gather producing `nbytes` on every GPU (α–β; no measured table)."""

@@ -87,6 +87,8 @@ class RuntimeSpec:
     # is seen in a run: per-shape plan building / kernel specialisation (sim/logfit.py)
     serial_ms_per_new_prefill_shape: float = field(default=0.0, metadata={"ge": 0})
     jitter: JitterSpec | None = None  # step-time jitter (sim/jitter.py); None: deterministic
+    # the stack reduces small messages with its own NVLink kernel (sim/comm.py), not NCCL
+    custom_all_reduce: bool = False
     source: str = ""
 
 
@@ -173,7 +175,8 @@ class StepLatency:
         for op, width in (("rmsnorm", m.hidden), ("embedding", m.hidden)):
             parts.append(p.elementwise(op, T, width))
         if self.tensor > 1:
-            ms, tag = p.comm.all_reduce(T * m.hidden * BF16, self.tensor)
+            ms, tag = p.comm.all_reduce(T * m.hidden * BF16, self.tensor,
+                                        custom=self.rt.custom_all_reduce)
             parts.append(((2 * L + 1) * ms, tag))
         return parts
 

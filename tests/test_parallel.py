@@ -112,12 +112,57 @@ def test_a100_all_reduce_lookups_hit_the_measured_table():
     assert comm.all_reduce(2 * big, 8)[1] == "extrapolated"
 
 
+def test_custom_all_reduce_is_flat_in_gpu_count_for_small_messages_and_nccl_above_its_limit():
+    for gpu in ("a100-80gb", "h100-sxm", "h200-sxm"):
+        comm = load_profile(gpu).comm
+        kernel = comm.link.custom_all_reduce
+        small = 8 * 4096 * 2  # a batch-8 decode step of a 4096-wide model
+        times = [comm.all_reduce(small, n, custom=True)[0] for n in (2, 4, 8)]
+        assert max(times) - min(times) < 0.2 * kernel.latency_us * 1e-3
+        assert times[-1] == pytest.approx(kernel.latency_us * 1e-3 + 2 * 7 / 8 * small / (kernel.bus_gbs * 1e6))
+        for n in (2, 4, 8):  # never slower than NCCL: the stack picks the faster
+            assert comm.all_reduce(small, n, custom=True)[0] <= comm.all_reduce(small, n)[0]
+        above = kernel.max_bytes + 2
+        assert comm.all_reduce(above, 8, custom=True) == comm.all_reduce(above, 8)
+    ring = load_profile("h100-sxm").comm.all_reduce(small, 8)[0]
+    assert ring > 4 * load_profile("h100-sxm").comm.all_reduce(small, 8, custom=True)[0]
+
+
+def test_a_link_without_a_custom_kernel_always_uses_nccl():
+    comm = load_profile("l40s").comm
+    assert comm.link.custom_all_reduce is None
+    assert comm.all_reduce(65536, 4, custom=True) == comm.all_reduce(65536, 4)
+
+
+def test_only_runtimes_that_say_so_use_the_custom_all_reduce():
+    m, p = load_model("llama-2-7b"), load_profile("h100-sxm")
+    flags = {name: load_runtime(name).custom_all_reduce
+             for name in ("vllm", "trtllm", "trtllm-python", "cuda-graph", "h200-eager-reference")}
+    assert flags == {"vllm": True, "trtllm": True, "trtllm-python": True, "cuda-graph": True,
+                     "h200-eager-reference": False}
+    fast = StepLatency(m, p, load_runtime("cuda-graph"), tensor=8).dense_ms(1)
+    nccl = dataclasses.replace(load_runtime("cuda-graph"), custom_all_reduce=False)
+    slow = StepLatency(m, p, nccl, tensor=8).dense_ms(1)
+    ar_fast = p.comm.all_reduce(m.hidden * 2, 8, custom=True)[0]
+    ar_slow = p.comm.all_reduce(m.hidden * 2, 8)[0]
+    assert slow - fast == pytest.approx((2 * m.layers + 1) * (ar_slow - ar_fast))
+
+
+def test_small_batch_decode_gets_faster_from_tp4_to_tp8_with_custom_all_reduce():
+    """NeMo's published Llama-2-7B figures on H100 get faster from TP 4 to TP 8 at batch 1
+    and 8; with NCCL-ring all-reduces (2(n-1) latency steps) the step model got slower."""
+    m, p, rt = load_model("llama-2-7b"), load_profile("h100-sxm"), load_runtime("trtllm")
+    for batch in (1, 8):
+        tp4, tp8 = (StepLatency(m, p, rt, tensor=t).decode(batch, batch * 160, 160) for t in (4, 8))
+        assert tp8 < tp4
+
+
 def test_tp_step_pays_two_all_reduces_per_layer_plus_the_embeddings():
     m, p, rt = load_model("llama-2-70b"), load_profile("a100-80gb"), load_runtime("cuda-graph")
     lat = StepLatency(m, p, rt, tensor=4)
     tokens = 512
     comm_part = lat._dense_lookup(tokens)[-1]
-    ms, tag = p.comm.all_reduce(tokens * m.hidden * 2, 4)
+    ms, tag = p.comm.all_reduce(tokens * m.hidden * 2, 4, custom=rt.custom_all_reduce)
     assert comm_part == ((2 * m.layers + 1) * ms, tag)
     assert len(StepLatency(m.shard(1), p, rt)._dense_lookup(tokens)) == len(lat._dense_lookup(tokens)) - 1
 

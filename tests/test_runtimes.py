@@ -68,3 +68,15 @@ def test_the_decode_step_stays_a_single_dict_hit_when_warm():
     first = lat.decode(32, 32 * 1000, 2000)
     memo = len(lat._memo)
     assert lat.decode(32, 32 * 1000, 2000) == first and len(lat._memo) == memo
+
+
+def test_python_generation_loop_pays_its_host_cost_serially():
+    """trtllm-python: the vllm runtime's host cost per step and per sequence, none of it
+    overlapped (the loop reads the stop flag back from the GPU every step)."""
+    vllm, py = load_runtime("vllm"), load_runtime("trtllm-python")
+    assert py.serial_ms_per_step == pytest.approx(vllm.host_ms_per_step + vllm.serial_ms_per_step)
+    assert py.serial_ms_per_seq == pytest.approx(vllm.host_ms_per_decode_seq + vllm.serial_ms_per_seq)
+    lat, kernels = latency("trtllm-python"), latency("cuda-graph")
+    for n in (1, 8, 64):
+        gap = lat.decode(n, n * 512, 512) - kernels.decode(n, n * 512, 512)
+        assert gap * 1e3 == pytest.approx(py.serial_ms_per_step + n * py.serial_ms_per_seq)
