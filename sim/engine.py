@@ -195,7 +195,7 @@ def replica(env: simpy.Environment, node: Node, progress=None):
             rep.end_of_step()
         if node.room is not None:
             node.stepped()
-        if progress is not None and len(log) % 2000 == 0:
+        if progress is not None and len(log.t_end) % 2000 == 0:
             progress(env.now)
 
 

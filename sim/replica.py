@@ -31,9 +31,7 @@ def _ints() -> array:
 
 @dataclass
 class StepLog:
-    """Column arrays, one entry per iteration (8 bytes an entry). Rows arrive as tuples
-    and move into the columns a few thousand at a time (`flush`): one list append per
-    step on the hot path instead of seven array appends."""
+    """Column arrays, one entry per iteration (cheap appends, 8 bytes an entry)."""
 
     t_start: array = field(default_factory=_floats)
     t_end: array = field(default_factory=_floats)
@@ -42,25 +40,6 @@ class StepLog:
     num_tokens: array = field(default_factory=_ints)
     kv_blocks_used: array = field(default_factory=_ints)
     kv_tokens: array = field(default_factory=_ints)
-    pending: list[tuple] = field(default_factory=list, repr=False)  # rows not yet in columns
-
-    def add(self, row: tuple) -> None:
-        """One iteration: (t_start, t_end, kind, num_seqs, num_tokens, kv_blocks_used, kv_tokens)."""
-        pending = self.pending
-        pending.append(row)
-        if len(pending) >= 4096:
-            self.flush()
-
-    def flush(self) -> None:
-        if self.pending:
-            columns = (self.t_start, self.t_end, self.kind, self.num_seqs, self.num_tokens,
-                       self.kv_blocks_used, self.kv_tokens)
-            for column, values in zip(columns, zip(*self.pending, strict=True), strict=True):
-                column.extend(values)
-            self.pending.clear()
-
-    def __len__(self) -> int:
-        return len(self.t_start) + len(self.pending)
 
 
 @dataclass
@@ -81,7 +60,6 @@ class ReplicaResult:
 
     @classmethod
     def of(cls, rep: Replica) -> ReplicaResult:
-        rep.log.flush()
         cfg = rep.config
         return cls(rep.name, rep.index, cfg.group if cfg else "", cfg.role if cfg else "both",
                    cfg.profile.name if cfg else "", rep.log, rep.st.kv, rep.swap_bytes,
@@ -457,11 +435,17 @@ class Replica:
         self.st.batch.clear_padding()
 
     def record(self, t0: float, t1: float, kind: int, seqs: int, tokens: int) -> None:
-        st = self.st
-        held = st.batch.kv_tokens() + self.outside_tokens
-        if st.prefix is not None:  # a shared block holds its tokens once
-            held -= st.prefix.extra_refs * st.prefix.hash_tokens
-        self.log.add((t0, t1, kind, seqs, tokens, st.kv.used_blocks, held))
+        log, b = self.log, self.st.batch
+        log.t_start.append(t0)
+        log.t_end.append(t1)
+        log.kind.append(kind)
+        log.num_seqs.append(seqs)
+        log.num_tokens.append(tokens)
+        log.kv_blocks_used.append(self.st.kv.used_blocks)
+        tokens = b.kv_tokens() + self.outside_tokens
+        if self.st.prefix is not None:  # a shared block holds its tokens once
+            tokens -= self.st.prefix.extra_refs * self.st.prefix.hash_tokens
+        log.kv_tokens.append(tokens)
 
     # ---- one plan, start to finish (the engine and the reference engine both use these) --
     def start(self, plan: StepPlan, now: float) -> Step | None:
