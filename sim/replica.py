@@ -11,87 +11,17 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .batch import FINISHED, REJECTED, SWAPPED, TRANSFERRING, WAITING, Seq
-from .kv import ContiguousKV, PagedKV
+from .kv import ContiguousKV
 from .latency import StepLatency
+from .results import ReplicaResult, RunResult, StepLog
 from .router import ReplicaLoad
 from .scheduler import DECODE, IDLE, ReplicaState, StaticPolicy, StepPlan
 from .speculative import SpecBatch
 
-
-def _floats() -> array:
-    return array("d")
-
-
-def _ints() -> array:
-    return array("q")
-
-
-@dataclass
-class StepLog:
-    """Column arrays, one entry per iteration (cheap appends, 8 bytes an entry)."""
-
-    t_start: array = field(default_factory=_floats)
-    t_end: array = field(default_factory=_floats)
-    kind: array = field(default_factory=_ints)  # 0 prefill, 1 decode, 2 verify, 3 mixed
-    num_seqs: array = field(default_factory=_ints)
-    num_tokens: array = field(default_factory=_ints)
-    kv_blocks_used: array = field(default_factory=_ints)
-    kv_tokens: array = field(default_factory=_ints)
-
-
-@dataclass
-class ReplicaResult:
-    """What one replica leaves behind after a run."""
-
-    name: str
-    index: int
-    group: str
-    role: str
-    gpu: str
-    steps: StepLog
-    kv: PagedKV
-    swap_bytes: float = 0.0
-    transfer_bytes: float = 0.0
-    prefix_cache: dict | None = None
-    speculator: object | None = None  # sim.speculative.Speculator, when speculating
-
-    @classmethod
-    def of(cls, rep: Replica) -> ReplicaResult:
-        cfg = rep.config
-        return cls(rep.name, rep.index, cfg.group if cfg else "", cfg.role if cfg else "both",
-                   cfg.profile.name if cfg else "", rep.log, rep.st.kv, rep.swap_bytes,
-                   rep.transfer_bytes,
-                   rep.st.prefix.summary() if rep.st.prefix is not None else None,
-                   rep.speculator)
-
-
-@dataclass
-class RunResult:
-    seqs: list[Seq]
-    replicas: list[ReplicaResult]
-    itl_gaps: array
-    itl_weights: array
-    end_time: float
-
-    @property
-    def kv(self) -> PagedKV:
-        """The KV manager of a one-replica run (fleets: see `replicas`)."""
-        if len(self.replicas) != 1:
-            raise ValueError("a fleet has one KV manager per replica: use .replicas[i].kv")
-        return self.replicas[0].kv
-
-    @property
-    def steps(self) -> StepLog:
-        if len(self.replicas) != 1:
-            raise ValueError("a fleet has one step log per replica: use .replicas[i].steps")
-        return self.replicas[0].steps
-
-    @property
-    def swap_bytes(self) -> float:
-        return sum(r.swap_bytes for r in self.replicas)
+__all__ = ["Replica", "ReplicaResult", "RunResult", "Step", "StepLog"]
 
 
 @dataclass(slots=True)
