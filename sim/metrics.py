@@ -140,18 +140,22 @@ def _stats(x: np.ndarray) -> dict[str, float | None]:
 
 
 def weighted_stats(values, weights) -> dict[str, float | None]:
+    """Mean and percentiles of values repeated by integer weights (ITL's gaps); one sort,
+    a few temporaries the size of the input."""
     v = np.asarray(values, dtype=float)
-    w = np.asarray(weights, dtype=float)
-    keep = w > 0
-    v, w = v[keep], w[keep]
+    w = np.asarray(weights)
+    if len(w) and w.min() <= 0:
+        keep = w > 0
+        v, w = v[keep], w[keep]
     if len(v) == 0:
         return {"mean": None, **{f"p{p}": None for p in PCTS}}
+    total = float(w.sum())
+    out: dict[str, float | None] = {"mean": float((v * w).sum() / total)}
     order = np.argsort(v)  # ties need no order: a percentile picks among equal values
-    v, w = v[order], w[order]
-    cum = np.cumsum(w)
-    out: dict[str, float | None] = {"mean": float((v * w).sum() / cum[-1])}
+    cum = w[order]
+    np.cumsum(cum, out=cum)
     for p in PCTS:
-        out[f"p{p}"] = float(v[min(np.searchsorted(cum, p / 100 * cum[-1]), len(v) - 1)])
+        out[f"p{p}"] = float(v[order[min(np.searchsorted(cum, p / 100 * cum[-1]), len(v) - 1)]])
     return out
 
 
@@ -172,21 +176,25 @@ def _replica_codes(req, res: RunResult, name: str = "replica") -> np.ndarray:
 
 
 class StepSums:
-    """One replica's step figures, summed from its step log in one pass of numpy."""
+    """One replica's step figures, summed from its step log a block of rows at a time
+    (numpy, no copy of the log; temporaries bounded by BLOCK rows)."""
+
+    BLOCK = 1 << 20
 
     def __init__(self, rep: ReplicaResult):
         log = rep.steps
-        t0, t1 = _log_column(log, "t_start"), _log_column(log, "t_end")
-        dur = t1 - t0
-        used = _log_column(log, "kv_blocks_used").astype(float)
-        self.n = len(dur)
-        self.by_kind = np.bincount(_log_column(log, "kind"), minlength=len(KIND_NAMES))
-        self.busy = float(dur.sum())
-        # products summed, not np.dot: BLAS threads cost more than they save here
-        self.seqs_dur = float((_log_column(log, "num_seqs") * dur).sum())
-        self.used_dur = float((used * dur).sum())  # block-seconds
-        self.used_peak = float(used.max()) if self.n else 0.0
-        self.toks_dur = float((_log_column(log, "kv_tokens") * dur).sum())
+        cols = {c: _log_column(log, c) for c in LOG_COLUMNS}
+        self.n = len(cols["t_start"])
+        self.by_kind = np.bincount(cols["kind"], minlength=len(KIND_NAMES))
+        self.busy = self.seqs_dur = self.used_dur = self.toks_dur = self.used_peak = 0.0
+        for lo in range(0, self.n, self.BLOCK):
+            part = {c: v[lo:lo + self.BLOCK] for c, v in cols.items()}
+            dur = part["t_end"] - part["t_start"]
+            self.busy += float(dur.sum())
+            self.seqs_dur += float((part["num_seqs"] * dur).sum())
+            self.used_dur += float((part["kv_blocks_used"] * dur).sum())  # block-seconds
+            self.toks_dur += float((part["kv_tokens"] * dur).sum())
+            self.used_peak = max(self.used_peak, float(part["kv_blocks_used"].max()))
         self.num_blocks = rep.kv.num_blocks
         self.block_size = rep.kv.block_size
 
