@@ -110,8 +110,12 @@ class RunningBatch:
         """KV blocks a paged member holds between steps."""
         return -(-(s.prompt + self.generated(s) - 1) // self.bs)
 
-    def new_blocks_needed(self) -> int:
-        """Blocks the next decode step must allocate (paged)."""
+    def lookahead(self) -> int:
+        """Slots a decode step writes per sequence."""
+        return 1
+
+    def new_blocks_needed(self, lookahead: int = 0) -> int:
+        """Blocks the next decode step must allocate (paged; the lookahead is always 1)."""
         return self.phase[self.D % self.bs] if self.paged else 0
 
     def needs_block(self, s: Seq) -> bool:

@@ -11,6 +11,7 @@ engine. The runner, `llmsim validate`, the benchmarks and the fleet all come her
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,9 +164,9 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
                          swap_free_blocks=cfg.swap_blocks,
                          reserve_max_model_len=sc.kv.reserve == "max_model_len")
     if sc.kv.prefix_caching and prefix_tokens is not None and paged:
-        hash_bytes = cfg.kv_bytes_per_token * prefix_tokens
-        state.prefix = PrefixCache(kv, prefix_tokens,
-                                   int(sc.kv.prefix_cache_host_gib * 1024**3 // hash_bytes))
+        unit = math.lcm(prefix_tokens, kv.block_size)  # whole KV blocks (sim/prefix.regroup)
+        state.prefix = PrefixCache(kv, unit, int(sc.kv.prefix_cache_host_gib * 1024**3
+                                                 // (cfg.kv_bytes_per_token * unit)))
     latency = jittered(cfg.latency, sc.seed if seed is None else seed, index)
     rep = Replica(state, policy, latency, cfg.kv_bytes_per_token,
                   cfg.profile.facts.pcie_gbs * 1e9)

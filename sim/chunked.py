@@ -9,9 +9,10 @@ prompt. Decode growth that cannot get a block preempts the newest request
 
 from __future__ import annotations
 
+from .batch import Seq
 from .kv import PagedKV
 from .scenario import SchedulerSpec
-from .scheduler import IDLE, ReplicaState, StepPlan, never_fits
+from .scheduler import IDLE, ReplicaState, StepPlan, never_fits, resumed
 
 
 class ChunkedPolicy:
@@ -43,7 +44,7 @@ class ChunkedPolicy:
             free -= blocks
         seqs = len(batch) + len(st.prefilling) - len(gone)
         for s in st.waiting if not plan.preempt else ():
-            reason = never_fits(st, s, st.max_model_len)
+            reason = never_fits(st, s, st.max_model_len) or self.first_chunk_never_fits(st, s)
             if reason:
                 plan.reject.append(s)
                 plan.reasons.append(reason)
@@ -56,6 +57,11 @@ class ChunkedPolicy:
                 blocks = st.prefix.admission_blocks(s, h, cached + q)
             else:
                 blocks = kv.blocks_for(cached + q)
+            if free - blocks < self.watermark and h and not seqs:
+                # the cached prefix's blocks do not fit, and nothing else runs that could
+                # free any: start from scratch (its first chunk fits, or it was rejected)
+                h, cached, q = 0, 0, min(s.tokens_to_prefill, budget)
+                blocks = kv.blocks_for(q)
             if free - blocks < self.watermark:
                 break
             plan.prefill.append(s)
@@ -70,6 +76,16 @@ class ChunkedPolicy:
                 plan.preempt.append(stuck[-1])
             plan.kind = "reject" if plan.reject else ("preempt" if plan.preempt else "idle")
         return plan
+
+    def first_chunk_never_fits(self, st: ReplicaState, s: Seq) -> str:
+        """Why the first chunk of `s` cannot be admitted even into an empty replica, whose
+        whole token budget it gets, for want of blocks above the watermark ("" if it can)."""
+        first = st.kv.blocks_for(min(s.tokens_to_prefill, self.spec.max_num_batched_tokens))
+        room = st.kv.num_blocks - self.watermark
+        if first <= room:
+            return ""
+        return resumed(s, f"its first prefill chunk needs {first} KV blocks, more than the {room} "
+                          f"an empty cache offers above its watermark")
 
     @staticmethod
     def preempt(st: ReplicaState, plan: StepPlan, free: int, need: int) -> tuple[int, int]:

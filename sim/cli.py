@@ -1,4 +1,4 @@
-"""Command line: `llmsim run | compare | sweep | models | gpus` (also `python -m sim`)."""
+"""Command line: `llmsim run | compare | sweep | curve | plan | report | models | gpus` (also `python -m sim`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import NoReturn
 
 from .specload import SpecError, parse_cli_value
 
@@ -110,6 +111,10 @@ def cmd_run(a) -> int:
     check_out_dir(dest)  # before the simulation, not after it
     out = run(sc, progress=not a.no_progress and sys.stderr.isatty())
     out.write(dest, plots=a.plots, fmt=a.format)
+    if a.trace_out:
+        from .perfetto import replica_parts, write_trace
+
+        write_trace(a.trace_out, replica_parts(out.steps, out.requests))
     print(table([out.scenario.name], [out.summary]))
     if out.summary.get("per_replica"):
         print("\n" + replica_table(out.summary["per_replica"]))
@@ -142,15 +147,6 @@ def cmd_compare(a) -> int:
     return _run_and_print([sc.name for sc in scs], scs, a)
 
 
-def cmd_sweep(a) -> int:
-    from .scenario import load_scenario
-
-    values = [parse_cli_value(v, f"--values {a.field}") for v in a.values.split(",")]
-    base = _parse_sets(a.set)
-    scs = [load_scenario(a.scenario, {**base, a.field: v}) for v in values]
-    return _run_and_print([f"{a.field.split('.')[-1]}={v}" for v in values], scs, a)
-
-
 def cmd_models(a) -> int:
     from .models import known_models, load_model
 
@@ -179,9 +175,19 @@ def cmd_gpus(a) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error (unknown flag, missing argument, bad choice) is one line on stderr,
+    `llmsim: error: [<subcommand>: ]<what>`, and exit status 2; `--help` is unchanged."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        self.exit(2, f"llmsim: error: {where}{' '.join(message.split())}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="llmsim", description="Simulate LLM inference serving.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    ap = OneLineParser(prog="llmsim", description="Simulate LLM inference serving.")
+    # every parser made from `sub` (here and in the add_parsers of other modules) is one
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
     def common(p, out_help: str) -> None:
         p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                        help="override a scenario field (repeatable)")
@@ -195,17 +201,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("scenario", nargs="?", default=str(DEFAULT_SCENARIO))
     common(r, "output folder (default runs/<scenario name>)")
     r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--trace-out", metavar="TRACE.json", help="also write a Perfetto/Chrome trace")
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("compare", help="simulate several scenarios and print them side by side")
     c.add_argument("scenarios", nargs="+")
     common(c, "also write each run's outputs under this folder")
     c.set_defaults(fn=cmd_compare)
-    s = sub.add_parser("sweep", help="run one scenario for several values of one field")
-    s.add_argument("scenario")
-    s.add_argument("--field", required=True, help="dotted field path, e.g. workload.arrival.rate")
-    s.add_argument("--values", required=True, help="comma-separated values, e.g. 1,2,4,8")
-    common(s, "also write each run's outputs under this folder")
-    s.set_defaults(fn=cmd_sweep)
+    from .planning_cli import add_parsers as add_planning_parsers
+
+    add_planning_parsers(sub)  # sweep, curve, plan, report
     from .calibrate.cli import add_parsers as add_calibrate_parsers
 
     add_calibrate_parsers(sub)  # calibrate, validate (torch imported only when they run)

@@ -20,15 +20,15 @@ import simpy
 
 from .batch import REJECTED, Seq
 from .cluster import Link
+from .prefix import regroup
 from .replica import Replica, ReplicaResult, RunResult
-from .router import RandomRouter, ReplicaLoad, RoundRobin
 from .workload import Workload
 
 
 class Node:
     """The engine's handle on one replica: its SimPy wake-up and what waits for its room."""
 
-    __slots__ = ("rep", "wake", "room", "transfers", "link_wake", "sent", "received")
+    __slots__ = ("rep", "wake", "room", "transfers", "link_wake")
 
     def __init__(self, rep: Replica):
         self.rep = rep
@@ -36,8 +36,6 @@ class Node:
         self.room: simpy.Event | None = None   # a KV link waits on this for free blocks
         self.transfers: deque[tuple[Seq, Node]] = deque()  # decode side: KV moves queued
         self.link_wake: simpy.Event | None = None
-        self.sent = 0       # requests the router dispatched here
-        self.received = 0   # prefills handed over to this (decode) replica
 
     def poke(self) -> None:
         if self.wake is not None and not self.wake.triggered:
@@ -59,10 +57,9 @@ class Fleet:
         self.front = [n for n in self.nodes if n.rep.config is None or n.rep.config.role != "decode"]
         self.back = [n for n in self.nodes if n.rep.config is not None and n.rep.config.role == "decode"]
         self.router, self.decode_router, self.link = router, decode_router, link
-        self.loads = [ReplicaLoad() for _ in self.front]
-        self.back_loads = [ReplicaLoad() for _ in self.back]
+        self.loads = [n.rep.load for n in self.front]
+        self.back_loads = [n.rep.load for n in self.back]
         self.fresh_reports = True  # staleness 0: refresh reported loads at every choice
-        self.needs_loads = not isinstance(router, _BLIND)
         self.rejected_at_handoff = 0
         for n in self.front:
             if self.back:
@@ -74,30 +71,25 @@ class Fleet:
         if len(self.front) == 1:
             i = 0
         else:
-            if self.needs_loads:
-                self._refresh(self.front, self.loads, self.fresh_reports)
+            if self.fresh_reports and self.router.uses_reports:
+                self.report(self.front)
             i = self.router.choose(s.prefix[0] if s.prefix else None, self.loads)
         node = self.front[i]
-        node.sent += 1
-        s.replica = node.rep.index
+        rep = node.rep
+        rep.load.outstanding += 1
+        s.replica = rep.index
+        if rep.prefix_view is not None:
+            s.prefix = rep.prefix_view[s.rid]
         node.rep.st.waiting.append(s)
         node.poke()
 
-    @staticmethod
-    def _refresh(nodes: list[Node], loads: list[ReplicaLoad], reported: bool) -> None:
-        for n, load in zip(nodes, loads, strict=True):
+    def report(self, nodes: list[Node] | None = None) -> None:
+        """Replicas report their queue and KV use (the part of the router's view that can
+        be stale; outstanding counts are the router's own and always current)."""
+        for n in self.nodes if nodes is None else nodes:
             rep = n.rep
-            load.outstanding = n.sent + n.received - rep.done - rep.handed_over
-            if reported:
-                load.waiting = len(rep.st.waiting)
-                load.kv_used = rep.st.kv.used_blocks / rep.st.kv.num_blocks
-
-    def report(self) -> None:
-        """Every replica reports its queue and KV use (the stale part of the router's view)."""
-        for nodes, loads in ((self.front, self.loads), (self.back, self.back_loads)):
-            for n, load in zip(nodes, loads, strict=True):
-                load.waiting = len(n.rep.st.waiting)
-                load.kv_used = n.rep.st.kv.used_blocks / n.rep.st.kv.num_blocks
+            rep.load.waiting = len(rep.st.waiting)
+            rep.load.kv_used = rep.st.kv.used_blocks / rep.st.kv.num_blocks
 
     # ---- disaggregated hand-off ----------------------------------------------------------
     def _handoff_from(self, src: Node):
@@ -111,19 +103,18 @@ class Fleet:
                 s.reject_reason = (f"its prompt's KV ({need} blocks) is larger than any decode "
                                    "replica's cache")
                 src.rep.done += 1
+                src.rep.load.outstanding -= 1
                 self.rejected_at_handoff += 1
                 return
-            self._refresh(self.back, self.back_loads, self.fresh_reports)
+            if self.fresh_reports and self.decode_router.uses_reports:
+                self.report(self.back)
             loads = [self.back_loads[i] for i in fits]
             dst = self.back[fits[self.decode_router.choose(None, loads)]]
-            dst.received += 1
+            dst.rep.load.outstanding += 1
             dst.transfers.append((s, src))
             if dst.link_wake is not None and not dst.link_wake.triggered:
                 dst.link_wake.succeed()
         return handoff
-
-
-_BLIND = (RoundRobin, RandomRouter)  # routers that look at no load
 
 
 def arrivals(env: simpy.Environment, fleet: Fleet, seqs: list[Seq]):
@@ -228,16 +219,34 @@ def make_seqs(workload: Workload, max_model_len: int) -> list[Seq]:
     return seqs
 
 
+def prefix_views(workload: Workload, replicas: list[Replica]) -> None:
+    """Give each prefix-caching replica whose KV block does not divide the workload's
+    prefix-hash block the hashes regrouped into whole KV blocks (`sim/prefix.regroup`);
+    a request dispatched there carries that replica's view of its prefix."""
+    if workload.prefix_hashes is None:
+        return
+    views: dict[int, tuple] = {}
+    for r in replicas:
+        cache = r.st.prefix
+        if cache is None or cache.hash_tokens == workload.block_tokens:
+            continue
+        if cache.hash_tokens not in views:
+            views[cache.hash_tokens] = regroup(workload.prefix_hashes, workload.block_tokens,
+                                               r.st.kv.block_size)[0]
+        r.prefix_view = views[cache.hash_tokens]
+
+
 def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode_router=None,
              link: Link | None = None, staleness_s: float = 0.0, progress=None) -> RunResult:
     """Replay `workload` through the replicas; every request ends finished or rejected."""
     max_len = min(r.st.max_model_len for r in replicas)
     seqs = make_seqs(workload, max_len)
+    prefix_views(workload, replicas)
     env = simpy.Environment()
     fleet = Fleet(env, replicas, router, decode_router=decode_router, link=link)
     fleet.fresh_reports = staleness_s == 0
     finished = [False]
-    if staleness_s > 0 and len(fleet.front) > 1 and fleet.needs_loads:
+    if staleness_s > 0 and len(fleet.front) > 1 and fleet.router.uses_reports:
         # reports first: a report and an arrival at the same instant see the state before it
         env.process(reporter(env, fleet, staleness_s, finished))
 
@@ -255,6 +264,8 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     done = sum(r.done for r in replicas)
     if done != len(seqs):
         raise RuntimeError(f"simulation ended with {len(seqs) - done} requests unaccounted for")
+    for r in replicas:
+        r.check_conserved()
     gaps, weights = array("d"), array("q")
     for r in replicas:
         gaps.extend(r.gaps)

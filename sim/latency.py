@@ -46,7 +46,7 @@ from typing import Literal
 from .jitter import JitterSpec
 from .models import ModelSpec
 from .profiles import ANALYTIC, BF16, DERIVED, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
-from .specload import ROOT, SpecError, build, known_names, load_yaml
+from .specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
 
 TAGS = (EXACT, INTERPOLATED, DERIVED, EXTRAPOLATED, ANALYTIC)
 _TAG_INDEX = {t: i for i, t in enumerate(TAGS)}
@@ -96,15 +96,15 @@ def load_runtime(name: str, *, file=None, path: str = "runtime",
     (relative paths from the scenario's folder, then the current one)."""
     if name.endswith((".yaml", ".yml")):
         f = Path(name)
-        if not f.is_absolute() and base_dir and (Path(base_dir) / f).is_file():
+        if not f.is_absolute() and base_dir and is_file(Path(base_dir) / f):
             f = Path(base_dir) / f
-        if not f.is_file():
-            raise SpecError(file, path, f"file not found: '{name}'")
+        if not is_file(f):
+            raise SpecError(file, path, f"file not found: {show(name)}")
         return build(RuntimeSpec, load_yaml(f), file=f)
+    known = known_names(RUNTIMES_DIR)
+    if name not in known:
+        raise SpecError(file, path, f"unknown {show(name)} (known: {', '.join(known)})")
     f = RUNTIMES_DIR / f"{name}.yaml"
-    if not f.is_file():
-        known = ", ".join(known_names(RUNTIMES_DIR))
-        raise SpecError(file, path, f"unknown '{name}' (known: {known})")
     return build(RuntimeSpec, load_yaml(f), file=f)
 
 

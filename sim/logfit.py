@@ -46,7 +46,7 @@ from .latency import RuntimeSpec, StepLatency
 from .models import ModelSpec
 from .profiles import GPUProfile
 from .runtime_fit import _search
-from .specload import SpecError
+from .specload import SpecError, is_file
 
 STEP_LOG_COLUMNS = ["t_start", "t_end", "kind", "num_seqs", "num_tokens", "sum_ctx", "free_blocks"]
 REQUEST_LOG_COLUMNS = ["id", "arrival_s", "prompt_tokens", "output_tokens", "admitted_s",
@@ -58,7 +58,7 @@ IDLE_GAP_S = 1e-3
 
 def _read(path: str | Path, columns: list[str]) -> pd.DataFrame:
     p = Path(path)
-    if not p.is_file():
+    if not is_file(p):
         raise SpecError(p, "", "file not found")
     try:
         df = pd.read_csv(p)

@@ -13,10 +13,10 @@ without biases (SwiGLU when `gated_mlp`), a final norm and an LM head.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sim.filecache import FileCache
 from sim.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
 
 MODELS_DIR = ROOT / "models"
@@ -186,13 +186,16 @@ def load_model(
     else:
         known = known_models()
         if name_or_path not in known:
-            raise SpecError(file, path, f"unknown {name_or_path!r} (known: {', '.join(known)})")
+            raise SpecError(file, path, f"unknown {show(name_or_path)} (known: {', '.join(known)})")
         p = MODELS_DIR / f"{name_or_path}.yaml"
-    return _load_file(p.resolve())
+    p = p.resolve()
+    return _LOADED.get(p, lambda watch: _read_model(watch(p)))
 
 
-@functools.cache
-def _load_file(p: Path) -> ModelSpec:
+_LOADED: FileCache[ModelSpec] = FileCache()  # by path, while the file is unchanged
+
+
+def _read_model(p: Path) -> ModelSpec:
     spec = build(ModelSpec, load_yaml(p), file=p)
     if spec.name != p.stem:
         raise SpecError(

@@ -180,6 +180,11 @@ def _inspect(path: str | Path, flag: str) -> tuple[Path, str]:
         raise OutputError(flag, "''", "an empty path")
     shown = Path(path)
     target = Path(os.path.realpath(path))
+    try:  # Path.exists raises for a name too long or a folder that cannot be searched
+        os.stat(target)
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise OutputError(flag, shown, _describe_oserror(e)) from None
     if target.exists():
         if not target.is_dir():
             raise OutputError(flag, shown, "exists and is not a folder (llmsim writes a folder)")

@@ -26,6 +26,7 @@ referenced by another request.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
@@ -88,6 +89,20 @@ def declare_prefixes(wl, shared: SharedPrefixSpec | None, multi: MultiTurnSpec |
             streams[i] = head + tail if shared.tokens % HASH_TOKENS == 0 else head
     hashes = tuple(tuple(x) for x in streams)
     return replace(wl, prompt_tokens=prompt, prefix_hashes=hashes, block_tokens=HASH_TOKENS)
+
+
+def regroup(hashes: tuple[tuple[int, ...], ...], hash_tokens: int,
+            block_size: int) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """Prefix hashes whose blocks are whole KV blocks: when `block_size` does not divide
+    `hash_tokens`, every g consecutive hashes become one entry of lcm(hash_tokens,
+    block_size) tokens (a trailing partial group is dropped), so only prefixes covering
+    whole groups are shared. Returns (hashes, tokens per hash)."""
+    unit = math.lcm(hash_tokens, block_size)
+    g = unit // hash_tokens
+    if g == 1:
+        return hashes, hash_tokens
+    grouped = tuple(tuple(hash(h[i:i + g]) for i in range(0, len(h) - g + 1, g)) for h in hashes)
+    return grouped, unit
 
 
 class PrefixCache:

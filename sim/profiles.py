@@ -39,8 +39,9 @@ from statistics import median
 from typing import Literal
 
 from sim.comm import Collectives, Interconnect, read_all_reduce
+from sim.filecache import FileCache
 from sim.profile_sanity import cap_tables
-from sim.specload import ROOT, SpecError, build, known_names, load_yaml
+from sim.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
 from sim.tables import (
     ANALYTIC,
     DERIVED,
@@ -408,7 +409,7 @@ def known_profiles() -> list[str]:
     return [n for n in names if (PROFILES_DIR / n / "profile.yaml").is_file()]
 
 
-_LOADED: dict[Path, GPUProfile] = {}
+_LOADED: FileCache[GPUProfile] = FileCache()  # by folder, while its files are unchanged
 
 
 def load_profile(name: str, *, file: str | Path | None = None, path: str = "gpu") -> GPUProfile:
@@ -416,30 +417,34 @@ def load_profile(name: str, *, file: str | Path | None = None, path: str = "gpu"
 
     `file` and `path` are the caller's, where an unknown name is reported (a relative
     folder is taken relative to `file`'s folder); errors inside the profile name its
-    profile.yaml or CSV file. Each folder is loaded once.
+    profile.yaml or CSV file. A folder is read again only when one of the files it was
+    loaded from (profile.yaml, the tables, the all-reduce table) has changed, appeared
+    or gone; otherwise every caller shares one `GPUProfile` (and its memoised lookups).
     """
     known = known_profiles()
     folder = PROFILES_DIR / name if name in known else Path(name)
     if name not in known and not folder.is_absolute() and file is not None:
         folder = Path(file).parent / folder
-    if not (folder / "profile.yaml").is_file():
-        raise SpecError(file, path, f"unknown {name!r} (known: {', '.join(known)})")
+    if not is_file(folder / "profile.yaml"):
+        raise SpecError(file, path, f"unknown {show(name)} (known: {', '.join(known)})")
     folder = folder.resolve()
-    if folder not in _LOADED:
-        yaml_file = folder / "profile.yaml"
-        facts = build(GPUFacts, load_yaml(yaml_file), file=yaml_file)
-        if facts.name != folder.name:
-            raise SpecError(yaml_file, "name", f"{facts.name!r} differs from the folder name "
-                            f"(allowed: {folder.name!r})")
-        tables = {t: read_table(folder / f"{t}.csv", cols, IMPLS.get(t, ()))
-                  for t, cols in TABLES.items() if (folder / f"{t}.csv").is_file()}
-        link, all_reduce = facts.interconnect, None
-        if link is not None and link.all_reduce_table:
-            if not (folder / link.all_reduce_table).is_file():
-                raise SpecError(yaml_file, "interconnect.all_reduce_table",
-                                f"file not found: {link.all_reduce_table!r}")
-            all_reduce = read_all_reduce(folder / link.all_reduce_table)
-        ceiling = facts.peak_tflops or facts.datasheet_tflops
-        capped = cap_tables(tables, ceiling, facts.datasheet_mem_bw_tbs, ELEMENTWISE_BYTES)
-        _LOADED[folder] = GPUProfile(facts, tables, all_reduce, capped)
-    return _LOADED[folder]
+    return _LOADED.get(folder, lambda watch: _read_profile(folder, watch))
+
+
+def _read_profile(folder: Path, watch: Callable[[Path], Path]) -> GPUProfile:
+    yaml_file = watch(folder / "profile.yaml")
+    facts = build(GPUFacts, load_yaml(yaml_file), file=yaml_file)
+    if facts.name != folder.name:
+        raise SpecError(yaml_file, "name", f"{facts.name!r} differs from the folder name "
+                        f"(allowed: {folder.name!r})")
+    tables = {t: read_table(folder / f"{t}.csv", cols, IMPLS.get(t, ()))
+              for t, cols in TABLES.items() if watch(folder / f"{t}.csv").is_file()}
+    link, all_reduce = facts.interconnect, None
+    if link is not None and link.all_reduce_table:
+        if not is_file(watch(folder / link.all_reduce_table)):
+            raise SpecError(yaml_file, "interconnect.all_reduce_table",
+                            f"file not found: {show(link.all_reduce_table)}")
+        all_reduce = read_all_reduce(folder / link.all_reduce_table)
+    ceiling = facts.peak_tflops or facts.datasheet_tflops
+    capped = cap_tables(tables, ceiling, facts.datasheet_mem_bw_tbs, ELEMENTWISE_BYTES)
+    return GPUProfile(facts, tables, all_reduce, capped)

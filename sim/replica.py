@@ -9,13 +9,15 @@ tokens, finishes, and the per-step log.
 from __future__ import annotations
 
 from array import array
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .batch import FINISHED, REJECTED, SWAPPED, TRANSFERRING, WAITING, Seq
 from .kv import ContiguousKV, PagedKV
 from .latency import StepLatency
-from .scheduler import DECODE, ReplicaState, StaticPolicy, StepPlan
+from .router import ReplicaLoad
+from .scheduler import DECODE, IDLE, ReplicaState, StaticPolicy, StepPlan
 from .speculative import SpecBatch
 
 
@@ -103,6 +105,19 @@ class Step:
     code: int = 0       # log kind: 0 prefill, 1 decode, 2 verify, 3 mixed
 
 
+def drop_from_head(queue: deque[Seq], gone: set[Seq]) -> None:
+    """Remove `gone` (all in `queue`) from `queue`, scanning only up to the last of them."""
+    kept = []
+    left = len(gone)
+    while left:
+        s = queue.popleft()
+        if s in gone:
+            left -= 1
+        else:
+            kept.append(s)
+    queue.extendleft(reversed(kept))
+
+
 class Replica:
     """One model replica: its state, its policy and its step latency model."""
 
@@ -120,6 +135,8 @@ class Replica:
         self.weights = array("q")
         self.static_rows: list[Seq] = []
         self.done = 0  # requests this replica finished or rejected
+        self.step = Step(IDLE, 0.0)  # the step under way (start fills it, finish completes it)
+        self.load = ReplicaLoad()  # what a router knows of it (outstanding kept current here)
         self.handed_over = 0  # disaggregated prefill: requests whose KV left for a decode replica
         self.transfer_bytes = 0.0  # KV bytes received from prefill replicas
         self.policy_watermark = getattr(policy, "watermark", 0)
@@ -132,6 +149,7 @@ class Replica:
         # and its KV must move to a decode replica (the seq keeps its blocks here until then)
         self.handoff: Callable[[Seq, float], None] | None = None
         self.arrived: list[tuple[Seq, float]] = []  # disaggregated decode: KV arrived mid-step
+        self.prefix_view: tuple | None = None  # prefix hashes in whole KV blocks (engine.prefix_views)
         self.outside_tokens = 0  # disaggregated: KV held for requests outside the batch
 
     # ---- KV ------------------------------------------------------------------------
@@ -154,25 +172,30 @@ class Replica:
 
     # ---- plan application -------------------------------------------------------------
     def reject(self, plan: StepPlan) -> None:
-        gone = set(plan.reject)
+        """Drop the plan's rejected requests. Policies reject while scanning their queue
+        from the head, so each one lies among the first few entries: O(rejected + admitted)."""
         st = self.st
-        st.waiting = type(st.waiting)(s for s in st.waiting if s not in gone)
-        if st.swapped and any(s.state == SWAPPED for s in gone):
-            st.swapped = type(st.swapped)(s for s in st.swapped if s not in gone)
-            for s in gone:
-                if s.state == SWAPPED:
-                    st.swap_free_blocks += s.reserved
+        from_swap = [s for s in plan.reject if s.state == SWAPPED]
+        if from_swap:
+            drop_from_head(st.swapped, set(from_swap))
+            st.swap_free_blocks += sum(s.reserved for s in from_swap)
+        if len(from_swap) < len(plan.reject):
+            drop_from_head(st.waiting, {s for s in plan.reject if s.state != SWAPPED})
         for s, why in zip(plan.reject, plan.reasons, strict=True):
             s.state = REJECTED
             s.reject_reason = why
             self.done += 1
+            self.load.outstanding -= 1
 
     def admit(self, plan: StepPlan, now: float, chunk: list[int] | None = None) -> None:
         """Take the plan's new requests off the queue and give them KV for their whole
         prefill, or for their cached prefix plus a first `chunk` of tokens each, reusing
-        cached prefix blocks."""
+        cached prefix blocks. Every request references its cached prefix before any
+        block is taken, so no admission evicts a block a later one in the plan counts on
+        (its new tokens are then the plan's, within the step's token budget)."""
         st, kv, prefix = self.st, self.st.kv, self.st.prefix
         per_row = StaticPolicy.per_request_reservation(st, plan.prefill) if self.static else 0
+        need = 0
         for i, (s, h) in enumerate(zip(plan.prefill, plan.hits, strict=True)):
             st.waiting.popleft()
             first = s.sched_t < 0
@@ -180,21 +203,19 @@ class Replica:
                 s.sched_t = now
             if self.contiguous:
                 s.reserved = per_row or st.admission_need(s)
-                self.alloc(s.reserved)
+                need += s.reserved
                 s.prefilled = 0
                 continue
             if prefix is not None and s.prefix:
-                # an earlier admission of this step may have evicted part of the match
-                h = min(h, prefix.match(s))
                 upto = None if chunk is None else h * prefix.hash_tokens + chunk[i]
-                need = prefix.admission_blocks(s, h, upto)
+                need += prefix.admission_blocks(s, h, upto)
                 s.prefilled = prefix.acquire(s, h, first)
                 if first:
                     s.cached_tokens = s.prefilled
             else:
                 s.prefilled = 0
-                need = kv.blocks_for(s.tokens_to_prefill if chunk is None else chunk[i])
-            self.alloc(need)
+                need += kv.blocks_for(s.tokens_to_prefill if chunk is None else chunk[i])
+        self.alloc(need)
         if self.static:
             self.static_rows = list(plan.prefill)
 
@@ -226,6 +247,7 @@ class Replica:
         self.free(s, self.st.kv.blocks_for(tokens))
         self.outside_tokens -= s.prompt
         self.handed_over += 1
+        self.load.outstanding -= 1
 
     def reserve_transfer(self, s: Seq) -> int:
         """Disaggregated decode: take the blocks for `s`'s incoming KV; returns its tokens."""
@@ -251,6 +273,7 @@ class Replica:
         """A finished request gives back its KV (static contiguous rows wait for the batch)."""
         s.state = FINISHED
         self.done += 1
+        self.load.outstanding -= 1
         if self.contiguous:
             if not self.static:
                 self.st.kv.free(s.reserved)
@@ -311,12 +334,12 @@ class Replica:
                 self.preempt(plan)
             if plan.swap_out or plan.swap_in:
                 move_s = self.swap(plan)
-        need = batch.new_blocks_needed()
+        need = batch.new_blocks_needed(plan.lookahead)
         if need:
             self.alloc(need)
         n = batch.n_compute
-        if self.spec:
-            return batch.seconds() + move_s, n
+        if self.spec:  # victims gone, the round keeps the lookahead its blocks were planned at
+            return batch.seconds(plan.lookahead) + move_s, n
         return self.lat.decode(n, batch.sum_ctx(), batch.max_ctx()) + move_s, n
 
     def finish_round(self, n: int) -> tuple[int, int]:
@@ -377,16 +400,31 @@ class Replica:
         kind = (1 if n else 0) if not chunks else (3 if n else 0)
         return dur, kind, n + len(chunks), n + sum(q for q, _ in chunks)
 
-    def finish_mixed_step(self, plan: StepPlan, t_end: float) -> None:
+    def finish_mixed_step(self, plan: StepPlan, t_end: float) -> list[Seq]:
+        """Decodes advance and chunks complete; returns the requests that finished."""
         st = self.st
+        done = []
         if st.batch.n_compute:
-            for s in st.batch.advance(t_end, self.gaps, self.weights):
+            done = st.batch.advance(t_end, self.gaps, self.weights)
+            for s in done:
                 self.release(s)
         for s, q in plan.chunks:
             s.prefilled += q
             if s.prefilled >= s.tokens_to_prefill:
                 st.prefilling.remove(s)
                 self.first_token(s, t_end)
+                if s.state == FINISHED:
+                    done.append(s)
+        return done
+
+    def check_conserved(self) -> None:
+        """At the end of a run every KV block and every swap block is free again."""
+        kv, prefix = self.st.kv, self.st.prefix
+        if kv.free_blocks != kv.num_blocks or (prefix is not None and prefix.refs):
+            raise RuntimeError(f"KV leak: {kv.num_blocks - kv.free_blocks} of {kv.num_blocks} "
+                               f"blocks still taken after every request ended")
+        if self.st.swapped:
+            raise RuntimeError(f"{len(self.st.swapped)} requests left in host memory")
 
     def end_static_batch(self) -> None:
         """The batch's longest request finished: every row gives its slot back."""
@@ -412,42 +450,53 @@ class Replica:
     # ---- one plan, start to finish (the engine and the reference engine both use these) --
     def start(self, plan: StepPlan, now: float) -> Step | None:
         """Apply `plan` at `now`: rejections, preemption, swaps, admissions and KV for the
-        step; returns the step to compute, or None when the plan computes nothing."""
+        step; returns the step to compute (the replica's one step under way, reused from
+        step to step), or None when the plan computes nothing."""
         if plan.reject:
             self.reject(plan)
         kind = plan.kind
+        step = self.step
         if kind == "decode":
-            dur, n = self.decode_step(plan)
-            return Step(plan, dur, n, n, 1)
-        if kind == "prefill":
-            dur, n, tokens = self.prefill_step(plan, now)
-            return Step(plan, dur, n, tokens, 0)
-        if kind == "mixed":
-            dur, code, n, tokens = self.mixed_step(plan, now)
-            return Step(plan, dur, n, tokens, code)
-        if kind == "preempt":
-            self.preempt(plan)
-            self.swap(plan)
-        return None
+            step.seconds, n = self.decode_step(plan)
+            step.seqs = step.tokens = n
+            step.code = 1
+        elif kind == "prefill":
+            step.seconds, step.seqs, step.tokens = self.prefill_step(plan, now)
+            step.code = 0
+        elif kind == "mixed":
+            step.seconds, step.code, step.seqs, step.tokens = self.mixed_step(plan, now)
+        else:
+            if kind == "preempt":
+                self.preempt(plan)
+                self.swap(plan)
+            return None
+        step.plan = plan
+        return step
 
-    def finish(self, step: Step, t0: float, t_end: float) -> None:
+    def finish(self, step: Step, t0: float, t_end: float) -> list[Seq]:
         """The step begun at `t0` ended at `t_end`: tokens out, finished requests free
-        their KV, the step is logged."""
+        their KV, the step is logged. Returns the requests that finished in it."""
         kind = step.plan.kind
         if kind == "decode":
-            for s in self.st.batch.advance(t_end, self.gaps, self.weights):
+            done = self.st.batch.advance(t_end, self.gaps, self.weights)
+            for s in done:
                 self.release(s)
             code, tokens = self.finish_round(step.seqs) if self.spec else (1, step.seqs)
             self.record(t0, t_end, code, step.seqs, tokens)
         elif kind == "prefill":
             self.finish_prefill_step(step.plan, t_end)
+            done = [s for s in step.plan.prefill if s.state == FINISHED]
             self.record(t0, t_end, 0, step.seqs, step.tokens)
         else:
-            self.finish_mixed_step(step.plan, t_end)
+            done = self.finish_mixed_step(step.plan, t_end)
             self.record(t0, t_end, step.code, step.seqs, step.tokens)
-        self.end_of_step()
+        if self.static:
+            self.end_of_step()
+        return done
 
     def end_of_step(self) -> None:
-        """Static batching: once the batch's last row finished, every slot is given back."""
-        if self.static and len(self.st.batch) == 0 and self.st.batch.n_compute:
+        """Static batching: once the batch's last row finished (at its prefill, too), every
+        slot is given back."""
+        if self.static and len(self.st.batch) == 0 and (self.st.batch.n_compute
+                                                        or self.static_rows):
             self.end_static_batch()

@@ -9,6 +9,7 @@ length and KV-cache use as last reported (`ReplicaLoad`, refreshed by the engine
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 
 import numpy as np
 
@@ -24,7 +25,12 @@ class ReplicaLoad:
     kv_used: float = 0.0      # fraction of KV blocks in use (as last reported)
 
 
+_OUTSTANDING = attrgetter("outstanding")
+
+
 class RoundRobin:
+    uses_reports = False  # looks only at what it knows itself
+
     def __init__(self, spec: RouterSpec, rng: np.random.Generator):
         self.next = 0
 
@@ -35,6 +41,8 @@ class RoundRobin:
 
 
 class RandomRouter:
+    uses_reports = False
+
     def __init__(self, spec: RouterSpec, rng: np.random.Generator):
         self.rng = rng
 
@@ -43,11 +51,13 @@ class RandomRouter:
 
 
 def least_outstanding(loads: list[ReplicaLoad]) -> int:
-    """Fewest outstanding requests; ties go to the shorter reported queue, then the lowest index."""
-    return min(range(len(loads)), key=lambda i: (loads[i].outstanding, loads[i].waiting, i))
+    """Fewest outstanding requests; ties go to the lowest index."""
+    return loads.index(min(loads, key=_OUTSTANDING))
 
 
 class LeastOutstanding:
+    uses_reports = False
+
     def __init__(self, spec: RouterSpec, rng: np.random.Generator):
         pass
 
@@ -56,6 +66,8 @@ class LeastOutstanding:
 
 
 class LeastKV:
+    uses_reports = True  # KV use and queue length come from the replicas' reports
+
     def __init__(self, spec: RouterSpec, rng: np.random.Generator):
         pass
 
@@ -67,20 +79,27 @@ class LeastKV:
 class PowerOfTwo:
     """Two replicas drawn at random; the one with fewer outstanding requests wins."""
 
+    uses_reports = False
+
     def __init__(self, spec: RouterSpec, rng: np.random.Generator):
         self.rng = rng
 
     def choose(self, key: int | None, loads: list[ReplicaLoad]) -> int:
-        if len(loads) == 1:
+        n = len(loads)
+        if n == 1:
             return 0
-        a, b = self.rng.choice(len(loads), size=2, replace=False).tolist()
-        return a if (loads[a].outstanding, loads[a].waiting) <= (loads[b].outstanding, loads[b].waiting) else b
+        a = int(self.rng.integers(n))
+        b = int(self.rng.integers(n - 1))
+        b += b >= a  # a second, different replica
+        return a if loads[a].outstanding <= loads[b].outstanding else b
 
 
 class Affinity:
     """Requests sharing a leading prefix block stay together (where their KV is cached);
     a new key, or one whose replica is more than `affinity_slack` requests busier than the
     least outstanding replica, goes to the least outstanding one and stays there."""
+
+    uses_reports = False
 
     def __init__(self, spec: RouterSpec, rng: np.random.Generator):
         self.slack = spec.affinity_slack

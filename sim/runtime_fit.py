@@ -108,13 +108,21 @@ def fit(rows: list[dict], gpu: str, name: str, kinds=("prefill", "decode", "veri
     dec = (P + V) == 0
     nd = ~dec if (~dec).any() else dec
 
-    def multi(a, b, c, d, s):
-        pred = _join(a + b * L[nd] + (c * P[nd] + d * V[nd]) * L[nd], s * g[nd], combine)
+    ranges = {"a": np.linspace(0, 5, 11), "b": np.linspace(0, 1.5, 16), "c": np.linspace(0, 0.2, 5),
+              "d": np.linspace(0, 0.4, 9), "s": np.linspace(0.5, 2.0, 16)}
+    # a per-sequence term with no rows of its kind changes no prediction: not searched, 0
+    # (the value the full search settles on, its first among equal errors)
+    fixed = {k: 0.0 for k, seqs in (("c", P[nd]), ("d", V[nd])) if not seqs.any()}
+    free = [k for k in ranges if k not in fixed]
+
+    def multi(*values):
+        t = {**fixed, **dict(zip(free, values, strict=True))}
+        pred = _join(t["a"] + t["b"] * L[nd] + (t["c"] * P[nd] + t["d"] * V[nd]) * L[nd],
+                     t["s"] * g[nd], combine)
         return ((pred / y[nd] - 1) ** 2).mean(axis=1)
 
-    a, b, c, d, s = _search(multi, [np.linspace(0, 5, 11), np.linspace(0, 1.5, 16),
-                                    np.linspace(0, 0.2, 5), np.linspace(0, 0.4, 9),
-                                    np.linspace(0.5, 2.0, 16)])
+    found = {**fixed, **dict(zip(free, _search(multi, [ranges[k] for k in free]), strict=True))}
+    a, b, c, d, s = (found[k] for k in "abcds")
     e, sd = 0.0, s
     if dec.any():
         def decode(e, sd):

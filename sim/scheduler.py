@@ -72,18 +72,30 @@ class StepPlan:
     wake_at: float | None = None                       # idle: wake by then at the latest
     hits: list[int] = field(default_factory=list)      # per prefill seq: cached hash blocks
     chunks: list[tuple[Seq, int]] = field(default_factory=list)  # mixed: (seq, new tokens)
+    # speculative decode after preemption: the lookahead the plan's block count stands on
+    # (the batch's before its victims leave); 0: whatever the batch decides
+    lookahead: int = 0
 
 
 def never_fits(st: ReplicaState, s: Seq, cap_tokens: int, watermark: int = 0) -> str:
     """Why `s` can never be admitted, even into an empty replica ("" if it can)."""
     n = s.tokens_to_prefill
     if n > cap_tokens:
-        return f"prompt of {n} tokens exceeds the per-step limit of {cap_tokens}"
+        return resumed(s, f"prompt of {n} tokens exceeds the per-step limit of {cap_tokens}")
     need = st.admission_need(s)
     if need > st.kv.num_blocks - watermark:
-        return (f"needs {need} KV slots/blocks, more than the {st.kv.num_blocks - watermark} "
-                f"an empty cache offers above its watermark")
+        return resumed(s, f"needs {need} KV slots/blocks, more than the {st.kv.num_blocks - watermark} "
+                          f"an empty cache offers above its watermark")
     return ""
+
+
+def resumed(s: Seq, reason: str) -> str:
+    """A reject reason, told apart for a request preempted (by recompute) after its first
+    token: its re-prefill of prompt + generated tokens is what no longer fits."""
+    if not s.generated:
+        return reason
+    return (f"preempted after {s.generated} output tokens, and its re-prefill of "
+            f"{s.tokens_to_prefill} tokens no longer fits: {reason}")
 
 
 class ContinuousPolicy:
@@ -135,6 +147,7 @@ class ContinuousPolicy:
             return DECODE
         plan = StepPlan("decode")
         if need > free:
+            plan.lookahead = batch.lookahead()  # what `need` stands on, victims still in
             swap_room = st.swap_free_blocks
             for victim in reversed(batch.members):
                 held = batch.held_blocks(victim)
@@ -188,8 +201,9 @@ class StaticPolicy:
         for s in st.waiting:
             reason = never_fits(st, s, st.max_model_len)
             if not reason and self.batch_reservation(st, [s]) > st.kv.num_blocks:
-                reason = (f"its prompt and output cap need {self.batch_reservation(st, [s])} "
-                          f"KV slots/blocks, more than the {st.kv.num_blocks} that exist")
+                reason = resumed(s, f"its prompt and output cap need "
+                                    f"{self.batch_reservation(st, [s])} KV slots/blocks, more "
+                                    f"than the {st.kv.num_blocks} that exist")
             if reason:
                 plan.reject.append(s)
                 plan.reasons.append(reason)

@@ -189,10 +189,12 @@ class SpecBatch:
         """Blocks a request outside the batch would gain in its first round after joining."""
         return self.needs_block(s, self.spec.k + 1) if self.paged else 0
 
-    def new_blocks_needed(self) -> int:
+    def new_blocks_needed(self, lookahead: int = 0) -> int:
+        """Blocks the next round takes, at `lookahead` slots per sequence (0: the batch's
+        own, from its size now)."""
         if not self.paged:
             return 0
-        la = self.lookahead()
+        la = lookahead or self.lookahead()
         return sum(self.needs_block(s, la) for s in self.members)
 
     def join(self, s: Seq, now: float) -> None:
@@ -208,11 +210,12 @@ class SpecBatch:
         del self.members[s]
         s.epoch += 1
 
-    def seconds(self) -> float:
+    def seconds(self, lookahead: int = 0) -> float:
+        """Cost the next round, at `lookahead` slots per sequence (0: the batch's own)."""
         n = len(self.members)
-        self._la = self.lookahead()
+        self._la = lookahead or self.lookahead()
         sum_ctx, max_ctx = self.sum_ctx(), self.max_ctx()
-        if not self.spec.active(n):
+        if self._la == 1:
             t = self.spec.lat.decode(n, sum_ctx, max_ctx)
             self.spec.decode_s += t
             return t

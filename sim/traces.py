@@ -1,6 +1,6 @@
 """Reading request files: traces (csv, azure, mooncake) and CSV length files.
 
-Each file is parsed once per (path, modification time, size); columns come back as
+Each file is parsed once while unchanged (see sim/filecache.py); columns come back as
 read-only arrays, and a bad value is a SpecError naming the file and its line. Trace
 time is seconds since the trace's first request (mooncake's milliseconds converted,
 azure's date-times subtracted), rows sorted by it (ties keep file order).
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from sim.filecache import FileCache
 from sim.specload import MAX_TIME_S, MAX_TOKENS, ROOT, SpecError, is_file, read_text, show
 
 if TYPE_CHECKING:
@@ -38,7 +39,7 @@ class Trace(NamedTuple):
     acceptance: np.ndarray | None = None  # csv traces: optional per-request draft acceptance
 
 
-_CACHE: dict[tuple, Any] = {}  # parsed files, by (what, path, modification time, size)
+_CACHE: FileCache[Any] = FileCache()  # parsed files, by (what, path), while the file is unchanged
 
 
 def resolve(p: str, base: Path | None, file: Any, field_path: str) -> Path:
@@ -73,10 +74,10 @@ def trace_window(ts: TraceSpec, p: Path, file: Any, path: str) -> Trace:
 
 
 def _cached(key: tuple, p: Path, make: Callable[[], Any]) -> Any:
-    full = (*key, str(p), p.stat().st_mtime_ns, p.stat().st_size)
-    if full not in _CACHE:
-        _CACHE[full] = make()
-    return _CACHE[full]
+    def read(watch: Callable[[Path], Path]) -> Any:
+        watch(p)  # stamped before it is read
+        return make()
+    return _CACHE.get((*key, str(p)), read)
 
 
 def _read_csv(p: Path, need: Sequence[str] = ()) -> tuple[dict[str, tuple[str, ...]], np.ndarray]:

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.runner import run
-from tests.test_engine import latency_model, scenario
+from tests.test_engine import ROOT, latency_model, scenario
 
 
 def test_long_prompt_is_prefilled_in_budget_sized_chunks_while_decodes_continue():
@@ -118,3 +118,64 @@ def test_chunked_and_cached_runs_conserve_requests_and_blocks(seed, n, rate, blo
     assert (fin.generated_tokens == fin.output_tokens).all()
     assert (fin.cached_tokens < fin.prompt_tokens).all()
     assert (out.steps.num_tokens <= max(budget, 2048 if policy == "continuous" else budget) + 32).all()
+
+
+def test_chunked_rejects_a_prompt_whose_first_chunk_never_fits_above_the_watermark():
+    # 68 tokens = 17 blocks of 4; 20 blocks with a 20 % watermark leave 16 to admit into
+    out = run(scenario(scheduler={"policy": "chunked", "watermark": 0.2},
+                       kv={"block_size": 4, "num_blocks": 20},
+                       workload={"num_requests": 1, "prompt": {"kind": "fixed", "value": 68}}))
+    req = out.requests
+    assert list(req.status) == ["rejected"]
+    assert "17 KV blocks, more than the 16" in req.reject_reason[0]
+
+
+def test_prefix_cache_works_with_kv_blocks_larger_than_the_prefix_hash_blocks():
+    # 16-token synthetic prefix hashes, 32-token KV blocks: the cache shares whole KV blocks
+    out = run(scenario(
+        kv={"prefix_caching": True, "block_size": 32},
+        workload={"num_requests": 3, "arrival": {"kind": "constant", "rate": 0.1},
+                  "prompt": {"kind": "fixed", "value": 200}, "output": {"kind": "fixed", "value": 10},
+                  "shared_prefix": {"tokens": 64, "fraction": 1.0}}))
+    req = out.requests
+    assert list(req.cached_tokens) == [0, 64, 64]
+    assert out.summary["prefix_cache"]["hash_block_tokens"] == 32
+    assert out.result.kv.free_blocks == out.result.kv.num_blocks
+
+
+def test_prefix_cache_with_a_block_size_that_does_not_divide_mooncake_hash_blocks():
+    # 512-token hash blocks, 48-token KV blocks: shared in groups of lcm = 1536 tokens
+    out = run(ROOT / "scenarios" / "prefix_caching_mooncake.yaml",
+              {"kv.block_size": 48, "workload.trace.limit": 300})
+    assert out.summary["prefix_cache"]["hash_block_tokens"] == 1536
+    assert (out.requests.cached_tokens % 1536 == 0).all()
+    assert out.result.kv.free_blocks == out.result.kv.num_blocks
+
+
+def test_prefill_step_with_cache_hits_stays_within_the_token_budget_when_admissions_evict():
+    # 18 blocks for 9 multi-turn requests: admitting one request evicts cached blocks that
+    # a later admission of the same step planned to reuse
+    out = run(scenario(
+        seed=20, scheduler={"max_num_batched_tokens": 256, "watermark": 0.0, "max_num_seqs": 8},
+        kv={"num_blocks": 18, "block_size": 16, "prefix_caching": True},
+        workload={"num_requests": 9, "arrival": {"kind": "constant", "rate": 1000},
+                  "prompt": {"kind": "uniform", "low": 1, "high": 100},
+                  "output": {"kind": "uniform", "low": 1, "high": 30}, "multi_turn": {"turns": 3}}))
+    prefill = out.steps[out.steps.kind == "prefill"]
+    assert prefill.num_tokens.max() <= 256
+    assert set(out.requests.status) <= {"finished", "rejected"}
+    assert out.result.kv.free_blocks == 18
+
+
+def test_chunked_starts_from_scratch_when_a_cached_prefix_does_not_fit_above_the_watermark():
+    # the second request's 160 cached tokens plus a 16-token chunk need 11 blocks, the
+    # watermark leaves 10 of 12: alone in the replica, it is prefilled without the cache
+    out = run(scenario(
+        scheduler={"policy": "chunked", "watermark": 0.2, "max_num_batched_tokens": 16},
+        kv={"block_size": 16, "num_blocks": 12, "prefix_caching": True},
+        workload={"num_requests": 2, "arrival": {"kind": "constant", "rate": 0.1},
+                  "prompt": {"kind": "fixed", "value": 16}, "output": {"kind": "fixed", "value": 2},
+                  "shared_prefix": {"tokens": 160}}))
+    assert list(out.requests.status) == ["finished", "finished"]
+    assert list(out.requests.cached_tokens) == [0, 0]
+    assert out.result.kv.free_blocks == 12

@@ -50,11 +50,12 @@ def test_compare_prints_one_column_per_scenario():
     assert header.count("quickstart") == 2
 
 
-def test_sweep_prints_one_column_per_value():
+def test_sweep_prints_one_row_per_value(tmp_path):
     r = llmsim("sweep", "scenarios/quickstart.yaml", "--field", "workload.arrival.rate",
-               "--values", "1,4", "--set", "workload.num_requests=50")
+               "--values", "1,4", "--set", "workload.num_requests=50", "--out", str(tmp_path / "s"))
     assert r.returncode == 0, r.stderr
-    assert "rate=1" in r.stdout and "rate=4" in r.stdout
+    rates = pd.read_csv(tmp_path / "s" / "results.csv")["workload.arrival.rate"].tolist()
+    assert rates == [1, 4] and "workload.arrival.rate" in r.stdout
 
 
 BAD = {
@@ -97,3 +98,56 @@ def test_bad_override_names_the_field():
     r = llmsim("run", "scenarios/quickstart.yaml", "--set", "kv.block_size=0", "--out", "/nonexistent/x")
     assert r.returncode == 2
     assert "kv.block_size: 0 is out of range (allowed: > 0)" in r.stderr
+
+
+USAGE_ERRORS = {
+    "unknown flag": (["run", "--bogus"], "unrecognized arguments: --bogus"),
+    "unknown top-level flag": (["--bogus", "run"], "unrecognized arguments: --bogus"),
+    "no command": ([], "the following arguments are required: cmd"),
+    "unknown command": (["bogus"], "invalid choice: 'bogus'"),
+    "missing value": (["run", "--set"], "run: argument --set: expected one argument"),
+    "missing required flags": (["sweep", "s.yaml"], "sweep: the following arguments are required"),
+    "missing positional": (["compare"], "compare: the following arguments are required: scenarios"),
+    "bad choice in an added parser": (["calibrate", "--out", "x", "--device", "tpu"],
+                                      "calibrate: argument --device: invalid choice: 'tpu'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USAGE_ERRORS))
+def test_usage_error_is_one_line_exit_2(case, capsys):
+    from sim.cli import main
+
+    argv, expected = USAGE_ERRORS[case]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and out == ""
+    assert err.endswith("\n") and len(err.splitlines()) == 1, err
+    assert err.startswith("llmsim: error: ") and expected in err
+
+
+def test_parsers_added_later_to_the_subcommands_also_fail_in_one_line(capsys):
+    import argparse
+
+    from sim.cli import build_parser
+
+    ap = build_parser()
+    sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
+    extra = sub.add_parser("extra")  # as another module's add_parsers(sub) would
+    extra.add_argument("--n", type=int, required=True)
+    with pytest.raises(SystemExit) as e:
+        ap.parse_args(["extra", "--n", "x"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2
+    assert err == "llmsim: error: extra: argument --n: invalid int value: 'x'\n"
+
+
+def test_help_still_prints_the_usage_and_exits_0(capsys):
+    from sim.cli import main
+
+    for argv in (["--help"], ["run", "--help"], ["calibrate", "--help"]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        out, err = capsys.readouterr()
+        assert e.value.code == 0 and err == ""
+        assert out.startswith("usage: llmsim") and "options:" in out

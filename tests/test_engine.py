@@ -239,3 +239,48 @@ def test_generation_stops_at_the_context_window():
                                  "output": {"kind": "fixed", "value": 300}}))
     assert list(out.requests.output_tokens) == [100, 100]
     assert (out.requests.generated_tokens == 100).all()
+
+
+def test_static_contiguous_batch_whose_rows_all_end_at_prefill_gives_its_slots_back():
+    # every row produces its one token at the prefill: the batch never decodes, and its
+    # contiguous reservations must still be freed when it ends
+    out = run(scenario(scheduler={"policy": "static"}, kv={"manager": "contiguous"},
+                       workload={"num_requests": 40, "arrival": {"kind": "constant", "rate": 100},
+                                 "output": {"kind": "fixed", "value": 1}}))
+    kv = out.result.kv
+    assert (out.requests.status == "finished").all()
+    assert kv.free_blocks == kv.num_blocks
+
+
+def test_request_whose_re_prefill_no_longer_fits_after_preemption_is_rejected_as_preempted():
+    # two 100-token prompts fit the 16 blocks of 16 tokens; growing to 150 tokens each they
+    # do not, so the newer one is preempted after its first tokens, and its re-prefill
+    # (prompt + generated) is over the 110-token step limit
+    out = run(scenario(
+        scheduler={"max_num_batched_tokens": 110, "watermark": 0.0},
+        kv={"num_blocks": 16, "block_size": 16},
+        workload={"num_requests": 2, "arrival": {"kind": "constant", "rate": 1000},
+                  "prompt": {"kind": "fixed", "value": 100}, "output": {"kind": "fixed", "value": 50}}))
+    req = out.requests
+    assert list(req.status) == ["finished", "rejected"]
+    dropped = req.iloc[1]
+    assert dropped.preemptions == 1 and dropped.first_token_s > 0
+    assert dropped.reject_reason.startswith(
+        f"preempted after {dropped.generated_tokens} output tokens, and its re-prefill of "
+        f"{100 + dropped.generated_tokens} tokens no longer fits")
+    assert out.result.kv.free_blocks == 16
+
+
+def test_rejections_from_a_long_queue_keep_the_rest_in_arrival_order():
+    # prompts alternate between too long and fine, all queued at once: the fine ones are
+    # served first come, first served, the long ones each rejected once
+    out = run(scenario(
+        scheduler={"max_num_batched_tokens": 1000, "max_num_seqs": 4},
+        workload={"num_requests": 40, "arrival": {"kind": "constant", "rate": 1e6},
+                  "prompt": {"kind": "uniform", "low": 500, "high": 1500}}))
+    req = out.requests
+    too_long = req.prompt_tokens > 1000
+    assert (req.status[too_long] == "rejected").all()
+    assert (req.status[~too_long] == "finished").all()
+    served = req[~too_long]
+    assert served.sort_values("queue_s").id.tolist() == served.id.tolist()

@@ -136,3 +136,19 @@ def test_speculative_needs_the_continuous_policy(tmp_path):
         "policy: continuous", "policy: static"))
     with pytest.raises(SpecError, match="speculative.method: needs scheduler.policy: continuous"):
         load_scenario(f)
+
+
+def test_round_after_preemption_keeps_the_lookahead_its_blocks_were_planned_at():
+    # 33 requests over 8 blocks: preemptions shrink the batch from above
+    # disable_above_batch (plain decode, 1 slot) to below it (k + 1 slots) mid-step
+    sc = scenario(
+        model="llama-3.2-1b",
+        scheduler={"max_num_seqs": 16, "watermark": 0.0},
+        kv={"block_size": 32, "num_blocks": 8},
+        speculative={"method": "ngram", "k": 1, "disable_above_batch": 7},
+        workload={"num_requests": 33, "arrival": {"kind": "constant", "rate": 500},
+                  "prompt": {"kind": "fixed", "value": 4}, "output": {"kind": "fixed", "value": 43}})
+    out = run(sc)
+    assert (out.requests.status == "finished").all()
+    assert out.requests.preemptions.sum() > 0
+    assert out.result.kv.free_blocks == 8

@@ -42,15 +42,6 @@ FALLBACK = {"flops": 0.75, "mem_bw": 0.75, "gemm_floor_ms": 0.01, "attn_prefill_
             "paged_decode_overhead": 0.20}  # as gpu_profiles/h200-sxm (PagedAttention paper)
 
 
-def forget_loaded(folder: Path) -> None:
-    """Drop `folder` from `sim.profiles`' loader cache, which is keyed by the folder alone:
-    its files are being rewritten, and a later `load_profile` in this process must read
-    them again, not return the previous calibration's tables."""
-    from sim import profiles
-
-    getattr(profiles, "_LOADED", {}).pop(Path(folder).resolve(), None)
-
-
 def _fmt(v):
     return f"{v:.6g}" if isinstance(v, float) else v
 
@@ -63,7 +54,6 @@ class TableWriter:
         out.mkdir(parents=True, exist_ok=True)
         for name in OWNED:  # a new calibration replaces the previous one's files
             (out / name).unlink(missing_ok=True)
-        forget_loaded(out)
         self.files: dict[str, tuple] = {}
         self.rows: dict[str, int] = dict.fromkeys(COLUMNS, 0)
 
@@ -143,7 +133,6 @@ def write_profile(w: TableWriter, meta: dict, ceil: dict, dev_facts: dict, note:
     p = w.out / "profile.yaml"
     p.write_text("# Written by llmsim calibrate; see calibration.json for the run's details.\n"
                  + yaml.safe_dump(facts, sort_keys=False, width=100))
-    forget_loaded(w.out)
     meta["roofline_fit_errors"] = errors
     return p
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sim.batch import FINISHED, RunningBatch, Seq
+from sim.batch import RunningBatch, Seq
 from sim.kv import make_kv
 from sim.models import ModelSpec
 from sim.replica import Replica, ReplicaResult, RunResult
@@ -252,8 +252,8 @@ class ReferenceEngine:
     (wall time on a GPU; on the CPU the engine thread's CPU time, which the idle polling
     loop keeps advancing, so a shared machine's steal does not stretch the replay).
 
-    The plan is applied with `sim.replica.Replica`'s verbs, in the order its
-    `replica()` process applies them; only the step itself and the clock differ.
+    The plan is applied by `sim.replica.Replica.start` and `.finish`, the same two calls
+    the simulator's `replica()` process makes; only the step itself and the clock differ.
     """
 
     def __init__(self, sc: Scenario, model: Llama, kv_tokens: int, max_model_len: int):
@@ -278,25 +278,27 @@ class ReferenceEngine:
                 st.waiting.append(seqs[r.next])
                 r.next += 1
             plan = rep.policy.schedule(st, now)
-            if plan.reject:
-                rep.reject(plan)
-            if plan.kind == "preempt":
-                rep.preempt(plan)
-                for v in plan.preempt:
-                    self.cache.free(v.rid)
-            if plan.kind == "decode":
-                self._decode_plan(r, plan, now)
-            elif plan.kind == "prefill":
-                self._prefill_plan(r, plan, now)
+            step = rep.start(plan, now)  # rejections, preemption, admissions, KV: as simulated
+            for v in plan.preempt:
+                self.cache.free(v.rid)
+            if step is not None:
+                if plan.kind == "decode":
+                    self._decode_plan(r)
+                else:
+                    self._prefill_plan(r, plan)
+                for s in rep.finish(step, now, r.clock()):
+                    table = self.cache.free(s.rid)
+                    if r.static and plan.kind == "decode":  # padding until the batch ends
+                        r.padding.append((s.rid, table, len(r.tokens[s.rid])))
             elif plan.kind == "idle":
                 wake = seqs[r.next].arrival if r.next < len(seqs) else float("inf")
                 wake = min(wake, plan.wake_at if plan.wake_at is not None else wake)
                 if wake == float("inf"):
                     break  # nothing will arrive or wake the policy: accounted for below
                 _wait_until(r.clock, wake)
-            if r.static and len(st.batch) == 0 and st.batch.n_compute:
-                rep.end_static_batch()
-                r.padding.clear()
+            if r.static and len(st.batch) == 0 and not st.batch.n_compute:
+                r.padding.clear()  # the static batch ended: its padding rows are gone
+            rep.end_of_step()
         if rep.done != len(seqs):
             raise RuntimeError(f"reference run ended with {len(seqs) - rep.done} requests "
                                "unaccounted for")
@@ -319,39 +321,23 @@ class ReferenceEngine:
         clock = self.dev.clock  # wall time on a GPU, the thread's CPU time on the CPU
         return _Run(rep, seqs, tokens, static, clock(), clock)
 
-    def _decode_plan(self, r: _Run, plan, now: float) -> None:
-        rep, batch = r.rep, r.rep.st.batch
-        _, n = rep.decode_step(plan)  # preemption and block allocation, as simulated
-        for v in plan.preempt:
-            self.cache.free(v.rid)
+    def _decode_plan(self, r: _Run) -> None:
+        """Compute the decode step `Replica.start` set up: one token per live row."""
+        batch = r.rep.st.batch
         sum_ctx, max_ctx = batch.sum_ctx(), batch.max_ctx()
         live = list(batch.members)
         new = self._decode(live, r.padding, r.tokens)
-        t_end = r.clock()
         for s, tok in zip(live, new, strict=True):
             r.tokens[s.rid].append(tok)
         r.detail.add("decode", [], sum_ctx, max_ctx)
-        for s in batch.advance(t_end, rep.gaps, rep.weights):
-            rep.release(s)
-            table = self.cache.free(s.rid)
-            if r.static:  # computed as padding until the batch ends
-                r.padding.append((s.rid, table, len(r.tokens[s.rid])))
-        rep.record(now, t_end, 1, n, n)
 
-    def _prefill_plan(self, r: _Run, plan, now: float) -> None:
-        rep = r.rep
-        _, n, ntok = rep.prefill_step(plan, now)
+    def _prefill_plan(self, r: _Run, plan) -> None:
+        """Compute the prefill step `Replica.start` admitted: a first token per request."""
         rows = [(s.rid, r.tokens[s.rid][:s.tokens_to_prefill]) for s in plan.prefill]
         new = prefill_step(self.model, self.cache, rows, self.prefill_attn).tolist()
-        t_end = r.clock()
         for s, tok in zip(plan.prefill, new, strict=True):
             r.tokens[s.rid].append(tok)
         r.detail.add("prefill", [len(toks) for _, toks in rows], 0, 0)
-        rep.finish_prefill_step(plan, t_end)
-        for s in plan.prefill:
-            if s.state == FINISHED:
-                self.cache.free(s.rid)
-        rep.record(now, t_end, 0, n, ntok)
 
     def _decode(self, live: list[Seq], padding: list[tuple[int, list[int], int]],
                 tokens: dict[int, list[int]]) -> list[int]:

@@ -37,7 +37,7 @@ from sim.models import load_model
 from sim.outputs import check_out_dir, write_atomically
 from sim.profiles import load_profile
 from sim.scenario import Scenario, load_scenario, replace_scenario
-from sim.specload import SpecError, build, load_yaml
+from sim.specload import SpecError, build, is_file, load_yaml
 from sim.workload import Workload, generate
 
 from .device import Device, pick_device, pick_dtype, quiet_gc, set_threads
@@ -137,7 +137,7 @@ def validate(scenario: str | Path, profile_dir: str | Path, out: str | Path, *,
     check_out_dir(out)  # before the runs, not after them
     check_supported(sc)
     rt_file = Path(runtime) if runtime else profile_dir / "runtime-eager.yaml"
-    if not rt_file.is_file():
+    if not is_file(rt_file):
         raise SpecError(rt_file, "", "runtime profile not found (run llmsim calibrate first, "
                         "or give --runtime FILE)")
     rt = build(RuntimeSpec, load_yaml(rt_file), file=rt_file)

@@ -1,0 +1,30 @@
+"""Wall time of `llmsim plan` on the README's example (plans/chat_8b.yaml:
+3 GPU types x 3 TP degrees x 2 policies), with 2 worker processes.
+
+    python benchmarks/plan_speed.py
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from sim.plan import load_plan, run_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+if __name__ == "__main__":
+    spec = load_plan(ROOT / "plans" / "chat_8b.yaml")
+    t0, c0 = time.perf_counter(), time.process_time()
+    result = run_plan(spec, workers=2)
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0 + sum(os.times()[2:4])  # this process + its workers
+    rows = result["candidates"]
+    runs = sum(r.get("runs", 0) for r in rows)
+    rec = result["recommended"]
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"{len(rows)} candidates ({sum(r['status'] == 'skipped' for r in rows)} skipped), "
+          f"{runs} bisection runs + fleet check; wall {wall:.1f} s, CPU {cpu:.1f} s")
+    if rec:
+        print(f"recommended {rec['candidate']} x {rec['replicas']}, fleet check {result['fleet_check']['holds']}")

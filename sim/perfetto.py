@@ -1,0 +1,99 @@
+"""A run as a Chrome / Perfetto trace (JSON trace-event format; open in ui.perfetto.dev).
+
+One process per replica (pid = replica index + 1, named "replica N"), with:
+* thread 1 "iterations": one complete event (`ph: X`) per iteration, named after its
+  kind (prefill, decode, verify, mixed), args num_seqs, num_tokens, kv_blocks_used;
+* counters (`ph: C`) "batch size" and "KV blocks used", one sample per iteration;
+* per request an async track (`ph: b` / `e`, cat "request", id = request id) with
+  nested spans "queued" (arrival -> first scheduled), "prefill" (-> first token) and
+  "decode" (-> finish); rejected requests get an instant event (`ph: i`) "rejected";
+* an instant event "preempted" (`ph: i`, scope thread) per preemption, placed at the
+  request's first token (the step log does not keep preemption times, so the count
+  is exact and the time is a marker; args carry the count).
+Timestamps are microseconds of simulated time. `replica_parts` splits a cluster run's
+tables into one (steps, requests) pair per replica for `write_trace`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+EVENT_TYPES = ("M", "X", "C", "b", "e", "i")
+US = 1e6
+
+
+def trace_events(steps: pd.DataFrame, requests: pd.DataFrame, replica: int = 0) -> list[dict]:
+    pid = replica + 1
+    ev: list[dict] = [
+        {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": f"replica {replica}"}},
+        {"ph": "M", "pid": pid, "tid": 1, "name": "thread_name", "args": {"name": "iterations"}},
+    ]
+    for s in steps.itertuples(index=False):
+        ts = s.t_start * US
+        ev.append({"ph": "X", "pid": pid, "tid": 1, "name": s.kind, "cat": "iteration", "ts": ts,
+                   "dur": (s.t_end - s.t_start) * US,
+                   "args": {"num_seqs": int(s.num_seqs), "num_tokens": int(s.num_tokens),
+                            "kv_blocks_used": int(s.kv_blocks_used)}})
+        ev.append({"ph": "C", "pid": pid, "name": "batch size", "ts": ts, "args": {"seqs": int(s.num_seqs)}})
+        ev.append({"ph": "C", "pid": pid, "name": "KV blocks used", "ts": ts,
+                   "args": {"blocks": int(s.kv_blocks_used)}})
+    for r in requests.itertuples(index=False):
+        rid = f"{replica}-{r.id}"
+        args = {"prompt_tokens": int(r.prompt_tokens), "output_tokens": int(r.output_tokens),
+                "preemptions": int(r.preemptions)}
+        if r.status == "rejected":
+            ev.append({"ph": "i", "pid": pid, "tid": 1, "s": "t", "name": "rejected", "ts": r.arrival_s * US,
+                       "args": {**args, "reason": str(r.reject_reason)}})
+            continue
+        sched = r.arrival_s + (0.0 if _nan(r.queue_s) else r.queue_s)
+        spans = [("queued", r.arrival_s, sched), ("prefill", sched, r.first_token_s),
+                 ("decode", r.first_token_s, r.finish_s)]
+        end = r.finish_s if not _nan(r.finish_s) else r.first_token_s
+        ev.append(_async("b", pid, rid, f"request {r.id}", r.arrival_s, args))
+        for name, t0, t1 in spans:
+            if _nan(t0) or _nan(t1):
+                continue
+            ev.append(_async("b", pid, rid, name, t0))
+            ev.append(_async("e", pid, rid, name, t1))
+        ev.append(_async("e", pid, rid, f"request {r.id}", end if not _nan(end) else r.arrival_s))
+        if r.preemptions:
+            ev.append({"ph": "i", "pid": pid, "tid": 1, "s": "t", "name": "preempted",
+                       "ts": (r.first_token_s if not _nan(r.first_token_s) else r.arrival_s) * US,
+                       "args": {"request": int(r.id), "count": int(r.preemptions)}})
+    return ev
+
+
+def _async(ph: str, pid: int, rid: str, name: str, t: float, args: dict | None = None) -> dict:
+    e = {"ph": ph, "pid": pid, "tid": 1, "cat": "request", "id": rid, "name": name, "ts": t * US}
+    if args:
+        e["args"] = args
+    return e
+
+
+def _nan(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def replica_parts(steps: pd.DataFrame, requests: pd.DataFrame) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
+    """A run's tables split per replica (a cluster run has a `replica` column)."""
+    if "replica" not in steps.columns or "replica" not in requests.columns:
+        return [(steps, requests)]
+    names = list(dict.fromkeys(steps.replica.tolist() + requests.replica.tolist()))
+    return [(steps[steps.replica == n], requests[requests.replica == n]) for n in names]
+
+
+def write_trace(path: str | Path, replicas: list[tuple[pd.DataFrame, pd.DataFrame]]) -> Path:
+    """Write the trace of one or more replicas' (steps, requests) tables."""
+    events = [e for i, (steps, req) in enumerate(replicas) for e in trace_events(steps, req, i)]
+    doc = {"traceEvents": events, "displayTimeUnit": "ms",
+           "otherData": {"producer": "llmsim", "time": "simulated seconds x 1e6"}}
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(json.dumps(doc, separators=(",", ":")))
+    tmp.replace(p)  # readers never see half a trace
+    return p

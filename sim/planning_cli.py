@@ -1,0 +1,127 @@
+"""Command line of the planning commands: `sweep`, `curve`, `plan`, `report`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .specload import SpecError
+
+
+def _executor_args(p) -> None:
+    p.add_argument("--executor", default="process", choices=("process", "ray", "sequential"),
+                   help="local worker processes (default), Ray, or one at a time")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+
+
+def cmd_sweep(a) -> int:
+    from .cli import _parse_sets
+    from .sweep import configurations, iter_values, parse_axis, run_sweep
+
+    grid, zipped = iter_values(a.grid, "--grid"), iter_values(a.zip, "--zip")
+    if a.field or a.values:  # the older one-field form: --field F --values V1,V2
+        grid.append(parse_axis(f"{a.field}={a.values}", "--field/--values"))
+    if not grid and not zipped:
+        raise SpecError("llmsim sweep", "--grid", "give at least one --grid or --zip FIELD=V1,V2,...")
+    configs = configurations(grid, zipped)
+    out = Path(a.out) if a.out else Path("runs") / f"sweep_{Path(a.scenario).stem}"
+    table = run_sweep(a.scenario, configs, out, base=_parse_sets(a.set), executor=a.executor,
+                      workers=a.workers, address=a.address, progress=sys.stderr.isatty())
+    fields = [n for n, _ in grid + zipped]
+    show = [c for c in fields + ["request_throughput", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99"] if c in table]
+    print(table[show].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(f"\nwrote {out}/ (results.csv, results.parquet, rows.jsonl)")
+    return 0
+
+
+def cmd_curve(a) -> int:
+    from .curve import run_curve
+    from .sweep import parse_axis
+
+    _, rates = parse_axis(f"rates={a.rates}", "--rates")
+    if any(not isinstance(r, int | float) or r <= 0 for r in rates):
+        raise SpecError("--rates", a.rates, "expected positive numbers, e.g. 1,2,4,8")
+    out = Path(a.out) if a.out else Path("runs") / f"curve_{Path(a.scenarios[0]).stem}"
+    table, knees = run_curve(a.scenarios, rates, out, requests=a.requests, seed=a.seed,
+                             ttft_bound=a.ttft_bound, executor=a.executor, workers=a.workers)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print()
+    print(knees.to_string(index=False))
+    _maybe_report(a, out)
+    print(f"\nwrote {out}/ (curve.csv, knees.csv, curve.png)")
+    return 0
+
+
+def cmd_plan(a) -> int:
+    from .plan import load_plan, run_plan, write_plan
+
+    spec = load_plan(a.plan)
+    result = run_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
+    out = write_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
+    rec, check = result["recommended"], result["fleet_check"]
+    if rec is None:
+        print("no candidate meets the SLOs")
+    else:
+        print(f"recommended: {rec['candidate']} x {rec['replicas']} replicas ({rec['gpus']} GPUs), "
+              f"${rec['usd_per_hour']:.2f}/hour, ${rec['usd_per_m_output_tokens']:.3f}/M output tokens")
+        print(f"fleet check at {spec.target_rate:g} req/s: SLOs {'hold' if check['holds'] else 'DO NOT hold'}"
+              f" with {check['replicas']}; with {check['replicas'] - 1} they "
+              f"{'break' if check['one_fewer_breaks'] else 'STILL HOLD'}")
+    _maybe_report(a, out)
+    print(f"wrote {out}/ (plan.json, candidates.csv, fleet_check.csv)")
+    return 0
+
+
+def _maybe_report(a, folder: Path) -> None:
+    if getattr(a, "report", False):
+        from .report import build_report, write_report
+
+        print(f"report: {write_report(build_report(folder), folder)}")
+
+
+def cmd_report(a) -> int:
+    from .report import build_report, write_report
+
+    print(write_report(build_report(a.folder), a.folder, a.out))
+    return 0
+
+
+def add_parsers(sub) -> None:
+    s = sub.add_parser("sweep", help="run one scenario over a grid of field values, in parallel")
+    s.add_argument("scenario")
+    s.add_argument("--grid", action="append", metavar="FIELD=V1,V2,...", help="an axis of the grid (repeatable)")
+    s.add_argument("--zip", action="append", metavar="FIELD=V1,V2,...",
+                   help="lists taken together, one value of each per configuration (repeatable)")
+    s.add_argument("--field", help="one-field form: a dotted field (with --values)")
+    s.add_argument("--values", help="one-field form: comma-separated values")
+    s.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a scenario field")
+    s.add_argument("--out", help="output folder (default runs/sweep_<scenario>); rerun to resume")
+    s.add_argument("--no-plots", action="store_true", help=argparse.SUPPRESS)  # a sweep writes tables only
+    _executor_args(s)
+    s.set_defaults(fn=cmd_sweep)
+
+    c = sub.add_parser("curve", help="throughput-latency curves of scenarios against offered load")
+    c.add_argument("scenarios", nargs="+")
+    c.add_argument("--rates", required=True, help="offered request rates, e.g. 1,2,4,8,16")
+    c.add_argument("--requests", type=int, help="requests per point (default: the scenario's)")
+    c.add_argument("--seed", type=int, help="seed for every point (default: the scenario's)")
+    c.add_argument("--ttft-bound", type=float, help="p99 TTFT bound of the knee when the scenario has no slo.ttft_s")
+    c.add_argument("--out", help="output folder (default runs/curve_<first scenario>)")
+    c.add_argument("--report", action="store_true", help="also write report.html/.md")
+    _executor_args(c)
+    c.set_defaults(fn=cmd_curve)
+
+    p = sub.add_parser("plan", help="cheapest fleet meeting SLOs at a target rate, validated by simulation")
+    p.add_argument("plan", help="plan YAML (see sim/plan.py)")
+    p.add_argument("--prices", help="GPU prices YAML (default gpu_profiles/prices.yaml)")
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--out", help="output folder (default runs/plan_<name>)")
+    p.add_argument("--report", action="store_true", help="also write report.html/.md")
+    p.set_defaults(fn=cmd_plan)
+
+    r = sub.add_parser("report", help="HTML + Markdown + CSV report of a run, sweep, curve or plan folder")
+    r.add_argument("folder")
+    r.add_argument("--out", help="where to write (default: into the folder)")
+    r.set_defaults(fn=cmd_report)

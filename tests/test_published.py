@@ -1,0 +1,107 @@
+"""The published-measurements check (benchmarks/published_check.py): its machinery, and
+one regression guard on the figure it measured."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from benchmarks import published_check as pc
+
+
+@pytest.fixture(scope="module")
+def rows() -> list[pc.Row]:
+    return pc.read_rows()
+
+
+def test_every_published_row_names_a_known_metric_gpu_model_and_runtime(rows):
+    assert len(rows) >= 50
+    assert len({r.id for r in rows}) == len(rows)
+    for r in rows:
+        assert r.metric in pc.METRICS
+        assert r.value > 0 and r.batch >= 1 and r.tp >= 1
+        pc.step_latency(r, r.runtime)  # loads the profile, model, dtypes and runtime
+
+
+def test_a_decode_row_is_one_decode_step_at_its_context(rows):
+    r = next(r for r in rows if r.metric == "decode_step_ms")
+    lat = pc.step_latency(r, r.runtime)
+    assert pc.simulate(r) == pytest.approx(lat.decode(r.batch, r.batch * r.context, r.context) * 1e3)
+
+
+def test_static_batch_time_is_one_prefill_plus_output_minus_one_decode_steps(rows):
+    r = next(r for r in rows if r.metric == "request_latency_ms")
+    lat = pc.step_latency(r, r.runtime)
+    want = lat.prefill([(r.input_len, 0)] * r.batch)
+    want += sum(lat.decode(r.batch, r.batch * (r.input_len + k), r.input_len + k)
+                for k in range(1, r.output_len))
+    assert pc.simulate(r) == pytest.approx(want * 1e3)
+    one = dataclasses.replace(r, output_len=1)
+    assert pc.simulate(one) == pytest.approx(lat.prefill([(r.input_len, 0)] * r.batch) * 1e3)
+
+
+def test_throughput_is_tokens_over_the_static_batch_time_per_gpu(rows):
+    r = next(r for r in rows if r.metric == "static_throughput_tok_s_gpu" and r.tp > 1)
+    latency = dataclasses.replace(r, metric="request_latency_ms")
+    seconds = pc.simulate(latency) / 1e3
+    assert pc.simulate(r) == pytest.approx(r.batch * r.output_len / seconds / r.tp)
+
+
+def test_time_error_is_negative_when_the_simulator_is_faster_for_every_metric():
+    assert pc.time_error("prefill_ms", 9.0, 10.0) == pytest.approx(-0.1)
+    assert pc.time_error("static_throughput_tok_s_gpu", 125.0, 100.0) == pytest.approx(-0.2)
+
+
+def test_a_row_published_at_its_simulated_value_has_zero_error(rows):
+    r = rows[0]
+    exact = dataclasses.replace(r, value=pc.simulate(r))
+    (res,) = pc.check([exact])
+    assert res.error == pytest.approx(0.0) and res.time_error == pytest.approx(0.0)
+
+
+def test_summary_of_known_errors():
+    def result(err: float) -> pc.Result:
+        row = pc.Row("x", "s", "s", "h100-sxm", "llama-2-7b", 1, "bf16", "bf16", 1, 128, 1,
+                     None, "prefill_ms", 100.0, "trtllm", "")
+        return pc.Result(row, 100.0 * (1 + err), 100.0 * (1 + err))
+
+    (s,) = pc.summarise([result(e) for e in (-0.3, -0.1, 0.05, 0.2)])
+    assert s.rows == 4
+    assert s.median_abs == pytest.approx(0.15)
+    assert s.within == pytest.approx(0.75)
+    assert s.mean == pytest.approx(-0.0375)
+    assert s.worst == pytest.approx(0.3)
+
+
+def test_kernels_only_is_never_slower_than_the_stacks_runtime(rows):
+    for res in pc.check([r for r in rows if r.metric != "static_throughput_tok_s_gpu"][:12]):
+        assert res.kernels_only <= res.simulated + 1e-9
+
+
+def test_unknown_metric_is_refused(tmp_path):
+    text = pc.DATA.read_text().splitlines()
+    bad = text[1].replace("prefill_ms", "joules")
+    f = tmp_path / "bad.csv"
+    f.write_text("\n".join([text[0], bad]) + "\n")
+    with pytest.raises(ValueError, match="unknown metric 'joules'"):
+        pc.read_rows(f)
+
+
+def test_regression_guard_median_error_against_published_rows(rows):
+    """Measured when the check was built (2026-12, main at 091be18): 50 rows, median
+    |time error| 16.6 %, 74 % within 25 %. The guard sits a few points above, so a change
+    that makes the step model worse against real stacks fails here; tighten it as the
+    model improves (issue 9's target is a median of 5 % with every row within 25 %)."""
+    results = pc.check(rows)
+    assert all(math.isfinite(r.simulated) and r.simulated > 0 for r in results)
+    (s,) = pc.summarise(results)
+    assert s.median_abs < 0.20
+    assert s.within >= 0.66
+
+
+def test_the_script_prints_a_table_and_summaries(capsys):
+    assert pc.main(["--rows", "lmd-a100-l7b-ftl-128,nemo-h100-l7b-tp8-b1", "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "| lmd-a100-l7b-ftl-128 |" in out and "median |time error|" in out

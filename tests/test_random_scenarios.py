@@ -1,0 +1,140 @@
+"""Random valid scenarios over every policy x KV manager x prefix caching x speculative
+decoding x tight memory x preemption mode: each runs to the end and keeps the engine's
+invariants (requests and KV blocks conserved, step budgets, timing order).
+
+    LLMSIM_FUZZ_EXAMPLES=5000 python -m pytest tests/test_random_scenarios.py -q
+
+runs more examples, freshly drawn, than the default (the same quick pass over the space
+in each test run).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from sim.batch import FINISHED, REJECTED
+from sim.runner import run
+from sim.scenario import scenario_from_dict
+from sim.specload import SpecError
+
+EXAMPLES = int(os.environ.get("LLMSIM_FUZZ_EXAMPLES", "300"))
+EPS = 1e-9
+
+
+@st.composite
+def scenarios(draw) -> dict:
+    policy = draw(st.sampled_from(["continuous", "static", "chunked"]))
+    # chunked prefill needs paged KV (the loader refuses the rest; fewer draws wasted)
+    manager = "paged" if policy == "chunked" else draw(st.sampled_from(["paged", "contiguous"]))
+    block_size = draw(st.sampled_from([1, 2, 4, 8, 16, 32, 48]))
+    max_model_len = draw(st.sampled_from([64, 256, 1024, None]))
+    kv = {
+        "manager": manager,
+        "block_size": block_size,
+        "num_blocks": draw(st.integers(4, 400 if manager == "paged" else 6000)),
+        "max_model_len": max_model_len,
+        "reserve": draw(st.sampled_from(["max_model_len", "max_tokens"])),
+        "swap_space_gib": draw(st.sampled_from([0.0, 0.0005, 4.0])),
+        "prefix_caching": manager == "paged" and policy != "static" and draw(st.booleans()),
+        "prefix_cache_host_gib": draw(st.sampled_from([0.0, 0.001])),
+    }
+    scheduler = {
+        "policy": policy,
+        "max_num_seqs": draw(st.integers(1, 32)),
+        "max_num_batched_tokens": draw(st.sampled_from([8, 32, 100, 512, 2048])),
+        "watermark": draw(st.sampled_from([0.0, 0.01, 0.1, 0.3])),
+        "preemption": draw(st.sampled_from(["recompute", "swap"])),
+        "max_batch_size": draw(st.integers(1, 8)),
+        "max_wait_s": draw(st.sampled_from([0.0, 0.01, 0.5])),
+    }
+    arrival = {"kind": draw(st.sampled_from(["poisson", "constant", "gamma"])),
+               "rate": draw(st.sampled_from([1.0, 50.0, 1000.0]))}
+    if arrival["kind"] == "gamma":
+        arrival["cv"] = draw(st.sampled_from([0.5, 4.0]))
+    workload = {
+        "num_requests": draw(st.integers(1, 24)),
+        "arrival": arrival,
+        "prompt": draw(st.sampled_from([
+            {"kind": "uniform", "low": draw(st.integers(1, 64)), "high": draw(st.integers(64, 400))},
+            {"kind": "lognormal", "median": 100, "sigma": 1.0, "max": 2000},
+        ])),
+        "output": {"kind": "uniform", "low": 1, "high": draw(st.integers(1, 80))},
+    }
+    if draw(st.booleans()):
+        workload["max_output_tokens"] = draw(st.integers(1, 100))
+    prefixes = draw(st.sampled_from(["none", "shared", "multi"]))
+    if prefixes == "shared":
+        workload["shared_prefix"] = {"tokens": draw(st.sampled_from([16, 40, 64, 160, 256])),
+                                     "fraction": draw(st.sampled_from([0.5, 1.0])),
+                                     "groups": draw(st.integers(1, 3))}
+    elif prefixes == "multi":
+        workload["multi_turn"] = {"turns": draw(st.integers(2, 4))}
+    method = "none"
+    if policy == "continuous":
+        method = draw(st.sampled_from(["none", "ngram", "draft_model", "self_draft"]))
+    speculative = {"method": method}
+    if method != "none":
+        speculative["k"] = draw(st.integers(1, 5))
+        speculative["disable_above_batch"] = draw(st.sampled_from([None, 1, 3, 7]))
+        speculative["acceptance"] = draw(st.sampled_from([
+            {"kind": "fixed", "alpha": 0.0}, {"kind": "fixed", "alpha": 0.8},
+            {"kind": "fixed", "alpha": 1.0}, {"kind": "per_request", "mean": 0.6, "std": 0.2}]))
+        if method == "draft_model":
+            speculative["draft_model"] = "llama-3.2-1b"
+    return {
+        "name": "fuzz", "seed": draw(st.integers(0, 2**16)), "model": "llama-3-8b",
+        "kv": {k: v for k, v in kv.items() if v is not None}, "scheduler": scheduler,
+        "workload": workload, "speculative": speculative,
+    }
+
+
+def check_invariants(data: dict, out) -> None:
+    sched = data["scheduler"]
+    seqs = out.result.seqs
+    kv = out.result.kv
+    # every request ends finished, or rejected with a reason
+    assert all(s.state in (FINISHED, REJECTED) for s in seqs)
+    assert all(s.reject_reason for s in seqs if s.state == REJECTED)
+    # KV blocks conserved (over-allocation raises during the run)
+    assert kv.free_blocks == kv.num_blocks
+    steps = out.steps
+    assert (steps.kv_blocks_used <= kv.num_blocks).all()
+    # step budgets
+    prefill = steps[steps.kind.isin(["prefill", "mixed"])]
+    if sched["policy"] != "static":
+        assert (prefill.num_tokens <= sched["max_num_batched_tokens"]).all(), prefill.num_tokens.max()
+        assert (steps.num_seqs <= sched["max_num_seqs"]).all()
+    else:
+        assert (steps.num_seqs <= sched["max_batch_size"]).all()
+    # per request: arrival <= scheduled <= first token <= finish, finite times
+    for s in seqs:
+        if s.sched_t >= 0:
+            assert s.arrival <= s.sched_t + EPS
+        if s.first_token_t >= 0:
+            assert s.sched_t >= 0 and s.sched_t <= s.first_token_t + EPS
+        if s.state == FINISHED:
+            assert s.first_token_t >= 0 and s.first_token_t <= s.finish_t + EPS
+            assert math.isfinite(s.finish_t - s.arrival)
+    fin = out.requests[out.requests.status == "finished"]
+    assert np.isfinite(fin.ttft_s).all() and np.isfinite(fin.e2e_s).all()
+    # steps in order and not overlapping
+    t0, t1 = steps.t_start.to_numpy(), steps.t_end.to_numpy()
+    assert (t1 >= t0).all()
+    assert (t0[1:] >= t1[:-1] - EPS).all()
+
+
+@settings(max_examples=EXAMPLES, deadline=None, derandomize="LLMSIM_FUZZ_EXAMPLES" not in os.environ,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(data=scenarios())
+def test_random_valid_scenarios_run_to_the_end_and_keep_the_engine_invariants(data):
+    try:
+        sc = scenario_from_dict(data)
+    except SpecError:
+        assume(False)  # a combination the loader refuses
+    out = run(sc)
+    check_invariants(data, out)

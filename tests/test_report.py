@@ -1,0 +1,130 @@
+"""Reports render in a real browser (Debian's headless Chromium), and the Perfetto
+trace is valid trace-event JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from sim.perfetto import EVENT_TYPES, write_trace
+from sim.report import build_report, write_report
+from sim.runner import run
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = run(ROOT / "scenarios" / "quickstart.yaml", {"workload.num_requests": 120})
+    return out, out.write(tmp_path_factory.mktemp("run") / "quick")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not (CHROMIUM and CHROMEDRIVER):
+        pytest.skip("no chromium + chromedriver here (CI installs Debian's)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = CHROMIUM
+    profile = tempfile.mkdtemp(prefix="llmsim-chromium-")
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={profile}"):
+        opts.add_argument(flag)
+    drv = webdriver.Chrome(options=opts, service=webdriver.ChromeService(executable_path=CHROMEDRIVER))
+    yield drv
+    drv.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+def _open(browser, page: Path) -> dict:
+    browser.get(page.resolve().as_uri())
+    return browser.execute_script("""return {
+        text: document.body.innerText,
+        images: Array.from(document.images).map(i => [i.complete, i.naturalWidth]),
+        external: Array.from(document.querySelectorAll('[src],[href]')).map(e => e.src || e.href)
+                     .filter(u => u && !u.startsWith('data:'))};""")
+
+
+def test_run_report_renders_with_its_numbers_and_every_image(browser, run_dir):
+    out, folder = run_dir
+    page = write_report(build_report(folder), folder)
+    got = _open(browser, page)
+    assert "llmsim run: quickstart" in got["text"]
+    assert f"{out.summary['ttft_s']['p99']:.4g}" in got["text"]
+    assert len(got["images"]) == 2 and all(ok and w > 0 for ok, w in got["images"])
+    assert got["external"] == []  # nothing to fetch: opens with no network
+    assert (folder / "report.md").read_text().startswith("# llmsim run: quickstart")
+
+
+def test_plan_report_renders_recommendation_and_pareto_plot(browser, tmp_path):
+    from sim.plan import write_plan
+
+    plan = json.loads((ROOT / "tests" / "fixtures" / "plan_result.json").read_text())
+    folder = write_plan(plan, tmp_path / "plan")
+    page = write_report(build_report(folder), folder)
+    got = _open(browser, page)
+    rec = plan["recommended"]
+    assert rec["candidate"] in got["text"] and f"{rec['usd_per_hour']:.2f}" in got["text"]
+    assert "holds" in got["text"] and "breaks them" in got["text"]
+    assert got["images"] and all(ok and w > 0 for ok, w in got["images"])
+    assert (folder / "report_candidates.csv").is_file()
+
+
+def test_report_of_a_foreign_folder_is_one_line_error(tmp_path):
+    from sim.cli import main
+
+    (tmp_path / "x.txt").write_text("hi")
+    assert main(["report", str(tmp_path)]) == 2
+
+
+def test_perfetto_trace_is_trace_event_json_with_documented_events(run_dir, tmp_path):
+    out, _ = run_dir
+    doc = json.loads(write_trace(tmp_path / "t.json", [(out.steps, out.requests)]).read_text())
+    ev = doc["traceEvents"]
+    assert {e["ph"] for e in ev} <= set(EVENT_TYPES)
+    iters = [e for e in ev if e["ph"] == "X"]
+    assert len(iters) == len(out.steps)
+    assert {e["name"] for e in iters} <= {"prefill", "decode", "verify", "mixed"}
+    assert all(e["dur"] >= 0 and "num_seqs" in e["args"] for e in iters)
+    begins = [e for e in ev if e["ph"] == "b"]
+    ends = [e for e in ev if e["ph"] == "e"]
+    assert len(begins) == len(ends) and len(begins) >= len(out.requests)
+    names = {e["name"] for e in begins}
+    assert {"queued", "prefill", "decode"} <= names
+    finished = out.requests[out.requests.status == "finished"]
+    decode_end = max(e["ts"] for e in ends if e["name"] == "decode")
+    assert decode_end == pytest.approx(finished.finish_s.max() * 1e6)
+
+
+def test_fleet_trace_has_one_process_per_replica(tmp_path):
+    from sim.fleet import simulate_fleet
+    from sim.scenario import load_scenario
+
+    sc = load_scenario(ROOT / "scenarios" / "quickstart.yaml", {"workload.num_requests": 90})
+    fleet = simulate_fleet(sc, 3, seed=2)
+    parts = [(st, fleet.requests[fleet.requests.replica == i]) for i, st in enumerate(fleet.replica_steps)]
+    ev = json.loads(write_trace(tmp_path / "f.json", parts).read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    assert names == {1: "replica 0", 2: "replica 1", 3: "replica 2"}
+    first = {pid: min(e["ts"] for e in ev if e["pid"] == pid and e["ph"] == "X") for pid in names}
+    for pid, t in first.items():  # a replica's first iteration starts at its first request
+        arrivals = fleet.requests[fleet.requests.replica == pid - 1].arrival_s
+        assert t == pytest.approx(arrivals.min() * 1e6)
+
+
+def test_cluster_run_trace_splits_into_one_process_per_replica(tmp_path):
+    from sim.perfetto import replica_parts
+
+    out = run(ROOT / "scenarios" / "quickstart.yaml", {
+        "workload.num_requests": 60, "cluster": {"router": {"policy": "round_robin"}, "groups": [{"count": 2}]}})
+    parts = replica_parts(out.steps, out.requests)
+    assert len(parts) == 2 and sum(len(r) for _, r in parts) == 60
+    ev = json.loads(write_trace(tmp_path / "c.json", parts).read_text())["traceEvents"]
+    assert {e["pid"] for e in ev} == {1, 2}

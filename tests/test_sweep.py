@@ -1,0 +1,115 @@
+"""Sweeps: the grid/zip expansion, identical rows whatever the executor, resume after
+an interrupt, and throughput-latency curves with their knee."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.curve import knee, run_curve
+from sim.specload import SpecError
+from sim.sweep import configurations, parse_axis, read_rows, run_sweep
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
+BASE = {"workload.num_requests": 60}
+CONFIGS = configurations([("workload.arrival.rate", [2.0, 8.0])],
+                         [("scheduler.policy", ["continuous", "chunked"]), ("seed", [1, 2])])
+
+
+def test_grid_crosses_axes_and_zip_pairs_lists():
+    assert CONFIGS == [
+        {"workload.arrival.rate": 2.0, "scheduler.policy": "continuous", "seed": 1},
+        {"workload.arrival.rate": 2.0, "scheduler.policy": "chunked", "seed": 2},
+        {"workload.arrival.rate": 8.0, "scheduler.policy": "continuous", "seed": 1},
+        {"workload.arrival.rate": 8.0, "scheduler.policy": "chunked", "seed": 2},
+    ]
+    assert parse_axis("kv.block_size=16,32", "--grid") == ("kv.block_size", [16, 32])
+    with pytest.raises(SpecError, match="different lengths"):
+        configurations([], [("a", [1, 2]), ("b", [1])])
+
+
+@pytest.fixture(scope="module")
+def sequential(tmp_path_factory):
+    out = tmp_path_factory.mktemp("seq") / "s"
+    return out, run_sweep(QUICK, CONFIGS, out, base=BASE, executor="sequential")
+
+
+def test_results_have_one_row_per_configuration_with_fields_and_metrics(sequential):
+    out, table = sequential
+    assert len(table) == len(CONFIGS)
+    for col in ("workload.arrival.rate", "scheduler.policy", "seed", "ttft_s.p99", "tpot_s.p50",
+                "kv.util_peak", "steady.ratio", "config_key"):
+        assert col in table.columns
+    assert "wall_s" not in table.columns  # rows must not depend on the machine
+    assert table.config_key.is_unique
+    disk = pd.read_csv(out / "results.csv")
+    assert disk["ttft_s.p99"].tolist() == pytest.approx(table["ttft_s.p99"].tolist(), rel=1e-12)
+    if importlib.util.find_spec("pyarrow"):
+        assert pd.read_parquet(out / "results.parquet")["ttft_s.p99"].tolist() == table["ttft_s.p99"].tolist()
+
+
+def test_process_pool_gives_the_same_bytes_as_sequential(sequential, tmp_path):
+    out, _ = sequential
+    run_sweep(QUICK, CONFIGS, tmp_path / "p", base=BASE, executor="process", workers=2)
+    assert (tmp_path / "p" / "results.csv").read_bytes() == (out / "results.csv").read_bytes()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray extra not installed")
+def test_local_ray_gives_the_same_bytes_as_sequential(sequential, tmp_path):
+    out, _ = sequential
+    run_sweep(QUICK, CONFIGS, tmp_path / "r", base=BASE, executor="ray", workers=2)
+    assert (tmp_path / "r" / "results.csv").read_bytes() == (out / "results.csv").read_bytes()
+
+
+def test_interrupted_sweep_keeps_its_rows_and_resumes_to_the_same_table(sequential, tmp_path):
+    out, _ = sequential
+    dest = tmp_path / "i"
+    seen = []
+
+    def stop_after_two(key, row):
+        seen.append(key)
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(QUICK, CONFIGS, dest, base=BASE, executor="sequential", on_row=stop_after_two)
+    assert set(read_rows(dest / "rows.jsonl")) == set(seen)
+    with (dest / "rows.jsonl").open("a") as f:
+        f.write('{"key": "torn')  # a line cut by the interrupt is ignored
+    rerun = []
+    run_sweep(QUICK, CONFIGS, dest, base=BASE, executor="process", workers=2,
+              on_row=lambda k, r: rerun.append(k))
+    assert len(rerun) == len(CONFIGS) - 2 and not set(rerun) & set(seen)
+    assert (dest / "results.csv").read_bytes() == (out / "results.csv").read_bytes()
+
+
+def test_sweep_refuses_a_folder_it_did_not_write(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(SpecError, match="notes.txt|not empty|llmsim"):
+        run_sweep(QUICK, CONFIGS[:1], tmp_path, base=BASE, executor="sequential")
+
+
+def test_knee_is_last_rate_before_ttft_bound_or_throughput_breaks():
+    pts = pd.DataFrame({"rate": [1, 2, 4, 8], "ttft_s.p99": [0.1, 0.2, 0.5, 3.0],
+                        "steady.ratio": [1.0, 0.99, 0.97, 0.6]})
+    assert knee(pts, 1.0) == (4.0, 1.0)
+    assert knee(pts, 0.3) == (2.0, 0.3)
+    assert knee(pts.assign(**{"steady.ratio": [1.0, 0.5, 1.0, 1.0]}), 10.0)[0] == 1.0
+
+
+def test_curve_marks_static_batching_knee_below_continuous(tmp_path):
+    batching = str(ROOT / "scenarios" / "batching.yaml")
+    static = tmp_path / "static.yaml"
+    static.write_text(Path(batching).read_text().replace("policy: continuous", "policy: static")
+                      .replace("name: batching", "name: static"))
+    (tmp_path / "data").symlink_to(ROOT / "data")
+    table, knees = run_curve([batching, str(static)], [0.25, 0.5, 1, 2, 4], tmp_path / "c",
+                             requests=120, ttft_bound=5.0, workers=2)
+    k = dict(zip(knees.scenario, knees.knee_rate, strict=True))
+    assert len(table) == 10 and (tmp_path / "c" / "curve.png").stat().st_size > 0
+    assert k["batching"] >= 1.0
+    assert pd.isna(k["static"]) or k["static"] < k["batching"]
