@@ -2,6 +2,7 @@
 ~110 k iterations under the reference stack), and of its phases.
 
     python benchmarks/run_speed.py [--repeat 3] [--scenario FILE] [--plots] [--format csv]
+                                   [--checkout DIR [--extra ARGS]]
 
 End to end: `python -m sim run SCENARIO --out TMP --no-progress` in a child process,
 timed by wall clock and by the child's CPU time (user + system, from getrusage: steadier
@@ -9,7 +10,9 @@ than wall time on a shared machine); median of the repeats. Phases: the same run
 process, each phase timed by `time.process_time()`: importing the CLI's modules (in a
 child), loading the scenario and its workload, simulate(), building the tables and the
 summary, writing the tables and summary.json (and the plots, with --plots). Prints the
-peak resident memory of the end-to-end child (ru_maxrss).
+peak resident memory of the end-to-end child (ru_maxrss). With --checkout, only the end
+to end time of another checkout's `python -m sim run` (an older commit, say: before and
+after), with --extra passed to it (e.g. --extra=--no-plots).
 """
 
 from __future__ import annotations
@@ -29,28 +32,29 @@ sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
 SCENARIO = ROOT / "scenarios" / "azure_conv_reference.yaml"
 
 
-def child(args: list[str]) -> tuple[float, float, float]:
+def child(args: list[str], cwd: Path = ROOT) -> tuple[float, float, float]:
     """(wall s, CPU s, peak RSS MiB) of one child process."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, *args], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, *args], cwd=cwd, check=True, stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, after.ru_maxrss / 1024
 
 
-def end_to_end(scenario: Path, extra: list[str], repeat: int) -> None:
+def end_to_end(scenario: Path, extra: list[str], repeat: int, checkout: Path = ROOT) -> None:
     runs = []
     for _ in range(repeat):
         out = Path(tempfile.mkdtemp(prefix="llmsim-speed-")) / "run"
         runs.append(child(["-m", "sim", "run", str(scenario), "--out", str(out),
-                           "--no-progress", *extra]))
+                           "--no-progress", *extra], cwd=checkout))
         shutil.rmtree(out.parent)
     wall = statistics.median(r[0] for r in runs)
     cpu = statistics.median(r[1] for r in runs)
-    print(f"llmsim run {scenario.name} {' '.join(extra)}: {wall:.2f} s wall, {cpu:.2f} s CPU "
-          f"(median of {repeat}); peak RSS {max(r[2] for r in runs):.0f} MiB")
+    where = "" if checkout == ROOT else f" [{checkout}]"
+    print(f"llmsim run {scenario.name} {' '.join(extra)}{where}: {wall:.2f} s wall, "
+          f"{cpu:.2f} s CPU (median of {repeat}); peak RSS {max(r[2] for r in runs):.0f} MiB")
 
 
 def phases(scenario: Path, plots: bool, fmt: str) -> None:
@@ -98,7 +102,12 @@ def main() -> None:
     ap.add_argument("--scenario", type=Path, default=SCENARIO)
     ap.add_argument("--plots", action="store_true", help="also time writing the plots")
     ap.add_argument("--format", choices=("csv", "parquet"), default="csv")
+    ap.add_argument("--checkout", type=Path, help="time this checkout's llmsim run instead")
+    ap.add_argument("--extra", default="", help="arguments for --checkout's llmsim run")
     a = ap.parse_args()
+    if a.checkout:
+        end_to_end(a.scenario.resolve(), a.extra.split(), a.repeat, a.checkout.resolve())
+        return
     extra = (["--plots"] if a.plots else []) + ["--format", a.format]
     end_to_end(a.scenario.resolve(), extra, a.repeat)
     phases(a.scenario.resolve(), a.plots, a.format)

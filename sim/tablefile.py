@@ -9,7 +9,7 @@ are made from the tables on request (`frame`).
 `write_csv` writes the bytes `DataFrame.to_csv(index=False, float_format="%.6f")` writes
 (floats as %.6f, NaN as an empty field, strings quoted only when they hold a comma, a
 quote or a line break; '\\n' line ends), a block of rows at a time: one C-level `%`
-over a format string repeated per row, about 10x faster than pandas. `write_parquet`
+over a format string repeated per row, 3-8x faster than pandas. `write_parquet`
 needs pyarrow (an optional dependency: `pip install llmsim[parquet]`).
 """
 
