@@ -91,16 +91,26 @@ def replica_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _check_format(a) -> None:
+    if a.format == "parquet":
+        from .tablefile import parquet_available
+
+        if not parquet_available():
+            raise SpecError("--format", "parquet", "needs pyarrow (pip install pyarrow; "
+                            "or --format csv)")
+
+
 def cmd_run(a) -> int:
     from .outputs import check_out_dir, safe_folder_name
     from .runner import run
     from .scenario import load_scenario
 
+    _check_format(a)
     sc = load_scenario(a.scenario, _parse_sets(a.set))
     dest = Path(a.out) if a.out else Path("runs") / safe_folder_name(sc.name)
     check_out_dir(dest)  # before the simulation, not after it
     out = run(sc, progress=not a.no_progress and sys.stderr.isatty())
-    out.write(dest, plots=not a.no_plots)
+    out.write(dest, plots=a.plots, fmt=a.format)
     if a.trace_out:
         from .perfetto import replica_parts, write_trace
 
@@ -108,8 +118,8 @@ def cmd_run(a) -> int:
     print(table([out.scenario.name], [out.summary]))
     if out.summary.get("per_replica"):
         print("\n" + replica_table(out.summary["per_replica"]))
-    print(f"\nwrote {dest}/ (requests.csv, steps.csv, summary.json"
-          + ("" if a.no_plots else ", latency_cdf.png, timeline.png") + ")")
+    print(f"\nwrote {dest}/ (requests.{a.format}, steps.{a.format}, summary.json"
+          + (", latency_cdf.png, timeline.png" if a.plots else "; --plots adds the plots") + ")")
     return 0
 
 
@@ -119,11 +129,12 @@ def _run_and_print(names: list[str], scenarios: list, a) -> int:
     from .outputs import check_out_dir, write_many
     from .runner import run
 
+    _check_format(a)
     if a.out:
         check_out_dir(a.out)
     outs = [run(sc) for sc in scenarios]
     if a.out:
-        write_many(a.out, [(name, lambda folder, o=o: o.write(folder, plots=not a.no_plots))
+        write_many(a.out, [(name, lambda folder, o=o: o.write(folder, a.plots, a.format))
                            for name, o in zip(names, outs, strict=True)], {})
     print(table(names, [o.summary for o in outs]))
     return 0
@@ -181,7 +192,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", metavar="FIELD=VALUE",
                        help="override a scenario field (repeatable)")
         p.add_argument("--out", help=out_help)
-        p.add_argument("--no-plots", action="store_true")
+        p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=False,
+                       help="also write latency_cdf.png and timeline.png (default: no)")
+        p.add_argument("--format", choices=("csv", "parquet"), default="csv",
+                       help="requests and steps tables as CSV (default) or Parquet (pyarrow)")
 
     r = sub.add_parser("run", help="simulate one scenario and write its outputs")
     r.add_argument("scenario", nargs="?", default=str(DEFAULT_SCENARIO))

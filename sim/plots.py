@@ -1,7 +1,9 @@
 """Plots of one run: latency CDFs, and batch size and KV use over time.
 
 `latency_cdfs` and `timeline` draw into axes you pass (a notebook's, say) or open a
-pyplot figure; `plot_run` writes PNG files without touching pyplot or its backend."""
+pyplot figure; `plot_run` writes PNG files without touching pyplot or its backend.
+They read the run's numpy tables (`out.request_table`, `out.step_tables`: one per
+replica), not its pandas frames, and draw a thinned timeline (a few thousand points)."""
 
 from __future__ import annotations
 
@@ -26,16 +28,17 @@ def _cdf(ax, values, weights=None, label=None):
 
 def latency_cdfs(out, ax_grid=None, label=None):
     """Four panels: TTFT, TPOT, ITL, E2E empirical CDFs (seconds)."""
-    req = out.requests[out.requests.status == "finished"]
+    req = out.request_table
+    done = np.asarray(req["status"], dtype=object) == "finished"
     if ax_grid is None:
         import matplotlib.pyplot as plt  # interactive use: the caller's backend
 
         fig, ax_grid = plt.subplots(2, 2, figsize=(10, 7))
     panels = (
-        ("TTFT", req.ttft_s, None),
-        ("TPOT", req.tpot_s, None),
-        ("ITL", out.itl.gap_s, out.itl["count"]),
-        ("E2E latency", req.e2e_s, None),
+        ("TTFT", req["ttft_s"][done], None),
+        ("TPOT", req["tpot_s"][done], None),
+        ("ITL", out.itl_table["gap_s"], out.itl_table["count"]),
+        ("E2E latency", req["e2e_s"][done], None),
     )
     for ax, (title, v, w) in zip(np.ravel(ax_grid), panels, strict=True):
         _cdf(ax, v, w, label=label)
@@ -55,9 +58,9 @@ def timeline(out, axes=None):
         fig, axes = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
     reps = out.result.replicas
     if len(reps) == 1:
-        _timeline_one(out.steps, reps[0].kv, axes)
+        _timeline_one(out.step_tables[0], reps[0].kv, axes)
     else:
-        _timeline_fleet(out.steps, reps, axes)
+        _timeline_fleet(out.step_tables, reps, axes)
     ax1, ax2 = axes
     ax1.set_ylabel("sequences in step")
     ax1.grid(alpha=0.3)
@@ -71,35 +74,42 @@ def timeline(out, axes=None):
 MAX_REPLICA_LINES = 16
 
 
-def _thin(st, limit: int = 4000):
-    """Every k-th step: plotting each of 10^5 steps adds nothing a reader can see."""
-    return st.iloc[:: len(st) // limit] if len(st) > limit else st
+def _thin(table: dict, limit: int = 4000) -> dict[str, np.ndarray]:
+    """Every k-th step (kind as its names): plotting each of 10^5 steps adds nothing a
+    reader can see."""
+    n = len(table["t_start"])
+    every = n // limit if n > limit else 1
+    cols = {c: np.asarray(table[c])[::every] for c in ("t_start", "num_seqs", "kv_tokens",
+                                                        "kv_blocks_used")}
+    cols["prefill"] = np.asarray(table["kind"].codes[::every]) == 0
+    return cols
 
 
-def _timeline_one(steps, kv, axes) -> None:
-    st = _thin(steps)
+def _timeline_one(table: dict, kv, axes) -> None:
+    st = _thin(table)
     ax1, ax2 = axes
-    dec = st[st.kind != "prefill"]
-    pre = st[st.kind == "prefill"]
-    ax1.step(dec.t_start, dec.num_seqs, where="post", lw=0.7, label="sequences per decode step")
-    ax1.plot(pre.t_start, pre.num_seqs, ".", ms=2, alpha=0.5, label="sequences per prefill step")
+    dec, pre = ~st["prefill"], st["prefill"]
+    ax1.step(st["t_start"][dec], st["num_seqs"][dec], where="post", lw=0.7,
+             label="sequences per decode step")
+    ax1.plot(st["t_start"][pre], st["num_seqs"][pre], ".", ms=2, alpha=0.5,
+             label="sequences per prefill step")
     ax1.legend(loc="upper right")
-    ax2.step(st.t_start, st.kv_tokens / kv.capacity_tokens * 100, where="post", lw=1.5,
+    ax2.step(st["t_start"], st["kv_tokens"] / kv.capacity_tokens * 100, where="post", lw=1.5,
              label="holding tokens")
-    ax2.step(st.t_start, st.kv_blocks_used / kv.num_blocks * 100, where="post", lw=0.8,
+    ax2.step(st["t_start"], st["kv_blocks_used"] / kv.num_blocks * 100, where="post", lw=0.8,
              ls="--", color="k", label="allocated")
     ax2.legend(loc="upper right")
 
 
-def _timeline_fleet(steps, reps, axes) -> None:
+def _timeline_fleet(tables: list[dict], reps, axes) -> None:
     ax1, ax2 = axes
     shown = reps[:MAX_REPLICA_LINES]
-    for r in shown:
-        st = _thin(steps[steps.replica == r.name], 4000 // len(shown) + 50)
+    for r, table in zip(shown, tables, strict=False):
+        st = _thin(table, 4000 // len(shown) + 50)
         label = f"{r.name} ({r.role})" if r.role != "both" else r.name
-        line = ax1.step(st.t_start, st.num_seqs, where="post", lw=0.6, label=label)[0]
-        ax2.step(st.t_start, st.kv_blocks_used / r.kv.num_blocks * 100, where="post", lw=0.8,
-                 color=line.get_color(), label=label)
+        line = ax1.step(st["t_start"], st["num_seqs"], where="post", lw=0.6, label=label)[0]
+        ax2.step(st["t_start"], st["kv_blocks_used"] / r.kv.num_blocks * 100, where="post",
+                 lw=0.8, color=line.get_color(), label=label)
     title = "sequences per step, by replica"
     if len(reps) > len(shown):
         title += f" (first {len(shown)} of {len(reps)})"

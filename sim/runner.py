@@ -4,6 +4,11 @@
     >>> out = run("scenarios/quickstart.yaml")
     >>> out.requests.ttft_s.median(), out.summary["output_token_throughput"]
     >>> out.write("runs/quickstart")   # requests.csv, steps.csv, summary.json, plots
+    >>> out.write("runs/q", plots=False, fmt="parquet")   # requests.parquet, steps.parquet
+
+The tables are numpy columns (sim/tablefile.py); `out.requests`, `out.steps` and
+`out.itl` make pandas frames of them on first use, so a run that only writes its
+files never imports pandas.
 """
 
 from __future__ import annotations
@@ -11,43 +16,68 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import pandas as pd
 
 from .build import POLICIES, ReplicaConfig, build_fleet, replica_configs
 from .engine import simulate
 from .latency import StepLatency
-from .metrics import per_replica, requests_frame, steps_frame, summarize
+from .metrics import itl_table, per_replica, request_table, step_tables, summarize
 from .outputs import write_atomically
 from .replica import RunResult
 from .scenario import Scenario, load_scenario
+from .tablefile import frame, write_csv, write_parquet
 from .workload import Workload, generate
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = ["POLICIES", "RunOutput", "prepare", "run"]
+
+
+TABLE_FORMATS = ("csv", "parquet")
 
 
 @dataclass
 class RunOutput:
     scenario: Scenario
-    requests: pd.DataFrame
-    steps: pd.DataFrame
+    request_table: dict  # numpy columns (sim/metrics.py request_table)
+    step_tables: list[dict]  # one per replica, views of its step log
     summary: dict
-    itl: pd.DataFrame  # weighted inter-token gaps: columns gap_s, count
     result: RunResult
+    itl_table: dict  # weighted inter-token gaps: gap_s, count
 
-    def write(self, out_dir: str | Path, plots: bool = True) -> Path:
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        return frame(self.request_table)
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """Every replica's iterations, replica by replica."""
+        return frame(self.step_tables)
+
+    @cached_property
+    def itl(self) -> pd.DataFrame:
+        """Weighted inter-token gaps: columns gap_s, count."""
+        return frame(self.itl_table)
+
+    def write(self, out_dir: str | Path, plots: bool = True, fmt: str = "csv") -> Path:
         """Write all outputs into the folder `out_dir`, replacing an earlier llmsim run
         there atomically; any other non-empty folder is refused (see sim.outputs)."""
-        return write_atomically(out_dir, lambda folder: self.write_files(folder, plots),
+        return write_atomically(out_dir, lambda folder: self.write_files(folder, plots, fmt),
                                 {"scenario": self.scenario.name})
 
-    def write_files(self, folder: Path, plots: bool = True) -> None:
-        """requests.csv, steps.csv, summary.json (and the plots) into an existing folder."""
-        self.requests.to_csv(folder / "requests.csv", index=False, float_format="%.6f")
-        self.steps.to_csv(folder / "steps.csv", index=False, float_format="%.6f")
+    def write_files(self, folder: Path, plots: bool = True, fmt: str = "csv") -> None:
+        """requests.csv, steps.csv (or .parquet), summary.json (and the plots) into an
+        existing folder."""
+        if fmt not in TABLE_FORMATS:
+            raise ValueError(f"table format {fmt!r} (known: {', '.join(TABLE_FORMATS)})")
+        write = write_parquet if fmt == "parquet" else write_csv
+        write(folder / f"requests.{fmt}", self.request_table)
+        write(folder / f"steps.{fmt}", self.step_tables)
         (folder / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         if plots:
             from .plots import plot_run
@@ -84,8 +114,8 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
                    progress=bar.update_to if bar else None)
     if bar:
         bar.close()
-    req = requests_frame(res)
-    steps = steps_frame(res)
+    req = request_table(res)
+    steps = step_tables(res)
     first = configs[0]
     lats = list({id(c.latency): c.latency for c in configs}.values())
     summary = {
@@ -119,10 +149,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
                              for c in {c.group: c for c in configs}.values()]
     if summary["prefix_cache"] is not None:
         summary["prefix_cache"].update(prefill_saved(req, first.latency))
-    itl = pd.DataFrame({"gap_s": np.frombuffer(res.itl_gaps, dtype=float) if len(res.itl_gaps)
-                        else np.zeros(0), "count": np.frombuffer(res.itl_weights, dtype=np.int64)
-                        if len(res.itl_weights) else np.zeros(0, dtype=np.int64)})
-    return RunOutput(sc, req, steps, summary, itl, res)
+    return RunOutput(sc, req, steps, summary, res, itl_table(res))
 
 
 def merged_provenance(lats: list) -> dict[str, float]:
@@ -176,16 +203,18 @@ def merge_speculators(specs: list) -> dict:
     }
 
 
-def prefill_saved(req: pd.DataFrame, lat: StepLatency) -> dict[str, float]:
+def prefill_saved(req, lat: StepLatency) -> dict[str, float]:
     """Prefill time the prefix cache saved, request by request: a lone prefill of the
     whole prompt minus one of the uncached rest (queueing effects not included; compare
-    a run without caching for those)."""
-    hit = req[req.cached_tokens > 0]
+    a run without caching for those). `req`: the request table (or frame)."""
+    cached = np.asarray(req["cached_tokens"], dtype=np.int64)
+    hit = cached > 0
+    prompt = np.asarray(req["prompt_tokens"], dtype=np.int64)[hit].tolist()
     saved = [lat.prefill([(p, 0)]) - lat.prefill([(p - c, c)])
-             for p, c in zip(hit.prompt_tokens.tolist(), hit.cached_tokens.tolist(), strict=True)]
+             for p, c in zip(prompt, cached[hit].tolist(), strict=True)]
     total = float(sum(saved))
-    return {"requests_hit": len(hit), "prefill_s_saved_total": total,
-            "prefill_s_saved_per_request": total / len(req) if len(req) else 0.0}
+    return {"requests_hit": len(prompt), "prefill_s_saved_total": total,
+            "prefill_s_saved_per_request": total / len(cached) if len(cached) else 0.0}
 
 
 def _progress_bar(total_s: float):

@@ -22,7 +22,7 @@ def llmsim(*args, cwd=None):
 def test_run_writes_the_contracted_files_and_columns(tmp_path):
     out = tmp_path / "run"
     r = llmsim("run", str(ROOT / "scenarios" / "quickstart.yaml"), "--out", str(out),
-               "--set", "workload.num_requests=200")
+               "--set", "workload.num_requests=200", "--plots")
     assert r.returncode == 0, r.stderr
     req = pd.read_csv(out / "requests.csv")
     for col in ["id", "arrival_s", "prompt_tokens", "output_tokens", "first_token_s", "finish_s",

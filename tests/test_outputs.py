@@ -107,7 +107,7 @@ def test_a_folder_with_a_foreign_or_broken_manifest_is_not_llmsims(tmp_path):
 
 
 def test_rerun_into_an_llmsim_folder_replaces_it(work):
-    assert llmsim("run", "b.yaml", "--out", "res", cwd=work).returncode == 0
+    assert llmsim("run", "b.yaml", "--out", "res", "--plots", cwd=work).returncode == 0
     assert (work / "res" / "timeline.png").exists()
     first = json.loads((work / "res" / "summary.json").read_text())
     r = llmsim("run", "b.yaml", "--out", "res", "--no-plots", "--set", "seed=2", cwd=work)
@@ -146,10 +146,10 @@ def test_llmsim_folder_holding_the_current_folder_is_refused(work):
 
 
 def test_manifest_names_the_tool_command_scenario_and_every_file(work):
-    assert llmsim("run", "b.yaml", "--out", "res", cwd=work).returncode == 0
+    assert llmsim("run", "b.yaml", "--out", "res", "--plots", cwd=work).returncode == 0
     m = json.loads((work / "res" / MANIFEST).read_text())
     assert m["tool"] == "llmsim" and m["version"] and m["created"]
-    assert m["command"] == "llmsim run b.yaml --out res" and m["scenario"] == "base"
+    assert m["command"] == "llmsim run b.yaml --out res --plots" and m["scenario"] == "base"
     on_disk = sorted(p.name for p in (work / "res").iterdir() if p.name != MANIFEST)
     assert m["files"] == on_disk == ["latency_cdf.png", "requests.csv", "steps.csv",
                                      "summary.json", "timeline.png"]
