@@ -4,9 +4,10 @@ wrapping around, Poisson arrivals at 64 x 5.38 req/s).
 
     python benchmarks/fleet_speed.py [--replicas 64] [--router round_robin] [--write DIR]
 
-Prints the wall and CPU time of simulate() and of building the tables and summary, the
-peak resident memory (ru_maxrss), iterations/s and simulated requests/s. With --write,
-also the time to write requests.csv / steps.csv / summary.json.
+Runs the scenario once, as `llmsim run` does, and prints the engine's wall time
+(iterations/s, simulated requests/s), the whole run's wall and CPU time and the peak
+resident memory (ru_maxrss). With --write, also the time to write requests.csv,
+steps.csv and summary.json.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import resource
 import time
 from pathlib import Path
 
-from sim.build import build_fleet
-from sim.engine import simulate
-from sim.runner import prepare, run
+from sim.runner import run
 from sim.scenario import scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,27 +49,21 @@ def main() -> None:
     a = ap.parse_args()
     sc = scenario(a.replicas, a.router, a.hours)
     t0, c0 = time.perf_counter(), time.process_time()
-    configs, wl, rng = prepare(sc)
-    fleet = build_fleet(sc, configs, rng)
-    t1, c1 = time.perf_counter(), time.process_time()
-    res = simulate(wl, fleet.replicas, fleet.router)
-    t2, c2 = time.perf_counter(), time.process_time()
-    iters = sum(len(r.steps.t_end) for r in res.replicas)
-    print(f"{a.replicas} replicas, router {a.router}: {len(res.seqs):,} requests, "
+    out = run(sc)  # what `llmsim run` does: workload, fleet, simulate, tables, summary
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    iters = sum(len(r.steps.t_end) for r in out.result.replicas)
+    sim_s = out.summary["simulate_wall_s"]
+    print(f"{a.replicas} replicas, router {a.router}: {len(out.result.seqs):,} requests, "
           f"{iters:,} iterations")
-    print(f"  workload + build: {t1 - t0:6.1f} s wall {c1 - c0:6.1f} s cpu")
-    print(f"  simulate():       {t2 - t1:6.1f} s wall {c2 - c1:6.1f} s cpu  "
-          f"({iters / (c2 - c1):,.0f} iterations/s, {len(res.seqs) / (c2 - c1):,.0f} requests/s of cpu)")
-    del res
-    t3, c3 = time.perf_counter(), time.process_time()
-    out = run(sc)  # the whole run again, with tables and summary (what `llmsim run` does)
-    t4, c4 = time.perf_counter(), time.process_time()
-    print(f"  sim.run() end to end: {t4 - t3:6.1f} s wall {c4 - c3:6.1f} s cpu")
+    print(f"  simulate():           {sim_s:6.1f} s wall ({iters / sim_s:,.0f} iterations/s, "
+          f"{len(out.result.seqs) / sim_s:,.0f} simulated requests/s)")
+    print(f"  sim.run() end to end: {wall:6.1f} s wall {cpu:6.1f} s cpu")
+    print(f"  peak RSS after run:   {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
     if a.write:
         t5 = time.perf_counter()
         out.write(a.write, plots=False)
-        print(f"  writing tables: {time.perf_counter() - t5:6.1f} s")
-    print(f"  peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+        print(f"  writing tables: {time.perf_counter() - t5:6.1f} s wall")
+        print(f"  peak RSS:       {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
 
 
 if __name__ == "__main__":

@@ -29,9 +29,9 @@ from .outdir import open_progress, write_output
 from .specload import SpecError, parse_cli_value
 
 EXECUTORS = ("process", "ray", "sequential")
-UNSTABLE = ("wall_s",)
+UNSTABLE = ("wall_s", "simulate_wall_s")  # summary fields that differ from run to run: never in a row
 # fork: workers need not re-import the caller (a notebook, stdin); spawn where no fork
-_START_METHOD = "fork" if sys.platform != "win32" else "spawn"  # summary fields that differ from run to run: never in a row
+_START_METHOD = "fork" if sys.platform != "win32" else "spawn"
 
 
 def parse_axis(text: str, where: str) -> tuple[str, list]:
