@@ -262,7 +262,7 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
     cands = candidate_grid(spec)
     load_scenario(_resolve(spec, spec.scenario))  # a bad scenario fails before any run
     rows = _map(spec, cands, prices, workers or os.cpu_count() or 1, progress)
-    if rows and all(r["note"].startswith("invalid") for r in rows):  # a typo, not a combination
+    if rows and all(r["status"] == "skipped" for r in rows):  # a typo, not a combination
         raise SpecError(spec.file, "candidates", rows[0]["note"])
     front = set(pareto(rows))
     for r in rows:
