@@ -97,3 +97,14 @@ def test_report_of_a_run_folder_with_a_damaged_summary_is_a_one_line_error(user_
     (user_cwd / "o" / "summary.json").write_text("{")
     _refused(["report", "o"], user_cwd, capsys, "damaged run folder")
     os.remove(user_cwd / "o" / "summary.json")
+
+
+@pytest.mark.parametrize("transfer, needle", [
+    ("{bandwidth_gbs: 1e-300}", "kv_transfer.bandwidth_gbs"),
+    ("{bandwidth_gbs: 1e300}", "kv_transfer.bandwidth_gbs"),
+    ("{latency_us: 1e300}", "kv_transfer.latency_us"),
+])
+def test_kv_transfer_link_figures_far_outside_any_link_are_one_line_errors(user_cwd, capsys, transfer, needle):
+    (user_cwd / "b.yaml").write_text(B + "cluster: {groups: [{name: p, role: prefill}, "
+                                     f"{{name: d, role: decode}}], kv_transfer: {transfer}}}\n")
+    _refused(RUN, user_cwd, capsys, needle)
