@@ -100,8 +100,18 @@ def _check_format(a) -> None:
                             "or --format csv)")
 
 
+def _is_llmsim_trace(path: Path) -> bool:
+    """A Perfetto trace llmsim wrote ends with its producer mark (sim/perfetto.py)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 256))
+            return b'"producer":"llmsim"' in f.read()
+    except OSError:
+        return False
+
+
 def cmd_run(a) -> int:
-    from .outputs import check_out_dir, safe_folder_name
+    from .outputs import check_out_dir, check_out_file, safe_folder_name
     from .runner import run
     from .scenario import load_scenario
 
@@ -109,6 +119,8 @@ def cmd_run(a) -> int:
     sc = load_scenario(a.scenario, _parse_sets(a.set))
     dest = Path(a.out) if a.out else Path("runs") / safe_folder_name(sc.name)
     check_out_dir(dest)  # before the simulation, not after it
+    if a.trace_out:
+        check_out_file(a.trace_out, flag="--trace-out", ours=_is_llmsim_trace)
     out = run(sc, progress=not a.no_progress and sys.stderr.isatty())
     out.write(dest, plots=a.plots, fmt=a.format)
     if a.trace_out:

@@ -61,8 +61,10 @@ class KVTransferSpec:
     """The link a prefill replica's KV crosses to reach a decode replica."""
 
     link: str = "infiniband-ndr400"  # gpu_profiles/links.yaml
-    bandwidth_gbs: float | None = field(default=None, metadata={"gt": 0})  # overrides the link's
-    latency_us: float | None = field(default=None, metadata={"ge": 0})
+    # overrides the link's; 1 MB/s to 1 PB/s and at most an hour, so transfer times stay
+    # on the scale of the steps they interleave with (1e-300 GB/s put requests at 1e298 s)
+    bandwidth_gbs: float | None = field(default=None, metadata={"ge": 1e-3, "le": 1e6})
+    latency_us: float | None = field(default=None, metadata={"ge": 0, "le": 3.6e9})
 
 
 @dataclass(frozen=True)

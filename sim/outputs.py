@@ -242,6 +242,37 @@ def check_out_dir(path: str | Path, *, flag: str = "--out", adds_to: bool = Fals
     return _inspect(path, flag)[0]
 
 
+def check_out_file(path: str | Path, *, flag: str, ours: Callable[[Path], bool]) -> Path:
+    """Check, before any work, that llmsim may write the one file `path` (a trace, a
+    runtime YAML); returns it resolved. An existing file is replaced only when `ours`
+    says llmsim wrote it; a folder, a device, a path under a file and anywhere llmsim
+    cannot write are refused (OutputError). Writes nothing."""
+    if str(path) == "":
+        raise OutputError(flag, "''", "an empty path")
+    shown = Path(path)
+    target = Path(os.path.realpath(path))
+    try:
+        os.stat(target)
+    except OSError as e:
+        if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+            raise OutputError(flag, shown, _describe_oserror(e)) from None
+    if target.is_dir():
+        raise OutputError(flag, shown, "is a folder (allowed: a file name)")
+    if target.exists():
+        if not target.is_file() or not ours(target):
+            raise OutputError(flag, shown, "exists and was not written by llmsim (allowed: a new "
+                              "file name, or a file llmsim wrote)")
+        _probe(target.parent, flag, shown)
+        return target
+    ancestor = target.parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise OutputError(flag, shown, f"{ancestor} is a file, not a folder")
+    _probe(ancestor, flag, shown)
+    return target
+
+
 # --- writing -------------------------------------------------------------------------------
 
 @contextmanager

@@ -120,9 +120,8 @@ def evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     """One candidate: sustained rate, fleet size, cost, latency at its share, binding."""
     row: dict[str, Any] = {"candidate": label(cand), **cand}
     over = dict(cand)
-    tp = int(over.get("parallel.tensor", 1))
     if "parallel.tensor" in over and not tp_supported():
-        if tp != 1:
+        if over["parallel.tensor"] != 1:
             return {**row, "status": "skipped", "note": "tensor parallelism is not in this build's scenario spec"}
         over.pop("parallel.tensor")
     scen = str(_resolve(spec, spec.scenario))
@@ -131,7 +130,7 @@ def evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
         sc = load_scenario(scen, base)
     except SpecError as e:
         return {**row, "status": "skipped", "note": f"invalid combination: {e.path}: {e.message}"}
-    gpu = sc.gpu
+    gpu, tp = sc.gpu, sc.parallel.tensor if tp_supported() else 1
     if gpu not in prices:
         return {**row, "status": "skipped", "note": f"no price for GPU '{gpu}' in the prices file"}
     s = spec.search
@@ -263,7 +262,7 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
     cands = candidate_grid(spec)
     load_scenario(_resolve(spec, spec.scenario))  # a bad scenario fails before any run
     rows = _map(spec, cands, prices, workers or os.cpu_count() or 1, progress)
-    if rows and all(r["note"].startswith("invalid") for r in rows):  # a typo, not a combination
+    if rows and all(r["status"] == "skipped" for r in rows):  # a typo, not a combination
         raise SpecError(spec.file, "candidates", rows[0]["note"])
     front = set(pareto(rows))
     for r in rows:

@@ -3,16 +3,39 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 from .specload import SpecError
 
 
+def whole_number(text: str) -> int:
+    """An argparse type: a whole number from 1 to 10**8 (workers, requests)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 10**8:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 1 to 10^8, got '{text}'")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds above 0, got '{text}'")
+    return value
+
+
 def _executor_args(p) -> None:
     p.add_argument("--executor", default="process", choices=("process", "ray", "sequential"),
                    help="local worker processes (default), Ray, or one at a time")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--workers", type=whole_number, default=None, help="worker processes (default: CPU count)")
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
 
 
@@ -127,9 +150,9 @@ def add_parsers(sub) -> None:
     c = sub.add_parser("curve", help="throughput-latency curves of scenarios against offered load")
     c.add_argument("scenarios", nargs="+")
     c.add_argument("--rates", required=True, help="offered request rates, e.g. 1,2,4,8,16")
-    c.add_argument("--requests", type=int, help="requests per point (default: the scenario's)")
+    c.add_argument("--requests", type=whole_number, help="requests per point (default: the scenario's)")
     c.add_argument("--seed", type=int, help="seed for every point (default: the scenario's)")
-    c.add_argument("--ttft-bound", type=float, help="p99 TTFT bound of the knee when the scenario has no slo.ttft_s")
+    c.add_argument("--ttft-bound", type=positive_seconds, help="p99 TTFT bound of the knee when the scenario has no slo.ttft_s")
     c.add_argument("--out", help="output folder (default runs/curve_<first scenario>)")
     c.add_argument("--report", action="store_true", help="also write report.html/.md")
     _executor_args(c)
@@ -138,7 +161,7 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("plan", help="cheapest fleet meeting SLOs at a target rate, validated by simulation")
     p.add_argument("plan", help="plan YAML (see sim/plan.py)")
     p.add_argument("--prices", help="GPU prices YAML (default gpu_profiles/prices.yaml)")
-    p.add_argument("--workers", type=int, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--workers", type=whole_number, default=None, help="worker processes (default: CPU count)")
     p.add_argument("--out", help="output folder (default runs/plan_<name>)")
     p.add_argument("--report", action="store_true", help="also write report.html/.md")
     p.set_defaults(fn=cmd_plan)

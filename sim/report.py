@@ -125,7 +125,15 @@ def build_report(folder: str | Path) -> Report:
     makers = {"run": run_report, "sweep": sweep_report, "curve": curve_report, "plan": plan_report}
     if kind not in makers:
         raise SpecError(p, "", "not an llmsim output folder (allowed: a run, sweep, curve or plan folder)")
-    return makers[kind](p)
+    try:
+        return makers[kind](p)
+    except OSError as e:  # a file its manifest promises is missing or unreadable
+        raise SpecError(p, Path(e.filename or "").name, f"{e.strerror or e} (allowed: the complete "
+                        f"{kind} folder llmsim wrote)") from None
+    except (ValueError, KeyError, TypeError, IndexError) as e:  # damaged JSON or CSV
+        what = " ".join(str(e).split())[:120]
+        raise SpecError(p, "", f"damaged {kind} folder: {type(e).__name__}: {what} "
+                        f"(allowed: the complete {kind} folder llmsim wrote)") from None
 
 
 def run_report(p: Path) -> Report:

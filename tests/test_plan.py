@@ -149,3 +149,16 @@ def test_plan_whose_every_candidate_is_invalid_is_a_one_line_error(tmp_path, cap
     err = capsys.readouterr().err
     assert err.startswith("llmsim: error: ") and "scheduler.polcy: unknown key" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("tensor", ["{bogus: 1}", ".inf", "x"])
+def test_plan_with_a_tensor_candidate_of_the_wrong_type_is_a_one_line_error(tmp_path, capsys, tensor):
+    from sim.cli import main
+
+    p = tmp_path / "p.yaml"
+    p.write_text(f"scenario: {ROOT / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 1\n"
+                 f"slo: {{ttft_p99_s: 1}}\ncandidates: {{tensor: [{tensor}]}}\n")
+    assert main(["plan", str(p), "--out", str(tmp_path / "o"), "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("llmsim: error: ") and "parallel.tensor" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()

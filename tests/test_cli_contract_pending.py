@@ -1,0 +1,67 @@
+"""Contract cases the QA harness found in commands whose modules this branch does not own
+(sim/calibrate/cli.py, sim/replay.py, sim/logfit.py); calibrate's
+--budget-s nan / --threads 0 (they hang) are in the QA report, not here. Each is a strict xfail: it starts
+passing, and so failing here, when the fix lands; then drop the mark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = ROOT / "data" / "live" / "cb_r16_steps.csv"
+REQS = ROOT / "data" / "live" / "cb_r16_requests.csv"
+B = ("name: base\nseed: 1\nworkload:\n  num_requests: 20\n  arrival: {kind: poisson, rate: 5}\n"
+     "  prompt: {kind: fixed, value: 100}\n  output: {kind: fixed, value: 20}\n")
+FIT = ["fit-log", str(STEPS), "--requests", str(REQS), "--model", "llama-3.2-1b", "--gpu", "h200-sxm",
+       "--base-runtime", "vllm", "--out"]
+REPLAY = ["validate", "b.yaml", "--replay", str(STEPS), str(REQS), "--out"]
+
+
+def _tree(root: Path) -> dict[str, bytes | None]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
+
+
+@pytest.fixture
+def user_cwd(tmp_path, monkeypatch):
+    (tmp_path / "b.yaml").write_text(B)
+    (tmp_path / "user.txt").write_text("mine")
+    (tmp_path / "userdir").mkdir()
+    (tmp_path / "userdir" / "f.txt").write_text("mine")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _one_line_nothing_written(argv, root, capsys):
+    before = _tree(root)
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = e.code
+    except Exception:  # noqa: BLE001 - a traceback is the failure being recorded
+        rc = "traceback"
+    err = capsys.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith("llmsim: error: ")
+    assert _tree(root) == before
+
+
+@pytest.mark.xfail(strict=True, reason="fit-log writes --out without checking it (sim/calibrate/cli.py)")
+@pytest.mark.parametrize("out", ["user.txt", ".", "userdir", "user.txt/rt.yaml", "/proc/rt.yaml"])
+def test_fit_log_out_that_is_a_users_file_or_not_writable_is_refused_before_fitting(user_cwd, capsys, out):
+    _one_line_nothing_written(FIT + [out], user_cwd, capsys)
+
+
+@pytest.mark.xfail(strict=True, reason="validate --replay writes into --out without checking it (sim/replay.py)")
+@pytest.mark.parametrize("out", [".", "userdir", "user.txt", "user.txt/v", "/proc/v"])
+def test_validate_replay_out_that_is_a_users_folder_or_file_is_refused(user_cwd, capsys, out):
+    _one_line_nothing_written(REPLAY + [out], user_cwd, capsys)
+
+
+@pytest.mark.xfail(strict=True, reason="fit-log: a header-only log is an argmax traceback (sim/logfit.py)")
+def test_fit_log_of_a_log_without_rows_is_a_one_line_error(user_cwd, capsys):
+    (user_cwd / "s.csv").write_text("t_start,t_end,kind,num_seqs,num_tokens,sum_ctx,free_blocks\n")
+    argv = ["fit-log", "s.csv", "--model", "llama-3.2-1b", "--gpu", "h200-sxm", "--base-runtime", "vllm"]
+    _one_line_nothing_written(argv + ["--out", "rt.yaml"], user_cwd, capsys)
