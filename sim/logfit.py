@@ -68,10 +68,19 @@ def _read(path: str | Path, columns: list[str]) -> pd.DataFrame:
     if missing:
         raise SpecError(p, "header", f"missing columns {', '.join(missing)} "
                         f"(needed: {', '.join(columns)})")
+    if df.empty:
+        raise SpecError(p, "", "no rows after the header (allowed: a log with at least one row)")
     for c in columns:
         if c != "kind" and not pd.api.types.is_numeric_dtype(df[c]):
             bad = int(pd.to_numeric(df[c], errors="coerce").isna().to_numpy().argmax())
             raise SpecError(p, f"line {bad + 2}", f"{c}: {df[c].iloc[bad]!r} is not a number")
+        if c != "kind":
+            values = df[c].to_numpy(dtype=float)
+            finite = np.isfinite(values)
+            if not finite.all():
+                bad = int((~finite).argmax())
+                raise SpecError(p, f"line {bad + 2}", f"{c}: {df[c].iloc[bad]!r} is not finite "
+                                "(allowed: finite numbers)")
     return df
 
 

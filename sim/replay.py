@@ -85,9 +85,14 @@ def markdown(r: dict) -> str:
 
 
 def write_report(r: dict, out: str | Path) -> Path:
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame(r["metrics"]).to_csv(folder / "replay.csv", index=False, float_format="%.6g")
-    (folder / "replay.md").write_text(markdown(r))
-    (folder / "replay.json").write_text(json.dumps(r, indent=2) + "\n")
-    return folder
+    """replay.csv, replay.md and replay.json in an llmsim output folder (sim/outputs.py:
+    marked, replaced atomically, never a folder llmsim did not make)."""
+    from .outputs import write_atomically
+
+    def write(folder: Path) -> None:
+        pd.DataFrame(r["metrics"]).to_csv(folder / "replay.csv", index=False, float_format="%.6g")
+        (folder / "replay.md").write_text(markdown(r))
+        (folder / "replay.json").write_text(json.dumps(r, indent=2) + "\n")
+
+    write_atomically(Path(out), write, {"kind": "replay"})
+    return Path(out)

@@ -14,6 +14,7 @@ interrupted (the partial profile is kept).
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -36,6 +37,22 @@ def _fail(msg: str) -> int:
     return 2
 
 
+PROFILE_FILES = ("profile.yaml", "calibration.json")  # what marks a folder as a profile
+
+
+def check_profile_folder(out: Path) -> None:
+    """`calibrate` adds its named files to a profile folder: refuse, before measuring, a
+    folder that holds other things and is not already a profile (a user's own folder)."""
+    from sim.outputs import OutputError
+
+    if not out.is_dir():
+        return
+    entries = [p.name for p in out.iterdir() if not p.name.startswith(".")]
+    if entries and not any((out / name).is_file() for name in PROFILE_FILES):
+        raise OutputError("--out", out, "is a folder that is not a GPU profile (allowed: a new "
+                          "or empty folder, or one llmsim calibrate wrote)")
+
+
 def cmd_calibrate(a) -> int:
     if not _need_torch():
         return 2
@@ -44,6 +61,7 @@ def cmd_calibrate(a) -> int:
 
     out = Path(a.out)
     check_out_dir(out, adds_to=True)  # where, before measuring (it adds to a profile folder)
+    check_profile_folder(out)
     models = [m.strip() for m in a.models.split(",") if m.strip()]
     argv = ["calibrate", f"--models {a.models}", f"--device {a.device}", f"--dtype {a.dtype}",
             f"--out {a.out}"] + ([f"--budget-s {a.budget_s:g}"] if a.budget_s else []) \
@@ -110,8 +128,10 @@ def cmd_validate(a) -> int:
 
 def cmd_replay(a) -> int:
     """`validate SCENARIO --replay STEPS REQUESTS`: a serving log against the simulator."""
+    from sim.outputs import check_out_dir
     from sim.replay import markdown, replay, write_report
 
+    check_out_dir(a.out)  # before replaying, not after
     report = replay(a.scenario, a.replay[0], a.replay[1], runtime=a.runtime)
     print(markdown(report))
     print(f"wrote {write_report(report, a.out)}/ (replay.md, replay.csv, replay.json)")
@@ -123,20 +143,85 @@ def cmd_fit_log(a) -> int:
     from sim.latency import load_runtime
     from sim.logfit import fit_log, format_fit, runtime_yaml
     from sim.models import load_model
+    from sim.outputs import check_out_file
     from sim.profiles import load_profile
 
-    out = Path(a.out)
+    out = check_out_file(a.out, flag="--out", ours=_is_fitted_runtime)  # before fitting
     name = a.name or out.stem
     fit = fit_log(a.steps, a.requests, load_model(a.model, path="--model"),
                   load_profile(a.gpu, path="--gpu"), load_runtime(a.base_runtime, path="--base-runtime"),
                   name, a.prefill_attention, a.decode_attention)
     report = format_fit(fit)
     print(report)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(runtime_yaml(fit.runtime, f"Runtime fitted by llmsim fit-log (sim/logfit.py).\n"
-                                f"Fit error on the log's own steps (in-sample):\n{report}"))
-    print(f"wrote {out}")
+    text = runtime_yaml(fit.runtime, f"{FIT_LOG_MARK} (sim/logfit.py).\n"
+                        f"Fit error on the log's own steps (in-sample):\n{report}")
+    write_file_atomically(out, text)
+    print(f"wrote {a.out}")
     return 0
+
+
+FIT_LOG_MARK = "Runtime fitted by llmsim fit-log"
+
+
+def _is_fitted_runtime(path: Path) -> bool:
+    """A runtime YAML that `llmsim fit-log` wrote (its first line says so): replaceable."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().startswith("# " + FIT_LOG_MARK)
+    except OSError:
+        return False
+
+
+def write_file_atomically(path: Path, text: str) -> None:
+    """Write `text` to a temp file beside `path`, then rename it in: an interrupt leaves
+    the old file or the new one, never half of one."""
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _positive_seconds(text: str) -> float:
+    import argparse
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v) or v <= 0 or v > 1e9:
+        raise argparse.ArgumentTypeError(f"{text!r} (allowed: seconds > 0, finite, at most 1e9)")
+    return v
+
+
+def _threads(text: str) -> int:
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= v <= 1024:
+        raise argparse.ArgumentTypeError(f"{text!r} (allowed: 1 to 1024)")
+    return v
 
 
 def add_parsers(sub) -> None:
@@ -150,10 +235,10 @@ def add_parsers(sub) -> None:
     c.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="auto: bfloat16 on CUDA, float32 on the CPU")
     c.add_argument("--out", required=True, help="profile folder to write, e.g. gpu_profiles/NAME")
-    c.add_argument("--budget-s", type=float, default=None,
+    c.add_argument("--budget-s", type=_positive_seconds, default=None,
                    help="stop after this many seconds, most important measurements first")
     c.add_argument("--quick", action="store_true", help="small grids (CI, trying it on a CPU)")
-    c.add_argument("--threads", type=int, help="CPU only: intra-op threads (default 1)")
+    c.add_argument("--threads", type=_threads, help="CPU only: intra-op threads (default 1)")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(fn=cmd_calibrate)
     v = sub.add_parser("validate", help="compare the simulator with the reference engine",
@@ -169,9 +254,9 @@ def add_parsers(sub) -> None:
     v.add_argument("--out", required=True, help="report folder")
     v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     v.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
-    v.add_argument("--threads", type=int,
+    v.add_argument("--threads", type=_threads,
                    help="CPU only: intra-op threads (default: the profile's, else 1)")
-    v.add_argument("--runs", type=int, default=2, help="real runs (the 2nd gives the spread)")
+    v.add_argument("--runs", type=_threads, default=2, help="real runs (the 2nd gives the spread)")
     v.set_defaults(fn=cmd_validate)
     f = sub.add_parser("fit-log", help="fit a runtime profile to a serving engine's logs",
                        description="Fit host terms, GPU scales, a per-new-prefill-shape stall and "

@@ -1,7 +1,5 @@
-"""Contract cases the QA harness found in commands whose modules this branch does not own
-(sim/calibrate/cli.py, sim/replay.py, sim/logfit.py); calibrate's
---budget-s nan / --threads 0 (they hang) are in the QA report, not here. Each is a strict xfail: it starts
-passing, and so failing here, when the fix lands; then drop the mark."""
+"""Output and input contract of fit-log, validate --replay and calibrate (found by the QA
+harness): a user's file or folder is never written into, bad flags and logs are one line."""
 
 from __future__ import annotations
 
@@ -48,20 +46,37 @@ def _one_line_nothing_written(argv, root, capsys):
     assert _tree(root) == before
 
 
-@pytest.mark.xfail(strict=True, reason="fit-log writes --out without checking it (sim/calibrate/cli.py)")
 @pytest.mark.parametrize("out", ["user.txt", ".", "userdir", "user.txt/rt.yaml", "/proc/rt.yaml"])
 def test_fit_log_out_that_is_a_users_file_or_not_writable_is_refused_before_fitting(user_cwd, capsys, out):
     _one_line_nothing_written(FIT + [out], user_cwd, capsys)
 
 
-@pytest.mark.xfail(strict=True, reason="validate --replay writes into --out without checking it (sim/replay.py)")
 @pytest.mark.parametrize("out", [".", "userdir", "user.txt", "user.txt/v", "/proc/v"])
 def test_validate_replay_out_that_is_a_users_folder_or_file_is_refused(user_cwd, capsys, out):
     _one_line_nothing_written(REPLAY + [out], user_cwd, capsys)
 
 
-@pytest.mark.xfail(strict=True, reason="fit-log: a header-only log is an argmax traceback (sim/logfit.py)")
 def test_fit_log_of_a_log_without_rows_is_a_one_line_error(user_cwd, capsys):
     (user_cwd / "s.csv").write_text("t_start,t_end,kind,num_seqs,num_tokens,sum_ctx,free_blocks\n")
+    argv = ["fit-log", "s.csv", "--model", "llama-3.2-1b", "--gpu", "h200-sxm", "--base-runtime", "vllm"]
+    _one_line_nothing_written(argv + ["--out", "rt.yaml"], user_cwd, capsys)
+
+
+@pytest.mark.parametrize("flag", [["--budget-s", "nan"], ["--budget-s", "-1"], ["--threads", "0"]])
+def test_calibrate_numeric_flags_out_of_range_are_one_line(user_cwd, capsys, flag):
+    _one_line_nothing_written(["calibrate", "--out", "p", *flag], user_cwd, capsys)
+
+
+def test_calibrate_refuses_a_users_folder_before_measuring(user_cwd, capsys):
+    pytest.importorskip("torch")
+    _one_line_nothing_written(["calibrate", "--out", "userdir", "--device", "cpu", "--quick"],
+                              user_cwd, capsys)
+
+
+def test_fit_log_with_a_non_finite_cell_is_a_one_line_error(user_cwd, capsys):
+    text = STEPS.read_text().splitlines()
+    cells = text[2].split(",")
+    cells[1] = "inf"
+    (user_cwd / "s.csv").write_text("\n".join([text[0], text[1], ",".join(cells)] + text[3:]) + "\n")
     argv = ["fit-log", "s.csv", "--model", "llama-3.2-1b", "--gpu", "h200-sxm", "--base-runtime", "vllm"]
     _one_line_nothing_written(argv + ["--out", "rt.yaml"], user_cwd, capsys)
