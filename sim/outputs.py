@@ -216,12 +216,7 @@ def _inspect(path: str | Path, flag: str) -> tuple[Path, str]:
         if not os.access(target, os.W_OK | os.X_OK):
             raise OutputError(flag, shown, "cannot replace the folder (permission denied)")
         return target, "replace"
-    ancestor = target.parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise OutputError(flag, shown, f"{ancestor} is a file, not a folder")
-    _probe(ancestor, flag, shown)
+    _probe_new(target, flag, shown)
     return target, "new"
 
 
@@ -264,13 +259,19 @@ def check_out_file(path: str | Path, *, flag: str, ours: Callable[[Path], bool])
                               "file name, or a file llmsim wrote)")
         _probe(target.parent, flag, shown)
         return target
+    _probe_new(target, flag, shown)
+    return target
+
+
+def _probe_new(target: Path, flag: str, shown: Path) -> None:
+    """`target` does not exist yet: its nearest existing ancestor must be a folder llmsim
+    can create things in."""
     ancestor = target.parent
     while not ancestor.exists():
         ancestor = ancestor.parent
     if not ancestor.is_dir():
         raise OutputError(flag, shown, f"{ancestor} is a file, not a folder")
     _probe(ancestor, flag, shown)
-    return target
 
 
 # --- writing -------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import contextlib
 import sys
 from pathlib import Path
 
+from sim.argtypes import positive_seconds, whole_number
 from sim.outputs import check_out_dir
 
 NO_TORCH = "llmsim: error: calibrate needs PyTorch: pip install 'llmsim[calibrate]'"
@@ -199,31 +200,6 @@ def _umask() -> int:
     return mask
 
 
-def _positive_seconds(text: str) -> float:
-    import argparse
-    import math
-
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(v) or v <= 0 or v > 1e9:
-        raise argparse.ArgumentTypeError(f"{text!r} (allowed: seconds > 0, finite, at most 1e9)")
-    return v
-
-
-def _threads(text: str) -> int:
-    import argparse
-
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= v <= 1024:
-        raise argparse.ArgumentTypeError(f"{text!r} (allowed: 1 to 1024)")
-    return v
-
-
 def add_parsers(sub) -> None:
     """Register the calibration subcommands on the main parser's subparsers."""
     c = sub.add_parser("calibrate", help="measure a GPU profile (needs PyTorch)",
@@ -235,10 +211,10 @@ def add_parsers(sub) -> None:
     c.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
                    help="auto: bfloat16 on CUDA, float32 on the CPU")
     c.add_argument("--out", required=True, help="profile folder to write, e.g. gpu_profiles/NAME")
-    c.add_argument("--budget-s", type=_positive_seconds, default=None,
+    c.add_argument("--budget-s", type=positive_seconds, default=None,
                    help="stop after this many seconds, most important measurements first")
     c.add_argument("--quick", action="store_true", help="small grids (CI, trying it on a CPU)")
-    c.add_argument("--threads", type=_threads, help="CPU only: intra-op threads (default 1)")
+    c.add_argument("--threads", type=whole_number, help="CPU only: intra-op threads (default 1)")
     c.add_argument("--no-progress", action="store_true")
     c.set_defaults(fn=cmd_calibrate)
     v = sub.add_parser("validate", help="compare the simulator with the reference engine",
@@ -254,9 +230,9 @@ def add_parsers(sub) -> None:
     v.add_argument("--out", required=True, help="report folder")
     v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     v.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
-    v.add_argument("--threads", type=_threads,
+    v.add_argument("--threads", type=whole_number,
                    help="CPU only: intra-op threads (default: the profile's, else 1)")
-    v.add_argument("--runs", type=_threads, default=2, help="real runs (the 2nd gives the spread)")
+    v.add_argument("--runs", type=whole_number, default=2, help="real runs (the 2nd gives the spread)")
     v.set_defaults(fn=cmd_validate)
     f = sub.add_parser("fit-log", help="fit a runtime profile to a serving engine's logs",
                        description="Fit host terms, GPU scales, a per-new-prefill-shape stall and "
