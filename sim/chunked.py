@@ -12,7 +12,16 @@ from __future__ import annotations
 from .batch import Seq
 from .kv import PagedKV
 from .scenario import SchedulerSpec
-from .scheduler import IDLE, ReplicaState, StepPlan, never_fits, resumed
+from .scheduler import (
+    IDLE,
+    Admission,
+    Chunk,
+    Rejection,
+    ReplicaState,
+    StepPlan,
+    never_fits,
+    resumed,
+)
 
 
 class ChunkedPolicy:
@@ -39,15 +48,14 @@ class ChunkedPolicy:
             blocks = kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled)
             if q <= 0 or blocks > free:
                 break
-            plan.chunks.append((s, q))
+            plan.chunks.append(Chunk(s, q))
             budget -= q
             free -= blocks
         seqs = len(batch) + len(st.prefilling) - len(gone)
         for s in st.waiting if not plan.preempt else ():
             reason = never_fits(st, s, st.max_model_len) or self.first_chunk_never_fits(st, s)
             if reason:
-                plan.reject.append(s)
-                plan.reasons.append(reason)
+                plan.reject.append(Rejection(s, reason))
                 continue
             if budget <= 0 or seqs + 1 > spec.max_num_seqs:
                 break
@@ -64,9 +72,8 @@ class ChunkedPolicy:
                 blocks = kv.blocks_for(q)
             if free - blocks < self.watermark:
                 break
-            plan.prefill.append(s)
-            plan.hits.append(h)
-            plan.chunks.append((s, q))
+            plan.admit.append(Admission(s, h, q))
+            plan.chunks.append(Chunk(s, q))
             budget -= q
             free -= blocks
             seqs += 1

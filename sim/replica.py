@@ -105,28 +105,31 @@ class Replica:
         """Drop the plan's rejected requests. Policies reject while scanning their queue
         from the head, so each one lies among the first few entries: O(rejected + admitted)."""
         st = self.st
-        from_swap = [s for s in plan.reject if s.state == SWAPPED]
+        gone = [r.seq for r in plan.reject]
+        from_swap = [s for s in gone if s.state == SWAPPED]
         if from_swap:
             drop_from_head(st.swapped, set(from_swap))
             st.swap_free_blocks += sum(s.reserved for s in from_swap)
-        if len(from_swap) < len(plan.reject):
-            drop_from_head(st.waiting, {s for s in plan.reject if s.state != SWAPPED})
-        for s, why in zip(plan.reject, plan.reasons, strict=True):
+        if len(from_swap) < len(gone):
+            drop_from_head(st.waiting, {s for s in gone if s.state != SWAPPED})
+        for r in plan.reject:
+            s = r.seq
             s.state = REJECTED
-            s.reject_reason = why
+            s.reject_reason = r.reason
             self.done += 1
             self.load.outstanding -= 1
 
-    def admit(self, plan: StepPlan, now: float, chunk: list[int] | None = None) -> None:
+    def admit(self, plan: StepPlan, now: float, chunked: bool = False) -> None:
         """Take the plan's new requests off the queue and give them KV for their whole
-        prefill, or for their cached prefix plus a first `chunk` of tokens each, reusing
-        cached prefix blocks. Every request references its cached prefix before any
+        prefill, or (`chunked`) for their cached prefix plus their first chunk's tokens,
+        reusing cached prefix blocks. Every request references its cached prefix before any
         block is taken, so no admission evicts a block a later one in the plan counts on
         (its new tokens are then the plan's, within the step's token budget)."""
         st, kv, prefix = self.st, self.st.kv, self.st.prefix
         per_row = StaticPolicy.per_request_reservation(st, plan.prefill) if self.static else 0
         need = 0
-        for i, (s, h) in enumerate(zip(plan.prefill, plan.hits, strict=True)):
+        for a in plan.admit:
+            s, h = a.seq, a.cached_blocks
             st.waiting.popleft()
             first = s.sched_t < 0
             if first:
@@ -137,14 +140,14 @@ class Replica:
                 s.prefilled = 0
                 continue
             if prefix is not None and s.prefix:
-                upto = None if chunk is None else h * prefix.hash_tokens + chunk[i]
+                upto = h * prefix.hash_tokens + a.chunk_tokens if chunked else None
                 need += prefix.admission_blocks(s, h, upto)
                 s.prefilled = prefix.acquire(s, h, first)
                 if first:
                     s.cached_tokens = s.prefilled
             else:
                 s.prefilled = 0
-                need += kv.blocks_for(s.tokens_to_prefill if chunk is None else chunk[i])
+                need += kv.blocks_for(a.chunk_tokens if chunked else s.tokens_to_prefill)
         self.alloc(need)
         if self.static:
             self.static_rows = list(plan.prefill)
@@ -312,13 +315,14 @@ class Replica:
         st, batch, kv = self.st, self.st.batch, self.st.kv
         if plan.preempt:
             self.preempt(plan)
-        new = {s: q for s, q in plan.chunks[len(plan.chunks) - len(plan.prefill):]}
         loads = self._loads()
-        if plan.prefill:
-            self.admit(plan, now, [new[s] for s in plan.prefill])
+        if plan.admit:
+            self.admit(plan, now, chunked=True)
             st.prefilling.extend(plan.prefill)
+        new = {a.seq for a in plan.admit}
         chunks = []
-        for s, q in plan.chunks:
+        for c in plan.chunks:
+            s, q = c.seq, c.tokens
             if s not in new:
                 self.alloc(kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled))
             chunks.append((q, s.prefilled))
@@ -338,8 +342,9 @@ class Replica:
             done = st.batch.advance(t_end, self.gaps, self.weights)
             for s in done:
                 self.release(s)
-        for s, q in plan.chunks:
-            s.prefilled += q
+        for c in plan.chunks:
+            s = c.seq
+            s.prefilled += c.tokens
             if s.prefilled >= s.tokens_to_prefill:
                 st.prefilling.remove(s)
                 self.first_token(s, t_end)

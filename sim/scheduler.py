@@ -60,21 +60,49 @@ class ReplicaState:
         return 0, 0, self.admission_need(s)
 
 
+@dataclass(slots=True)
+class Admission:
+    """A waiting request the plan admits, and what it gets."""
+
+    seq: Seq
+    cached_blocks: int = 0  # prefix-cache hash blocks it reuses (0 without prefix caching)
+    chunk_tokens: int = 0   # chunked prefill: new tokens of its first chunk (0: whole prefill)
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Chunked prefill: a request computes `tokens` more of its (re)prefill this step."""
+
+    seq: Seq
+    tokens: int
+
+
+@dataclass(slots=True)
+class Rejection:
+    """A request that can never be served here, and why (one line, for requests.csv)."""
+
+    seq: Seq
+    reason: str
+
+
 @dataclass
 class StepPlan:
-    kind: str                                          # "prefill" | "decode" | "idle"
-    prefill: list[Seq] = field(default_factory=list)   # (re)prefilled this step, FCFS order
+    kind: str                                          # "prefill" | "decode" | "mixed" | "idle" | ...
+    admit: list[Admission] = field(default_factory=list)  # admitted this step, FCFS order
     preempt: list[Seq] = field(default_factory=list)   # running -> waiting front (recompute)
     swap_out: list[Seq] = field(default_factory=list)  # running -> host memory
     swap_in: list[Seq] = field(default_factory=list)   # host memory -> running
-    reject: list[Seq] = field(default_factory=list)    # can never be served: (seq, reason)
-    reasons: list[str] = field(default_factory=list)   # one per rejected seq
+    reject: list[Rejection] = field(default_factory=list)  # can never be served
     wake_at: float | None = None                       # idle: wake by then at the latest
-    hits: list[int] = field(default_factory=list)      # per prefill seq: cached hash blocks
-    chunks: list[tuple[Seq, int]] = field(default_factory=list)  # mixed: (seq, new tokens)
+    chunks: list[Chunk] = field(default_factory=list)  # mixed: prefills under way, then admitted
     # speculative decode after preemption: the lookahead the plan's block count stands on
     # (the batch's before its victims leave); 0: whatever the batch decides
     lookahead: int = 0
+
+    @property
+    def prefill(self) -> list[Seq]:
+        """The requests this step (re)prefills from the start (its admissions)."""
+        return [a.seq for a in self.admit]
 
 
 def never_fits(st: ReplicaState, s: Seq, cap_tokens: int, watermark: int = 0) -> str:
@@ -107,7 +135,7 @@ class ContinuousPolicy:
     def schedule(self, st: ReplicaState, now: float) -> StepPlan:
         if st.waiting and not st.swapped:
             plan = self.admit(st)
-            if plan.prefill or plan.reject:
+            if plan.admit or plan.reject:
                 return plan
         if len(st.batch) == 0 and not st.swapped:
             return IDLE
@@ -121,8 +149,7 @@ class ContinuousPolicy:
         for s in st.waiting:
             reason = never_fits(st, s, cap, self.watermark)
             if reason:
-                plan.reject.append(s)
-                plan.reasons.append(reason)
+                plan.reject.append(Rejection(s, reason))
                 continue
             h, cached, need = st.admission(s)
             n = s.tokens_to_prefill - cached
@@ -130,12 +157,11 @@ class ContinuousPolicy:
                 break
             if not kv.can_allocate(blocks + need, self.watermark):
                 break
-            plan.prefill.append(s)
-            plan.hits.append(h)
+            plan.admit.append(Admission(s, h))
             tokens += n
             seqs += 1
             blocks += need
-        if not plan.prefill:
+        if not plan.admit:
             plan.kind = "idle" if not plan.reject else "reject"
         return plan
 
@@ -165,9 +191,8 @@ class ContinuousPolicy:
             for s in st.swapped:
                 n = s.reserved + batch.join_growth(s)  # its blocks and room for its next step
                 if n > kv.num_blocks:  # it outgrew the whole cache
-                    plan.reject.append(s)
-                    plan.reasons.append(f"grew to {s.prompt + s.generated} tokens, more than "
-                                        f"the KV cache holds")
+                    plan.reject.append(Rejection(s, f"grew to {s.prompt + s.generated} tokens, "
+                                                    "more than the KV cache holds"))
                     continue
                 if seqs + 1 > self.spec.max_num_seqs or free - n - need < self.watermark:
                     break
@@ -205,8 +230,7 @@ class StaticPolicy:
                                     f"{self.batch_reservation(st, [s])} KV slots/blocks, more "
                                     f"than the {st.kv.num_blocks} that exist")
             if reason:
-                plan.reject.append(s)
-                plan.reasons.append(reason)
+                plan.reject.append(Rejection(s, reason))
                 continue
             if len(chosen) == self.spec.max_batch_size:
                 break
@@ -214,8 +238,7 @@ class StaticPolicy:
             if not st.kv.can_allocate(self.batch_reservation(st, trial)):
                 break
             chosen = trial
-        plan.prefill = chosen
-        plan.hits = [0] * len(chosen)
+        plan.admit = [Admission(s) for s in chosen]
         if not chosen:
             plan.kind = "reject" if plan.reject else "idle"
         return plan
