@@ -126,7 +126,9 @@ def cmd_run(a) -> int:
     if a.trace_out:
         from .perfetto import replica_parts, write_trace
 
-        write_trace(a.trace_out, replica_parts(out.steps, out.requests))
+        reps = out.result.replicas
+        write_trace(a.trace_out, replica_parts(out.steps, out.requests, [r.name for r in reps]),
+                    [r.events for r in reps])
     print(table([out.scenario.name], [out.summary]))
     if out.summary.get("per_replica"):
         print("\n" + replica_table(out.summary["per_replica"]))

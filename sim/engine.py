@@ -22,6 +22,7 @@ from .batch import REJECTED, Seq
 from .cluster import Link
 from .prefix import regroup
 from .replica import Replica, ReplicaResult, RunResult
+from .results import Event
 from .workload import Workload
 
 
@@ -161,7 +162,9 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
         dst.transfers.popleft()
         nbytes = rep.reserve_transfer(s) * bytes_per_token
         in_flight[0] = 1
-        yield env.timeout(fleet.link.seconds(nbytes))
+        seconds = fleet.link.seconds(nbytes)
+        rep.events.append(Event(env.now, s.rid, "kv_transfer", seconds, src.rep.name))
+        yield env.timeout(seconds)
         in_flight[0] = 0
         rep.transfer_bytes += nbytes
         src.rep.hand_over(s)

@@ -7,9 +7,10 @@ One process per replica (pid = replica index + 1, named "replica N"), with:
 * per request an async track (`ph: b` / `e`, cat "request", id = request id) with
   nested spans "queued" (arrival -> first scheduled), "prefill" (-> first token) and
   "decode" (-> finish); rejected requests get an instant event (`ph: i`) "rejected";
-* an instant event "preempted" (`ph: i`, scope thread) per preemption, placed at the
-  request's first token (the step log does not keep preemption times, so the count
-  is exact and the time is a marker; args carry the count).
+* an instant event (`ph: i`, scope thread) per preemption at its time: "preempted"
+  (recompute), "swapped out", "swapped in";
+* thread 2 "KV link" of a disaggregated decode replica: one complete event per KV
+  transfer into it ("kv transfer", args request and source replica).
 Timestamps are microseconds of simulated time. `replica_parts` splits a cluster run's
 tables into one (steps, requests) pair per replica for `write_trace`.
 """
@@ -26,7 +27,12 @@ EVENT_TYPES = ("M", "X", "C", "b", "e", "i")
 US = 1e6
 
 
-def trace_events(steps: pd.DataFrame, requests: pd.DataFrame, replica: int = 0) -> list[dict]:
+_MOVES = {"preempt": "preempted", "swap_out": "swapped out", "swap_in": "swapped in"}
+
+
+def trace_events(steps: pd.DataFrame, requests: pd.DataFrame, replica: int = 0,
+                 events: list | None = None) -> list[dict]:
+    """The trace events of one replica; `events` are its `sim.results.Event`s."""
     pid = replica + 1
     ev: list[dict] = [
         {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": f"replica {replica}"}},
@@ -60,10 +66,19 @@ def trace_events(steps: pd.DataFrame, requests: pd.DataFrame, replica: int = 0) 
             ev.append(_async("b", pid, rid, name, t0))
             ev.append(_async("e", pid, rid, name, t1))
         ev.append(_async("e", pid, rid, f"request {r.id}", end if not _nan(end) else r.arrival_s))
-        if r.preemptions:
-            ev.append({"ph": "i", "pid": pid, "tid": 1, "s": "t", "name": "preempted",
-                       "ts": (r.first_token_s if not _nan(r.first_token_s) else r.arrival_s) * US,
-                       "args": {"request": int(r.id), "count": int(r.preemptions)}})
+    link = False
+    for e in events or ():
+        if e.kind == "kv_transfer":
+            if not link:
+                ev.append({"ph": "M", "pid": pid, "tid": 2, "name": "thread_name",
+                           "args": {"name": "KV link"}})
+                link = True
+            ev.append({"ph": "X", "pid": pid, "tid": 2, "name": "kv transfer", "cat": "kv",
+                       "ts": e.t * US, "dur": e.seconds * US,
+                       "args": {"request": e.rid, "from": e.peer}})
+        else:
+            ev.append({"ph": "i", "pid": pid, "tid": 1, "s": "t", "name": _MOVES[e.kind],
+                       "ts": e.t * US, "args": {"request": e.rid}})
     return ev
 
 
@@ -78,17 +93,23 @@ def _nan(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
 
-def replica_parts(steps: pd.DataFrame, requests: pd.DataFrame) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
-    """A run's tables split per replica (a cluster run has a `replica` column)."""
+def replica_parts(steps: pd.DataFrame, requests: pd.DataFrame,
+                  names: list[str] | None = None) -> list[tuple[pd.DataFrame, pd.DataFrame]]:
+    """A run's tables split per replica (a cluster run has a `replica` column), in the
+    order of `names` (default: as they first appear)."""
     if "replica" not in steps.columns or "replica" not in requests.columns:
         return [(steps, requests)]
-    names = list(dict.fromkeys(steps.replica.tolist() + requests.replica.tolist()))
+    if names is None:
+        names = list(dict.fromkeys(steps.replica.tolist() + requests.replica.tolist()))
     return [(steps[steps.replica == n], requests[requests.replica == n]) for n in names]
 
 
-def write_trace(path: str | Path, replicas: list[tuple[pd.DataFrame, pd.DataFrame]]) -> Path:
-    """Write the trace of one or more replicas' (steps, requests) tables."""
-    events = [e for i, (steps, req) in enumerate(replicas) for e in trace_events(steps, req, i)]
+def write_trace(path: str | Path, replicas: list[tuple[pd.DataFrame, pd.DataFrame]],
+                moves: list[list] | None = None) -> Path:
+    """Write the trace of one or more replicas' (steps, requests) tables; `moves`, one
+    list per replica in the same order, are their preemption / swap / KV-transfer events."""
+    events = [e for i, (steps, req) in enumerate(replicas)
+              for e in trace_events(steps, req, i, moves[i] if moves else None)]
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "otherData": {"producer": "llmsim", "time": "simulated seconds x 1e6"}}
     p = Path(path)

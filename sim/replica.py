@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .batch import FINISHED, REJECTED, SWAPPED, TRANSFERRING, WAITING, Seq
 from .kv import ContiguousKV
 from .latency import StepLatency
-from .results import ReplicaResult, RunResult, StepLog
+from .results import Event, ReplicaResult, RunResult, StepLog
 from .router import ReplicaLoad
 from .scheduler import DECODE, IDLE, ReplicaState, StaticPolicy, StepPlan
 from .speculative import SpecBatch
@@ -81,6 +81,7 @@ class Replica:
         self.arrived: list[tuple[Seq, float]] = []  # disaggregated decode: KV arrived mid-step
         self.prefix_view: tuple | None = None  # prefix hashes in whole KV blocks (engine.prefix_views)
         self.outside_tokens = 0  # disaggregated: KV held for requests outside the batch
+        self.events: list[Event] = []  # preemptions, swaps and KV transfers, with their times
 
     # ---- KV ------------------------------------------------------------------------
     def alloc(self, blocks: int) -> None:
@@ -389,6 +390,8 @@ class Replica:
         step to step), or None when the plan computes nothing."""
         if plan.reject:
             self.reject(plan)
+        if plan.preempt or plan.swap_out or plan.swap_in:
+            self.note_moves(plan, now)
         kind = plan.kind
         step = self.step
         if kind == "decode":
@@ -428,6 +431,12 @@ class Replica:
         if self.static:
             self.end_of_step()
         return done
+
+    def note_moves(self, plan: StepPlan, now: float) -> None:
+        """Log the plan's preemptions and swaps at `now` (for traces; rare, off the hot path)."""
+        for kind, seqs in (("preempt", plan.preempt), ("swap_out", plan.swap_out),
+                           ("swap_in", plan.swap_in)):
+            self.events.extend(Event(now, s.rid, kind) for s in seqs)
 
     def end_of_step(self) -> None:
         """Static batching: once the batch's last row finished (at its prefill, too), every

@@ -31,6 +31,19 @@ class StepLog:
     kv_tokens: array = field(default_factory=_ints)
 
 
+@dataclass(slots=True)
+class Event:
+    """Something that happened to one request on one replica, apart from its steps: a
+    preemption ("preempt": recompute, "swap_out", "swap_in") or a KV transfer into this
+    replica ("kv_transfer", lasting `seconds`, from replica `peer`)."""
+
+    t: float
+    rid: int
+    kind: str
+    seconds: float = 0.0
+    peer: str = ""
+
+
 @dataclass
 class ReplicaResult:
     """What one replica leaves behind after a run."""
@@ -46,6 +59,7 @@ class ReplicaResult:
     transfer_bytes: float = 0.0
     prefix_cache: dict | None = None
     speculator: object | None = None  # sim.speculative.Speculator, when speculating
+    events: list[Event] = field(default_factory=list)  # preemptions, swaps, KV transfers
 
     @classmethod
     def of(cls, rep) -> ReplicaResult:
@@ -55,7 +69,7 @@ class ReplicaResult:
                    cfg.profile.name if cfg else "", rep.log, rep.st.kv, rep.swap_bytes,
                    rep.transfer_bytes,
                    rep.st.prefix.summary() if rep.st.prefix is not None else None,
-                   rep.speculator)
+                   rep.speculator, rep.events)
 
 
 @dataclass

@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sim.perfetto import EVENT_TYPES, write_trace
@@ -128,3 +129,30 @@ def test_cluster_run_trace_splits_into_one_process_per_replica(tmp_path):
     assert len(parts) == 2 and sum(len(r) for _, r in parts) == 60
     ev = json.loads(write_trace(tmp_path / "c.json", parts).read_text())["traceEvents"]
     assert {e["pid"] for e in ev} == {1, 2}
+
+
+def test_trace_places_preemptions_at_their_times_and_draws_kv_transfers(tmp_path):
+    from sim.cli import main
+
+    tight = ROOT / "scenarios" / "quickstart.yaml"
+    assert main(["run", str(tight), "--out", str(tmp_path / "r"), "--trace-out", str(tmp_path / "p.json"),
+                 "--set", "workload.num_requests=200", "--set", "workload.arrival.rate=50",
+                 "--set", "kv.num_blocks=400"]) == 0
+    ev = json.loads((tmp_path / "p.json").read_text())["traceEvents"]
+    req = pd.read_csv(tmp_path / "r" / "requests.csv")
+    pre = [e for e in ev if e["ph"] == "i" and e["name"] == "preempted"]
+    assert len(pre) == req.preemptions.sum() > 0
+    arrival = dict(zip(req.id, req.arrival_s, strict=True))
+    finish = dict(zip(req.id, req.finish_s.fillna(float("inf")), strict=True))  # rejected: no finish
+    for e in pre:  # while the request was in the system, not at a marker
+        assert arrival[e["args"]["request"]] * 1e6 <= e["ts"] <= finish[e["args"]["request"]] * 1e6
+
+    assert main(["run", str(ROOT / "scenarios" / "disaggregated.yaml"), "--out", str(tmp_path / "d"),
+                 "--trace-out", str(tmp_path / "d.json"), "--set", "workload.num_requests=40"]) == 0
+    ev = json.loads((tmp_path / "d.json").read_text())["traceEvents"]
+    moves = [e for e in ev if e["name"] == "kv transfer"]
+    req = pd.read_csv(tmp_path / "d" / "requests.csv")
+    assert len(moves) == (req.output_tokens > 1).sum()
+    by_id = dict(zip(req.id, req.first_token_s, strict=True))
+    for e in moves:  # the first token streams when the transfer ends (DistServe's TTFT)
+        assert (e["ts"] + e["dur"]) / 1e6 == pytest.approx(by_id[e["args"]["request"]], abs=1e-6)
