@@ -19,7 +19,7 @@ from collections import deque
 import numpy as np
 import simpy
 
-from .batch import REJECTED, Seq
+from .batch import Seq
 from .cluster import Link
 from .prefix import regroup
 from .replica import Replica, ReplicaResult, RunResult
@@ -62,7 +62,6 @@ class Fleet:
         self.loads = [n.rep.load for n in self.front]
         self.back_loads = [n.rep.load for n in self.back]
         self.fresh_reports = True  # staleness 0: refresh reported loads at every choice
-        self.rejected_at_handoff = 0
         for n in self.front:
             if self.back:
                 n.rep.handoff = self._handoff_from(n)
@@ -100,13 +99,8 @@ class Fleet:
             fits = [i for i, n in enumerate(self.back)
                     if need <= n.rep.st.kv.num_blocks - n.rep.policy_watermark]
             if not fits:
-                src.rep.hand_over(s)
-                s.state = REJECTED
-                s.reject_reason = (f"its prompt's KV ({need} blocks) is larger than any decode "
-                                   "replica's cache")
-                src.rep.done += 1
-                src.rep.load.outstanding -= 1
-                self.rejected_at_handoff += 1
+                src.rep.reject_at_handoff(s, f"its prompt's KV ({need} blocks) is larger than "
+                                             "any decode replica's cache")
                 return
             if self.fresh_reports and self.decode_router.uses_reports:
                 self.report(self.back)

@@ -175,12 +175,23 @@ class Replica:
 
     def hand_over(self, s: Seq) -> None:
         """Disaggregated prefill: `s`'s KV reached its decode replica; free it here."""
+        self._free_handoff(s)
+        self.handed_over += 1
+
+    def reject_at_handoff(self, s: Seq, reason: str) -> None:
+        """Disaggregated prefill: no decode replica can ever hold `s`'s KV: free it here and
+        reject the request (it keeps its first token, as a preempted one does)."""
+        self._free_handoff(s)
+        s.state = REJECTED
+        s.reject_reason = reason
+        self.done += 1
+
+    def _free_handoff(self, s: Seq) -> None:
         tokens = s.prompt + s.generated - 1
         if self.st.prefix is not None:
             self.st.prefix.insert(s, tokens)
         self.free(s, self.st.kv.blocks_for(tokens))
         self.outside_tokens -= s.prompt
-        self.handed_over += 1
         self.load.outstanding -= 1
 
     def reserve_transfer(self, s: Seq) -> int:

@@ -246,3 +246,26 @@ def test_simpy_stays_in_the_engine_and_calibration_stays_out_of_the_core(module)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "", f"{module} imports {r.stdout.strip()}"
+
+
+def test_a_prompt_no_decode_replica_can_hold_is_rejected_at_hand_off_and_counts_settle():
+    from sim.build import build_fleet
+    from sim.engine import simulate
+    from sim.runner import prepare
+
+    sc = scenario({"groups": [{"name": "p", "role": "prefill"},
+                              {"name": "d", "role": "decode", "kv": {"num_blocks": 40}}]},
+                  workload={"num_requests": 30, "arrival": {"kind": "poisson", "rate": 20},
+                            "prompt": {"kind": "uniform", "low": 100, "high": 1200},
+                            "output": {"kind": "fixed", "value": 8}})
+    configs, wl, rng = prepare(sc)
+    fleet = build_fleet(sc, configs, rng)
+    res = simulate(wl, fleet.replicas, fleet.router, decode_router=fleet.decode_router,
+                   link=fleet.link)
+    too_big = [s for s in res.seqs if -(-s.prompt // 16) > 40]
+    assert too_big and all(s.state == "rejected" and "larger than any decode replica" in s.reject_reason
+                           for s in too_big)
+    assert all(s.state == "finished" for s in res.seqs if s not in too_big)
+    for rep in fleet.replicas:  # the router's outstanding counts come back to zero
+        assert rep.load.outstanding == 0, rep.name
+        assert rep.st.kv.free_blocks == rep.st.kv.num_blocks
