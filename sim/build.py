@@ -176,7 +176,7 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
 
 
 @dataclass
-class Fleet:
+class FleetSetup:
     """A scenario's replicas with fresh state, and how requests reach them."""
 
     replicas: list[Replica]
@@ -188,7 +188,7 @@ class Fleet:
 
 def build_fleet(sc: Scenario, configs: list[ReplicaConfig], rng: np.random.Generator, *,
                 acceptance: np.ndarray | None = None,
-                prefix_tokens: int | None = None) -> Fleet:
+                prefix_tokens: int | None = None) -> FleetSetup:
     """Fresh replicas for `configs` (from `replica_configs(sc)`), a router and, for
     prefill/decode pools, the KV link. Routers draw from their own stream of the seed."""
     replicas = []
@@ -203,7 +203,7 @@ def build_fleet(sc: Scenario, configs: list[ReplicaConfig], rng: np.random.Gener
     if cluster.disaggregated:
         decode_router = make_router(cluster.router, router_rng)
         link = load_link(cluster.kv_transfer, file=sc.file or None)
-    return Fleet(replicas, router, decode_router, link, cluster.router.staleness_s)
+    return FleetSetup(replicas, router, decode_router, link, cluster.router.staleness_s)
 
 
 def load_link(spec: KVTransferSpec, *, file=None) -> Link:
