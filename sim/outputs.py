@@ -315,12 +315,13 @@ def _write_manifest(folder: Path, manifest: dict) -> None:
 
 def _swap(tmp: Path, target: Path) -> None:
     """Put the finished `tmp` in place of `target`, which is absent, empty or an llmsim
-    folder (checked by the caller, who also holds signals back)."""
+    folder (checked by the caller, who also holds signals back). Only what the old
+    manifest lists is ever removed: what file browsers leave (JUNK) and other runs' temp
+    folders stay where they are."""
     if tmp.parent == target:  # an empty folder or the current one: swap its entries
         aside = Path(tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=target))
-        for entry in os.listdir(target):
-            if entry not in (tmp.name, aside.name):
-                os.rename(target / entry, aside / entry)
+        for entry in _listed_top(target):
+            os.rename(target / entry, aside / entry)
         for entry in os.listdir(tmp):
             os.rename(tmp / entry, target / entry)
         os.rmdir(tmp)
@@ -328,6 +329,7 @@ def _swap(tmp: Path, target: Path) -> None:
     elif not target.exists():
         os.rename(tmp, target)
     else:  # rename the old folder aside, the new one in, then remove the old one
+        _carry_junk(target, tmp)
         aside = Path(tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=target.parent))
         os.rename(target, aside / "old")
         try:
@@ -337,6 +339,28 @@ def _swap(tmp: Path, target: Path) -> None:
             os.rmdir(aside)
             raise
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def _listed_top(folder: Path) -> list[str]:
+    """The top-level entries of an llmsim folder that its manifest accounts for (none in
+    an empty folder)."""
+    manifest = _read_manifest(folder)
+    if manifest is None:
+        return []
+    listed = {Path(f).parts[0] for f in manifest["files"]} | {MANIFEST}
+    return [e for e in os.listdir(folder) if e in listed]
+
+
+def _carry_junk(old: Path, new: Path) -> None:
+    """Move what file browsers left in the old folder (JUNK) into the new one, so
+    replacing an llmsim folder removes only llmsim's files."""
+    for root, _, names in os.walk(old):
+        for name in names:
+            if name in JUNK:
+                dest = new / Path(root).relative_to(old) / name
+                if not dest.exists():
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.rename(Path(root) / name, dest)
 
 
 def write_atomically(dest: str | Path, writer: Callable[[Path], None], manifest: dict, *,

@@ -80,3 +80,14 @@ def test_fit_log_with_a_non_finite_cell_is_a_one_line_error(user_cwd, capsys):
     (user_cwd / "s.csv").write_text("\n".join([text[0], text[1], ",".join(cells)] + text[3:]) + "\n")
     argv = ["fit-log", "s.csv", "--model", "llama-3.2-1b", "--gpu", "h200-sxm", "--base-runtime", "vllm"]
     _one_line_nothing_written(argv + ["--out", "rt.yaml"], user_cwd, capsys)
+
+
+def test_calibrate_refuses_a_shipped_profile_it_did_not_measure(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    pytest.importorskip("torch")
+    shipped = tmp_path / "h200-sxm"
+    shutil.copytree(ROOT / "gpu_profiles" / "h200-sxm", shipped)
+    monkeypatch.chdir(tmp_path)
+    _one_line_nothing_written(["calibrate", "--out", str(shipped), "--device", "cpu", "--quick"],
+                              tmp_path, capsys)

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from sim import cli
 from sim.outputs import (
     MANIFEST,
+    TEMP_PREFIX,
     OutputError,
     check_out_dir,
     safe_folder_name,
@@ -377,3 +378,29 @@ def test_calibrate_refuses_a_file_as_its_out_before_measuring(tmp_path):
     (tmp_path / "profile").write_text("x")
     r = llmsim("calibrate", "--quick", "--device", "cpu", "--out", "profile", cwd=tmp_path)
     one_error_line(r, "llmsim: error: --out: profile: exists and is not a folder")
+
+
+def _small(folder: Path, name: str) -> None:
+    (folder / name).write_text(name)
+
+
+def test_replacing_a_run_keeps_what_a_file_browser_left_in_it(tmp_path):
+    dest = tmp_path / "run"
+    write_atomically(dest, lambda f: _small(f, "a.txt"), {"scenario": "x"})
+    (dest / ".DS_Store").write_bytes(b"finder")
+    write_atomically(dest, lambda f: _small(f, "b.txt"), {"scenario": "x"})
+    assert (dest / ".DS_Store").read_bytes() == b"finder"
+    assert (dest / "b.txt").exists() and not (dest / "a.txt").exists()
+
+
+def test_writing_into_the_current_llmsim_folder_removes_only_its_listed_files(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_atomically(".", lambda f: _small(f, "a.txt"), {"scenario": "x"})
+    (tmp_path / "Thumbs.db").write_bytes(b"explorer")
+    other_run = tmp_path / f"{TEMP_PREFIX}other"  # another llmsim's temp folder, still in use
+    other_run.mkdir()
+    (other_run / "partial.csv").write_text("x")
+    write_atomically(".", lambda f: _small(f, "b.txt"), {"scenario": "x"})
+    assert (tmp_path / "Thumbs.db").read_bytes() == b"explorer"
+    assert (tmp_path / "b.txt").exists() and not (tmp_path / "a.txt").exists()
+    assert (other_run / "partial.csv").read_text() == "x"

@@ -38,20 +38,32 @@ def _fail(msg: str) -> int:
     return 2
 
 
-PROFILE_FILES = ("profile.yaml", "calibration.json")  # what marks a folder as a profile
-
-
 def check_profile_folder(out: Path) -> None:
-    """`calibrate` adds its named files to a profile folder: refuse, before measuring, a
-    folder that holds other things and is not already a profile (a user's own folder)."""
-    from sim.outputs import OutputError
+    """`calibrate` replaces its own named files in a profile folder: refuse, before
+    measuring, a non-empty folder that an earlier `llmsim calibrate` did not write (a
+    user's folder, or a shipped profile such as gpu_profiles/h200-sxm, whose tables were
+    measured elsewhere). calibrate writes calibration.json first thing, so its folders,
+    interrupted ones included, carry it."""
+    from sim.outputs import JUNK, OutputError
 
     if not out.is_dir():
         return
-    entries = [p.name for p in out.iterdir() if not p.name.startswith(".")]
-    if entries and not any((out / name).is_file() for name in PROFILE_FILES):
-        raise OutputError("--out", out, "is a folder that is not a GPU profile (allowed: a new "
-                          "or empty folder, or one llmsim calibrate wrote)")
+    entries = [p.name for p in out.iterdir() if p.name not in JUNK]
+    if entries and not _written_by_calibrate(out):
+        raise OutputError("--out", out, "is a folder llmsim calibrate did not write (allowed: a "
+                          "new or empty folder, or one an earlier llmsim calibrate wrote)")
+
+
+def _written_by_calibrate(out: Path) -> bool:
+    import json
+
+    meta, profile = out / "calibration.json", out / "profile.yaml"
+    try:
+        json.loads(meta.read_text())
+        return not profile.exists() or profile.read_text().startswith(
+            "# Written by llmsim calibrate")
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
 
 
 def cmd_calibrate(a) -> int:

@@ -32,6 +32,7 @@ COLUMNS = {
 }
 OWNED = [f"{t}.csv" for t in COLUMNS] + ["profile.yaml", "calibration.json",
                                          "runtime-eager.yaml", "runtime-graphs.yaml"]
+IN_PROGRESS = {"tool": "llmsim calibrate", "stopped": "running"}  # until write_meta replaces it
 SOURCE_KEYS = ("device_name", "device", "driver", "torch", "triton", "dtype", "threads", "date",
                "command", "models", "grid", "host")
 # Roofline parameters used when a table needed for their fit was not measured.
@@ -52,8 +53,12 @@ class TableWriter:
     def __init__(self, out: Path):
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
-        for name in OWNED:  # a new calibration replaces the previous one's files
+        # a new calibration replaces the previous one's files (sim/calibrate/cli.py has
+        # checked that the folder is new, empty or one llmsim calibrate wrote), and marks
+        # the folder as a calibration's from its start, so an interrupted one is still ours
+        for name in OWNED:
             (out / name).unlink(missing_ok=True)
+        (out / "calibration.json").write_text(json.dumps(IN_PROGRESS) + "\n")
         self.files: dict[str, tuple] = {}
         self.rows: dict[str, int] = dict.fromkeys(COLUMNS, 0)
 
@@ -180,11 +185,23 @@ def fit_runtimes(w: TableWriter, combine: str = "max") -> dict[str, dict]:
         eager = spec if mode == "eager" else eager
         text = yaml.safe_dump(asdict(spec), sort_keys=False)
         (w.out / f"runtime-{mode}.yaml").write_text(text)
-        if w.out.parent.resolve() == PROFILES_DIR.resolve():  # usable as `runtime: NAME-eager`
-            (RUNTIMES_DIR / f"{spec.name}.yaml").write_text(text)
+        shared = RUNTIMES_DIR / f"{spec.name}.yaml"
+        if w.out.parent.resolve() == PROFILES_DIR.resolve() and _ours_to_replace(shared, w.out):
+            shared.write_text(text)  # usable as `runtime: NAME-eager`
         out[mode] = {k: {kk: (round(vv, 4) if isinstance(vv, float) and math.isfinite(vv) else vv)
                          for kk, vv in v.items()} for k, v in error_summary(table).items()}
     return out
+
+
+def _ours_to_replace(runtime_file: Path, folder: Path) -> bool:
+    """A shared runtime file may be (re)written when absent or when an earlier calibration
+    of the same profile folder wrote it; any other runtime of that name is left alone."""
+    if not runtime_file.exists():
+        return True
+    try:
+        return f"fitted by sim.runtime_fit to {folder.name}/iter_grid_" in runtime_file.read_text()
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def write_meta(w: TableWriter, meta: dict) -> None:
