@@ -53,7 +53,7 @@ class Fleet:
     """The replicas, the router's view of them, and the KV hand-off between pools."""
 
     def __init__(self, env: simpy.Environment, replicas: list[Replica], router, *,
-                 decode_router=None, link: Link | None = None):
+                 decode_router=None, link: Link | None = None, staleness_s: float = 0.0):
         self.env = env
         self.nodes = [Node(r) for r in replicas]
         self.front = [n for n in self.nodes if n.rep.config is None or n.rep.config.role != "decode"]
@@ -61,7 +61,7 @@ class Fleet:
         self.router, self.decode_router, self.link = router, decode_router, link
         self.loads = [n.rep.load for n in self.front]
         self.back_loads = [n.rep.load for n in self.back]
-        self.fresh_reports = True  # staleness 0: refresh reported loads at every choice
+        self.fresh_reports = staleness_s == 0  # reports refreshed at every choice
         for n in self.front:
             if self.back:
                 n.rep.handoff = self._handoff_from(n)
@@ -241,8 +241,8 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     seqs = make_seqs(workload, max_len)
     prefix_views(workload, replicas)
     env = simpy.Environment()
-    fleet = Fleet(env, replicas, router, decode_router=decode_router, link=link)
-    fleet.fresh_reports = staleness_s == 0
+    fleet = Fleet(env, replicas, router, decode_router=decode_router, link=link,
+                  staleness_s=staleness_s)
     finished = [False]
     if staleness_s > 0 and len(fleet.front) > 1 and fleet.router.uses_reports:
         # reports first: a report and an arrival at the same instant see the state before it

@@ -21,6 +21,7 @@ temp folder behind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -339,6 +340,25 @@ def _swap(tmp: Path, target: Path) -> None:
             os.rmdir(aside)
             raise
         shutil.rmtree(aside, ignore_errors=True)
+
+
+def write_file_atomically(path: str | Path, text: str) -> Path:
+    """Write one file (a runtime YAML, a trace) through a temp file beside it, renamed in:
+    an interrupt leaves the old file or the new one, never half of one. The caller has
+    checked `path` (`check_out_file`)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & _folder_mode())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
 
 
 def _listed_top(folder: Path) -> list[str]:

@@ -112,9 +112,6 @@ def write_trace(path: str | Path, replicas: list[tuple[pd.DataFrame, pd.DataFram
               for e in trace_events(steps, req, i, moves[i] if moves else None)]
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "otherData": {"producer": "llmsim", "time": "simulated seconds x 1e6"}}
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(json.dumps(doc, separators=(",", ":")))
-    tmp.replace(p)  # readers never see half a trace
-    return p
+    from .outputs import write_file_atomically
+
+    return write_file_atomically(path, json.dumps(doc, separators=(",", ":")))

@@ -67,7 +67,6 @@ class Replica:
         self.done = 0  # requests this replica finished or rejected
         self.step = Step(IDLE, 0.0)  # the step under way (start fills it, finish completes it)
         self.load = ReplicaLoad()  # what a router knows of it (outstanding kept current here)
-        self.handed_over = 0  # disaggregated prefill: requests whose KV left for a decode replica
         self.transfer_bytes = 0.0  # KV bytes received from prefill replicas
         self.policy_watermark = getattr(policy, "watermark", 0)
         self.swap_bytes = 0.0
@@ -176,7 +175,6 @@ class Replica:
     def hand_over(self, s: Seq) -> None:
         """Disaggregated prefill: `s`'s KV reached its decode replica; free it here."""
         self._free_handoff(s)
-        self.handed_over += 1
 
     def reject_at_handoff(self, s: Seq, reason: str) -> None:
         """Disaggregated prefill: no decode replica can ever hold `s`'s KV: free it here and

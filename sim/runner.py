@@ -29,6 +29,7 @@ from .metrics import itl_table, per_replica, request_table, step_tables, summari
 from .outputs import write_atomically
 from .replica import RunResult
 from .scenario import Scenario, load_scenario
+from .speculative import summarize_speculators
 from .tablefile import frame, write_csv, write_parquet
 from .workload import Workload, generate
 
@@ -182,28 +183,7 @@ def speculative_summary(specs: list) -> dict | None:
     specs = [s for s in specs if s is not None]
     if not specs:
         return None
-    if len(specs) == 1:
-        return specs[0].summary()
-    return merge_speculators(specs)
-
-
-def merge_speculators(specs: list) -> dict:
-    """One summary for the speculators of several replicas (their counters summed)."""
-    first = specs[0]
-    total = {k: sum(getattr(s, k) for s in specs) for k in (
-        "rounds", "proposed", "accepted", "emitted", "seq_rounds", "draft_s", "verify_s",
-        "decode_s", "equiv_s")}
-    spent = total["draft_s"] + total["verify_s"]
-    return {
-        "method": first.spec.method,
-        "k": first.k,
-        "rounds": total["rounds"],
-        "acceptance_rate": total["accepted"] / total["proposed"] if total["proposed"] else 0.0,
-        "tokens_per_round": total["emitted"] / (total["seq_rounds"] or 1),
-        "time_s": {"draft": total["draft_s"], "verify": total["verify_s"],
-                   "decode": total["decode_s"]},
-        "speedup_vs_decode": total["equiv_s"] / spent if spent else 1.0,
-    }
+    return summarize_speculators(specs)
 
 
 def prefill_saved(req, lat: StepLatency) -> dict[str, float]:

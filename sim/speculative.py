@@ -124,17 +124,26 @@ class Speculator:
         return np.where(ok.all(axis=1), k, np.argmin(ok, axis=1))
 
     def summary(self) -> dict:
-        sr = self.seq_rounds or 1
-        return {
-            "method": self.spec.method,
-            "k": self.k,
-            "rounds": self.rounds,
-            "acceptance_rate": self.accepted / self.proposed if self.proposed else 0.0,
-            "tokens_per_round": self.emitted / sr,
-            "time_s": {"draft": self.draft_s, "verify": self.verify_s, "decode": self.decode_s},
-            "speedup_vs_decode": self.equiv_s / (self.draft_s + self.verify_s)
-            if self.draft_s + self.verify_s else 1.0,
-        }
+        return summarize_speculators([self])
+
+
+def summarize_speculators(specs: list[Speculator]) -> dict:
+    """The run's speculative figures, the counters of every replica's speculator summed."""
+    first = specs[0]
+    total = {k: sum(getattr(s, k) for s in specs) for k in (
+        "rounds", "proposed", "accepted", "emitted", "seq_rounds", "draft_s", "verify_s",
+        "decode_s", "equiv_s")}
+    spent = total["draft_s"] + total["verify_s"]
+    return {
+        "method": first.spec.method,
+        "k": first.k,
+        "rounds": total["rounds"],
+        "acceptance_rate": total["accepted"] / total["proposed"] if total["proposed"] else 0.0,
+        "tokens_per_round": total["emitted"] / (total["seq_rounds"] or 1),
+        "time_s": {"draft": total["draft_s"], "verify": total["verify_s"],
+                   "decode": total["decode_s"]},
+        "speedup_vs_decode": total["equiv_s"] / spent if spent else 1.0,
+    }
 
 
 class SpecBatch:

@@ -14,7 +14,6 @@ interrupted (the partial profile is kept).
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 
@@ -156,7 +155,7 @@ def cmd_fit_log(a) -> int:
     from sim.latency import load_runtime
     from sim.logfit import fit_log, format_fit, runtime_yaml
     from sim.models import load_model
-    from sim.outputs import check_out_file
+    from sim.outputs import check_out_file, write_file_atomically
     from sim.profiles import load_profile
 
     out = check_out_file(a.out, flag="--out", ours=_is_fitted_runtime)  # before fitting
@@ -168,7 +167,7 @@ def cmd_fit_log(a) -> int:
     print(report)
     text = runtime_yaml(fit.runtime, f"{FIT_LOG_MARK} (sim/logfit.py).\n"
                         f"Fit error on the log's own steps (in-sample):\n{report}")
-    write_file_atomically(out, text)
+    write_file_atomically(out, text)  # sim/outputs.py
     print(f"wrote {a.out}")
     return 0
 
@@ -183,33 +182,6 @@ def _is_fitted_runtime(path: Path) -> bool:
             return f.readline().startswith("# " + FIT_LOG_MARK)
     except OSError:
         return False
-
-
-def write_file_atomically(path: Path, text: str) -> None:
-    """Write `text` to a temp file beside `path`, then rename it in: an interrupt leaves
-    the old file or the new one, never half of one."""
-    import os
-    import tempfile
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def _umask() -> int:
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def add_parsers(sub) -> None:
