@@ -504,7 +504,7 @@ def test_gpus_command_shows_the_capped_rows(capsys):
     assert main(["gpus"]) == 0
     out = capsys.readouterr().out
     assert "capped at the GPU's peak: gemm 23" in out
-    assert "paged decode derived from the contiguous table (+20%)" in out
+    assert "paged decode derived from the contiguous table (+1%)" in out
 
 
 def test_a100_flash_prefill_uses_flashattention2_published_rates(h200):

@@ -40,7 +40,7 @@ FALLBACK = {"flops": 0.75, "mem_bw": 0.75, "gemm_floor_ms": 0.01, "attn_prefill_
             "attn_prefill_floor_ms": 0.02, "naive_bytes_per_score": 40.0,
             "attn_decode_bw": {"contiguous": 0.8, "paged_reference": 0.5, "paged_gather": 0.3},
             "attn_decode_floor_ms": {"contiguous": 0.01, "paged_reference": 0.05, "paged_gather": 0.1},
-            "paged_decode_overhead": 0.20}  # as gpu_profiles/h200-sxm (PagedAttention paper)
+            "paged_decode_overhead": 0.01}  # as gpu_profiles/h200-sxm (FlashInfer, MLSys 2025)
 
 
 def _fmt(v):
