@@ -231,13 +231,15 @@ def _fmt(v: float) -> str:
 
 def render(results: list[Result], markdown: bool = False) -> str:
     lines = []
-    head = ["id", "gpu", "model", "tp", "dtype", "batch", "in/out", "metric", "published",
-            "simulated", "error", "time error", "kernels-only time error"]
+    head = ["id", "gpu", "model", "tp", "dtype", "batch", "in/out", "decode / all-reduce",
+            "metric", "published", "simulated", "error", "time error",
+            "kernels-only time error"]
     body = []
     for res in results:
         r = res.row
         body.append([r.id, r.gpu, r.model, str(r.tp), r.weights, str(r.batch),
-                     f"{r.input_len}/{r.output_len}", r.metric, _fmt(r.value),
+                     f"{r.input_len}/{r.output_len}", f"{r.decode} / {r.all_reduce or 'runtime'}",
+                     r.metric, _fmt(r.value),
                      _fmt(res.simulated), f"{res.error:+.1%}", f"{res.time_error:+.1%}",
                      f"{res.kernels_time_error:+.1%}"])
     lines += _table(head, body, markdown)
