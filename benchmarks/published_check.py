@@ -4,9 +4,11 @@ Each row of data/published/published_measurements.csv (sources in its README) is
 figure a serving stack's own documentation published: a first-token latency, a per-token
 latency, a static batch's request latency or its throughput. Each is expressed as the
 steps llmsim would run for it and costed by `StepLatency` with the row's GPU, model,
-tensor degree, number formats and runtime:
+tensor degree, number formats, runtime, all-reduce and decode kernel:
 
     prefill_ms                  one prefill step of `batch` prompts of `input_len` tokens
+    first_token_after_decode_ms a prefill of input_len - 1 tokens, then one decode step over
+                                the prompt's last token, which emits the first token
     decode_step_ms              one decode step of `batch` sequences at `context` tokens each
     request_latency_ms          a static batch: one prefill, then output_len - 1 decode steps
     static_throughput_tok_s_gpu batch x output_len tokens over that same time, per GPU
@@ -18,7 +20,7 @@ means the simulator is faster than the stack. Summaries use the time error.
     python benchmarks/published_check.py                 # the table and summaries
     python benchmarks/published_check.py --markdown      # the same as Markdown tables
     python benchmarks/published_check.py --runtime cuda-graph   # kernels only, every row
-    python benchmarks/published_check.py --decode contiguous    # another decode kernel
+    python benchmarks/published_check.py --decode contiguous    # one decode kernel, every row
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import argparse
 import csv
 import statistics
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,6 +65,8 @@ class Row:
     value: float
     runtime: str      # the gpu_profiles/runtimes/ profile of the stack's class
     meaning: str
+    all_reduce: str = ""  # nccl | custom: what the stack ran; empty: the runtime's own
+    decode: str = "paged"  # the decode attention kernel the stack ran (sim/profiles.py IMPLS)
 
 
 @dataclass(frozen=True)
@@ -109,21 +113,40 @@ def read_rows(path: Path = DATA) -> list[Row]:
             if vals["metric"] not in METRICS:
                 raise ValueError(f"{path}: row {vals['id']}: unknown metric {vals['metric']!r} "
                                  f"(known: {', '.join(METRICS)})")
+            if vals.get("all_reduce", "") not in ALL_REDUCE:
+                raise ValueError(f"{path}: row {vals['id']}: unknown all_reduce "
+                                 f"{vals['all_reduce']!r} (known: nccl, custom, or empty)")
             rows.append(Row(**vals))
     return rows
 
 
-def step_latency(row: Row, runtime: str, decode: str = "paged") -> StepLatency:
-    """A fresh step model for the row's configuration (flash prefill, `decode` kernel)."""
+ALL_REDUCE = {"": None, "nccl": False, "custom": True}  # -> RuntimeSpec.custom_all_reduce
+
+
+def step_latency(row: Row, runtime: str, decode: str | None = None) -> StepLatency:
+    """A fresh step model for the row's configuration: flash prefill, the row's decode
+    kernel (or `decode`), and the runtime with the all-reduce the row's stack ran."""
     profile = load_profile(row.gpu)
     dtype = DTypeSpec(weights=row.weights, kv_cache=row.kv_cache)
     model = with_dtypes(load_model(row.model), dtype, profile)
-    return StepLatency(model, profile, load_runtime(runtime), "flash", decode,
+    rt = load_runtime(runtime)
+    custom = ALL_REDUCE[row.all_reduce]
+    if custom is not None:
+        rt = replace(rt, custom_all_reduce=custom)
+    return StepLatency(model, profile, rt, "flash", decode or row.decode,
                        tensor=row.tp, fp8_weights=dtype.fp8_weights)
 
 
 def _prefill_ms(row: Row, lat: StepLatency) -> float:
     return lat.prefill([(row.input_len, 0)] * row.batch) * 1e3
+
+
+def _first_token_after_decode_ms(row: Row, lat: StepLatency) -> float:
+    """LMDeploy TurboMind (v0.1): its prefill skips the prompt's last token, which the
+    next decode step runs, and that step's token is the first one (a 1-token prompt has
+    no prefill at all; data/published/README.md)."""
+    s = lat.prefill([(row.input_len - 1, 0)] * row.batch) if row.input_len > 1 else 0.0
+    return (s + lat.decode(row.batch, row.batch * row.input_len, row.input_len)) * 1e3
 
 
 def _decode_step_ms(row: Row, lat: StepLatency) -> float:
@@ -151,17 +174,19 @@ def _throughput_per_gpu(row: Row, lat: StepLatency) -> float:
 
 METRICS = {
     "prefill_ms": _prefill_ms,
+    "first_token_after_decode_ms": _first_token_after_decode_ms,
     "decode_step_ms": _decode_step_ms,
     "request_latency_ms": _request_latency_ms,
     "static_throughput_tok_s_gpu": _throughput_per_gpu,
 }
 
 
-def simulate(row: Row, runtime: str | None = None, decode: str = "paged") -> float:
+def simulate(row: Row, runtime: str | None = None, decode: str | None = None) -> float:
     return METRICS[row.metric](row, step_latency(row, runtime or row.runtime, decode))
 
 
-def check(rows: list[Row], runtime: str | None = None, decode: str = "paged") -> list[Result]:
+def check(rows: list[Row], runtime: str | None = None,
+          decode: str | None = None) -> list[Result]:
     return [Result(r, simulate(r, runtime, decode), simulate(r, "cuda-graph", decode))
             for r in rows]
 
@@ -206,13 +231,15 @@ def _fmt(v: float) -> str:
 
 def render(results: list[Result], markdown: bool = False) -> str:
     lines = []
-    head = ["id", "gpu", "model", "tp", "dtype", "batch", "in/out", "metric", "published",
-            "simulated", "error", "time error", "kernels-only time error"]
+    head = ["id", "gpu", "model", "tp", "dtype", "batch", "in/out", "decode / all-reduce",
+            "metric", "published", "simulated", "error", "time error",
+            "kernels-only time error"]
     body = []
     for res in results:
         r = res.row
         body.append([r.id, r.gpu, r.model, str(r.tp), r.weights, str(r.batch),
-                     f"{r.input_len}/{r.output_len}", r.metric, _fmt(r.value),
+                     f"{r.input_len}/{r.output_len}", f"{r.decode} / {r.all_reduce or 'runtime'}",
+                     r.metric, _fmt(r.value),
                      _fmt(res.simulated), f"{res.error:+.1%}", f"{res.time_error:+.1%}",
                      f"{res.kernels_time_error:+.1%}"])
     lines += _table(head, body, markdown)
@@ -239,8 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=DATA)
     ap.add_argument("--runtime", help="cost every row with this runtime instead of its own")
-    ap.add_argument("--decode", default="paged",
-                    help="decode attention kernel for every row (default: paged)")
+    ap.add_argument("--decode",
+                    help="decode attention kernel for every row (default: each row's own)")
     ap.add_argument("--rows", help="comma-separated row ids (default: all)")
     ap.add_argument("--markdown", action="store_true")
     args = ap.parse_args(argv)

@@ -76,10 +76,13 @@ TABLES: dict[str, dict[str, type]] = {  # table -> its columns
 ELEMENTWISE_BYTES = {"rmsnorm": 4, "residual_add": 6, "silu_mul": 6, "rotary": 6,
                      "kv_write": 4, "embedding": 4}
 IMPLS = {"attn_prefill": ("flash", "naive"),
-         "attn_decode": ("contiguous", "paged", "paged_reference", "paged_gather"),
+         "attn_decode": ("contiguous", "paged", "paged_reference", "paged_gather",
+                         "contiguous_per_head"),
          "elementwise": tuple(ELEMENTWISE_BYTES)}
 # decode kernels with their own roofline terms (and possibly a table); `paged` is derived
-# from `contiguous` with the profile's paged_decode_overhead (see GPUProfile)
+# from `contiguous` with the profile's paged_decode_overhead (see GPUProfile);
+# `contiguous_per_head`: `contiguous` reading each KV head once per query head of its GQA
+# group (TensorRT-LLM <= 0.6's masked MHA kernel; no L2 reuse assumed: an upper bound)
 BF16 = 2
 _MEMO_MAX = 1 << 20  # cached lookups per profile before the cache is cleared
 
@@ -275,6 +278,11 @@ class GPUProfile:
         if sum_ctx < batch or (max_ctx is not None and not sum_ctx / batch <= max_ctx <= sum_ctx):
             raise ValueError(f"need batch <= sum_ctx and mean <= max_ctx <= sum_ctx, got "
                              f"batch={batch}, sum_ctx={sum_ctx}, max_ctx={max_ctx}")
+        if impl == "contiguous_per_head":  # KV bytes x group size (see IMPLS)
+            g = hq // hkv
+            ms, tag = self.decode_attn("contiguous", batch, sum_ctx * g, hq, hkv, d,
+                                       None if max_ctx is None else max_ctx * g)
+            return ms, (_derived(tag) if g > 1 else tag)
         cfg = (impl, hq, hkv, d)
         lo = (_other_head_dim(self._dec, cfg, batch, sum_ctx / batch,
                               lambda c: d / c[3])  # equal KV bytes: ctx · d
