@@ -4,18 +4,20 @@
 every timed call (the NVIDIA driver's `clear_cache`: `cache.zero_()`). That leaves the L2
 full of dirty lines, so the timed kernel also writes them back to HBM as its own data
 evicts them: W = min(X, D) extra bytes, X the bytes the kernel moves, D the dirty bytes
-the flush leaves. In a forward pass (eager or CUDA graph) the previous kernels leave
-mostly clean lines (weights and KV cache read, small activations written), so no such
-write-back happens. The profile's own tables show it: below D the time grows twice as
-fast with X as above it, and a kernel much larger than D pays a constant D / B more
+the flush leaves. The profile's own tables show it: below D the time grows about twice
+as fast with X as above it, and a kernel much larger than D pays a constant D / B more
 than a line through the small kernels predicts (`fit_write_back`, README of h200-sxm).
 
-A profile timed that way says so (`timing: {method: l2_flushed, dirty_l2_mb: D,
-write_back_tbs: B}`), and every row of its tables is lowered at load by the roofline
-difference of the extra traffic, so a compute-bound kernel (which hides it) keeps its time:
+In a forward pass (eager or CUDA graph) the lines a kernel finds dirty are the
+activations its predecessors wrote and it reads, A bytes (weights and the KV cache are
+only read; a decode step's activations are a few KB), so it writes back W' = min(A, X, D)
+instead. A profile timed with the flush says so (`timing: {method: l2_flushed,
+dirty_l2_mb: D, write_back_tbs: B}`), and every row of its tables is lowered at load by
+the roofline difference, so a compute-bound kernel (which hides the traffic) keeps its
+time, and so does a memory-bound one whose inputs fill the L2 anyway (large elementwise):
 
-    t_warm = max(t − Δ, floor),   Δ = max(C, (X + W) / B) − max(C, X / B),
-    floor = max(C, X / B),        C = FLOPs / the GPU's dense peak
+    t_warm = max(t − Δ, floor),   Δ = max(C, (X + W) / B) − max(C, (X + W') / B),
+    floor = max(C, (X + W') / B), C = FLOPs / the GPU's dense peak
 
 `python -m sim.l2flush gpu_profiles/h200-sxm` prints the fit of D and B.
 """
@@ -35,6 +37,10 @@ import numpy as np
 BF16 = 2  # bytes per element
 NAIVE_SCORE_BYTES = 10  # naive prefill: fp32 scores, fp32 softmax, bf16 probabilities
 FIT_MAX_GEMM_M = 4  # GEMM rows fitted: weight-streaming (memory-bound) decode shapes
+# bytes per element an elementwise op reads that an earlier kernel of the pass wrote (the
+# rest of sim.profiles.ELEMENTWISE_BYTES is its output, or clean tables: cos/sin, embeddings)
+ACTIVATION_BYTES = {"rmsnorm": 2, "residual_add": 4, "silu_mul": 4, "rotary": 2,
+                    "kv_write": 2, "embedding": 0}
 
 
 @dataclass(frozen=True)
@@ -52,42 +58,53 @@ class Timing:
         return None
 
 
-def write_back_ms(timing: Timing, flops: float, nbytes: float, flop_per_ms: float) -> float:
-    """Δ: what the flush's write-back added to a kernel of `flops` and `nbytes` (ms)."""
+def write_back_ms(timing: Timing, flops: float, nbytes: float, dirty_in: float,
+                  flop_per_ms: float) -> float:
+    """Δ: what the flush's write-back added to a kernel of `flops` and `nbytes` over the
+    write-back of the `dirty_in` activation bytes it meets in a forward pass (ms)."""
     if timing.method != "l2_flushed":
         return 0.0
-    byte_per_ms = timing.write_back_tbs * 1e9
-    extra = min(nbytes, timing.dirty_l2_mb * 1e6)
+    byte_per_ms, dirty = timing.write_back_tbs * 1e9, timing.dirty_l2_mb * 1e6
     compute = flops / flop_per_ms
-    return max(compute, (nbytes + extra) / byte_per_ms) - max(compute, nbytes / byte_per_ms)
+    flushed = max(compute, (nbytes + min(nbytes, dirty)) / byte_per_ms)
+    return flushed - max(compute, (nbytes + min(dirty_in, nbytes, dirty)) / byte_per_ms)
 
 
-def warm_ms(timing: Timing, ms: float, flops: float, nbytes: float, flop_per_ms: float) -> float:
-    """A flushed time without the write-back, never below max(C, X / B)."""
-    delta = write_back_ms(timing, flops, nbytes, flop_per_ms)
+def warm_ms(timing: Timing, ms: float, flops: float, nbytes: float, dirty_in: float,
+            flop_per_ms: float) -> float:
+    """A flushed time less the flush's extra write-back, never below its roofline floor
+    max(C, (X + W') / B) nor above the measured time."""
+    delta = write_back_ms(timing, flops, nbytes, dirty_in, flop_per_ms)
     if delta <= 0:
         return ms
-    floor = max(flops / flop_per_ms, nbytes / (timing.write_back_tbs * 1e9))
+    real = nbytes + min(dirty_in, nbytes, timing.dirty_l2_mb * 1e6)
+    floor = max(flops / flop_per_ms, real / (timing.write_back_tbs * 1e9))
     return max(ms - delta, min(ms, floor))
 
 
-def footprint(table: str, elementwise_bytes: dict[str, int]) -> Callable[[dict], tuple[float, float]]:
-    """(FLOPs, bytes moved through the L2) of a row of `table`: GEMM operands and output;
-    prefill Q, K, V, O (and naive's materialised scores); decode each KV head once plus
-    q and out; elementwise its ELEMENTWISE_BYTES per element."""
+def footprint(table: str, elementwise_bytes: dict[str, int]) -> Callable[[dict], tuple[float, float, float]]:
+    """(FLOPs, bytes moved through the L2, bytes of activations read) of a row of `table`:
+    GEMM operands and output, x the activations; prefill Q, K, V, O (and naive's
+    materialised scores), Q, K, V activations; decode each KV head once plus q and out,
+    q and the new token's K, V activations; elementwise its ELEMENTWISE_BYTES per element,
+    ACTIVATION_BYTES of them activations."""
     if table == "gemm":
         return lambda r: (2 * r["M"] * r["K"] * r["N"],
-                          (r["M"] * r["K"] + r["K"] * r["N"] + r["M"] * r["N"]) * BF16)
+                          (r["M"] * r["K"] + r["K"] * r["N"] + r["M"] * r["N"]) * BF16,
+                          r["M"] * r["K"] * BF16)
     if table == "attn_prefill":
-        def prefill(r: dict) -> tuple[float, float]:
+        def prefill(r: dict) -> tuple[float, float, float]:
             b, s, hq, hkv, d = (r[k] for k in ("batch", "seq", "hq", "hkv", "d"))
             scores = b * hq * s * s * NAIVE_SCORE_BYTES if r["impl"] == "naive" else 0
-            return 2 * b * hq * d * s * s, b * s * (2 * hq + 2 * hkv) * d * BF16 + scores
+            return (2 * b * hq * d * s * s, b * s * (2 * hq + 2 * hkv) * d * BF16 + scores,
+                    b * s * (hq + 2 * hkv) * d * BF16)
         return prefill
     if table == "attn_decode":
         return lambda r: (4 * r["sum_ctx"] * r["hq"] * r["d"],
-                          (r["sum_ctx"] * 2 * r["hkv"] + r["batch"] * 2 * r["hq"]) * r["d"] * BF16)
-    return lambda r: (0.0, r["M"] * r["H"] * elementwise_bytes[r["op"]])
+                          (r["sum_ctx"] * 2 * r["hkv"] + r["batch"] * 2 * r["hq"]) * r["d"] * BF16,
+                          r["batch"] * (r["hq"] + 2 * r["hkv"]) * r["d"] * BF16)
+    return lambda r: (0.0, r["M"] * r["H"] * elementwise_bytes[r["op"]],
+                      r["M"] * r["H"] * ACTIVATION_BYTES[r["op"]])
 
 
 def remove_write_back(tables: dict[str, list[dict]], timing: Timing | None, tflops: float,
@@ -100,8 +117,7 @@ def remove_write_back(tables: dict[str, list[dict]], timing: Timing | None, tflo
     for table, rows in tables.items():
         work, n = footprint(table, elementwise_bytes), 0
         for r in rows:
-            flops, nbytes = work(r)
-            t = warm_ms(timing, r["ms"], flops, nbytes, flop_per_ms)
+            t = warm_ms(timing, r["ms"], *work(r), flop_per_ms)
             n += t < r["ms"]
             r["ms"] = t
         lowered[table] = n
@@ -112,8 +128,8 @@ def describe(timing: Timing | None, lowered: dict[str, int]) -> str:
     """One line for `llmsim gpus` and the profile summary ("" when nothing was removed)."""
     if timing is None or timing.method != "l2_flushed":
         return ""
-    return (f"timed with the L2 flushed: dirty-L2 write-back min(bytes, {timing.dirty_l2_mb:g} MB)"
-            f" at {timing.write_back_tbs:g} TB/s removed from {sum(lowered.values())} rows (derived)")
+    return (f"timed with the L2 flushed: the flush's dirty-L2 write-back (up to {timing.dirty_l2_mb:g} MB"
+            f" at {timing.write_back_tbs:g} TB/s) removed from {sum(lowered.values())} rows (derived)")
 
 
 # ---- the fit --------------------------------------------------------------------

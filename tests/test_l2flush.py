@@ -32,31 +32,39 @@ def csv_ms(table: str, **match) -> float:
 
 def test_memory_bound_kernel_larger_than_the_dirty_l2_loses_d_over_b():
     # 1 GB streamed, no FLOPs: the flush added 40 MB of write-back at 4 TB/s = 10 us
-    assert write_back_ms(FLUSHED, 0.0, 1e9, PEAK) == pytest.approx(0.010)
-    assert warm_ms(FLUSHED, 0.300, 0.0, 1e9, PEAK) == pytest.approx(0.290)
+    assert write_back_ms(FLUSHED, 0.0, 1e9, 0.0, PEAK) == pytest.approx(0.010)
+    assert warm_ms(FLUSHED, 0.300, 0.0, 1e9, 0.0, PEAK) == pytest.approx(0.290)
 
 
 def test_memory_bound_kernel_smaller_than_the_dirty_l2_loses_its_own_bytes_over_b():
     # 8 MB: evicting its 8 MB wrote back 8 MB of dirty lines, 2 us
-    assert write_back_ms(FLUSHED, 0.0, 8 * MB, PEAK) == pytest.approx(0.002)
-    assert warm_ms(FLUSHED, 0.009, 0.0, 8 * MB, PEAK) == pytest.approx(0.007)
+    assert write_back_ms(FLUSHED, 0.0, 8 * MB, 0.0, PEAK) == pytest.approx(0.002)
+    assert warm_ms(FLUSHED, 0.009, 0.0, 8 * MB, 0.0, PEAK) == pytest.approx(0.007)
 
 
 def test_compute_bound_kernel_hides_the_write_back():
     # 80 GFLOP = 100 us of compute; 100 MB (+40 MB) of traffic = 35 us: nothing to remove
-    assert write_back_ms(FLUSHED, 80e9, 100 * MB, PEAK) == 0.0
-    assert warm_ms(FLUSHED, 0.120, 80e9, 100 * MB, PEAK) == 0.120
+    assert write_back_ms(FLUSHED, 80e9, 100 * MB, 0.0, PEAK) == 0.0
+    assert warm_ms(FLUSHED, 0.120, 80e9, 100 * MB, 0.0, PEAK) == 0.120
 
 
 def test_kernel_near_the_ridge_loses_only_the_traffic_above_its_compute_time():
     # 20 us compute, 60 MB -> 15 us alone, 25 us with the 40 MB write-back: 5 us removed
-    assert write_back_ms(FLUSHED, 16e9, 60 * MB, PEAK) == pytest.approx(0.005)
+    assert write_back_ms(FLUSHED, 16e9, 60 * MB, 0.0, PEAK) == pytest.approx(0.005)
+
+
+def test_kernel_whose_inputs_fill_the_l2_in_a_forward_pass_keeps_its_time():
+    # a 200 MB elementwise op reading 130 MB of activations a previous kernel wrote: a
+    # forward pass leaves it as much dirty data to write back as the flush did
+    assert write_back_ms(FLUSHED, 0.0, 200 * MB, 130 * MB, PEAK) == 0.0
+    # 20 MB of dirty inputs of its 60 MB: the flush added the other 20 MB, 5 us
+    assert write_back_ms(FLUSHED, 0.0, 60 * MB, 20 * MB, PEAK) == pytest.approx(0.005)
 
 
 def test_warm_timing_removes_nothing():
     warm = Timing(method="warm")
-    assert write_back_ms(warm, 0.0, 1e9, PEAK) == 0.0
-    assert warm_ms(warm, 0.3, 0.0, 1e9, PEAK) == 0.3
+    assert write_back_ms(warm, 0.0, 1e9, 0.0, PEAK) == 0.0
+    assert warm_ms(warm, 0.3, 0.0, 1e9, 0.0, PEAK) == 0.3
 
 
 def test_h200_decode_gemm_loses_the_fitted_write_back_and_a_prefill_gemm_keeps_its_time():
@@ -65,7 +73,8 @@ def test_h200_decode_gemm_loses_the_fitted_write_back_and_a_prefill_gemm_keeps_i
     d_over_b = t.dirty_l2_mb * MB / (t.write_back_tbs * 1e9)
     assert 0.009 < d_over_b < 0.011  # ~10 us per weight-streaming GEMM
     measured = csv_ms("gemm", M=16, K=14336, N=4096)  # 117 MB of weights, memory-bound
-    assert h200.gemm(16, 14336, 4096) == (pytest.approx(measured - d_over_b), EXACT)
+    x_in = 16 * 14336 * 2 / (t.write_back_tbs * 1e9)  # its input activations stay dirty
+    assert h200.gemm(16, 14336, 4096) == (pytest.approx(measured - d_over_b + x_in), EXACT)
     measured = csv_ms("gemm", M=8192, K=4096, N=28672)  # 1.9e12 FLOP: compute-bound
     assert h200.gemm(8192, 4096, 28672) == (measured, EXACT)
 
@@ -85,28 +94,31 @@ def flushed_model(t: Timing, floor_ms: float, flops: float, nbytes: float) -> fl
 
 
 @settings(max_examples=300, deadline=None)
-@given(timings, st.floats(0, 0.05), flop_counts, sizes)
-def test_correction_recovers_the_unflushed_roofline_and_stays_above_its_floor(t, c, flops, nbytes):
+@given(timings, st.floats(0, 0.05), flop_counts, sizes, st.floats(0, 1))
+def test_correction_recovers_the_forward_pass_roofline_and_stays_above_its_floor(
+        t, c, flops, nbytes, share):
+    dirty_in = share * nbytes  # activations read: a share of the bytes moved
     measured = flushed_model(t, c, flops, nbytes)
-    warm = warm_ms(t, measured, flops, nbytes, PEAK)
-    floor = max(flops / PEAK, nbytes / (t.write_back_tbs * 1e9))
+    warm = warm_ms(t, measured, flops, nbytes, dirty_in, PEAK)
+    forward = nbytes + min(dirty_in, t.dirty_l2_mb * MB)
+    floor = max(flops / PEAK, forward / (t.write_back_tbs * 1e9))
     assert warm == pytest.approx(c + floor, rel=1e-9, abs=1e-12)
     assert floor * (1 - 1e-9) <= warm <= measured
 
 
 @settings(max_examples=300, deadline=None)
-@given(timings, st.floats(0, 0.05), flop_counts, sizes, st.floats(1.0, 10.0))
-def test_corrected_time_grows_with_the_kernel(t, c, flops, nbytes, grow):
-    small = warm_ms(t, flushed_model(t, c, flops, nbytes), flops, nbytes, PEAK)
-    big = warm_ms(t, flushed_model(t, c, flops * grow, nbytes * grow),
-                  flops * grow, nbytes * grow, PEAK)
-    assert big >= small * (1 - 1e-9)
+@given(timings, st.floats(0, 0.05), flop_counts, sizes, st.floats(0, 1), st.floats(1.0, 10.0))
+def test_corrected_time_grows_with_the_kernel(t, c, flops, nbytes, share, grow):
+    def corrected(k: float) -> float:
+        return warm_ms(t, flushed_model(t, c, flops * k, nbytes * k), flops * k, nbytes * k,
+                       share * nbytes * k, PEAK)
+    assert corrected(grow) >= corrected(1.0) * (1 - 1e-9)
 
 
 @settings(max_examples=300, deadline=None)
 @given(timings, st.floats(1e-4, 10), flop_counts, sizes)
 def test_correction_never_raises_a_time_nor_goes_below_the_floor(t, ms, flops, nbytes):
-    warm = warm_ms(t, ms, flops, nbytes, PEAK)
+    warm = warm_ms(t, ms, flops, nbytes, 0.0, PEAK)
     floor = max(flops / PEAK, nbytes / (t.write_back_tbs * 1e9))
     assert min(ms, floor) <= warm <= ms
 
@@ -138,7 +150,7 @@ def test_profiles_not_timed_flushed_serve_their_tables_unchanged(name):
     flop_per_ms = (p.facts.peak_tflops or p.facts.datasheet_tflops) * 1e9
     byte_per_ms = p.facts.datasheet_mem_bw_tbs * 1e9
     least = {id(r): max(flops / flop_per_ms, nbytes / byte_per_ms)
-             for r in rows for flops, nbytes in [footprint("gemm", {})(r)]}
+             for r in rows for flops, nbytes, _ in [footprint("gemm", {})(r)]}
     for r in rows[::7]:
         same = [max(s["ms"], least[id(s)]) for s in rows
                 if (s["K"], s["N"]) == (r["K"], r["N"]) and s["M"] >= r["M"]]
@@ -195,7 +207,7 @@ def test_fit_recovers_known_write_back_from_synthetic_tables(tmp_path):
     gemm = [{"M": m, "K": k, "N": n} for m in (1, 2, 4) for k, n in ((2048, 2048), (4096, 6144), (4096, 28672))]
     for table, rows, floor in (("attn_decode", dec, 0.007), ("gemm", gemm, 0.005)):
         for r in rows:
-            flops, nbytes = footprint(table, ELEMENTWISE_BYTES)(r)
+            flops, nbytes, _ = footprint(table, ELEMENTWISE_BYTES)(r)
             r["ms"] = flushed_model(truth, floor, 0.0, nbytes)
         with (tmp_path / f"{table}.csv").open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))

@@ -80,8 +80,7 @@ def _warm(profile):
     flush's write-back (no envelope or cap reaches the rows these tests use)."""
     def warm(table: str, row: dict) -> float:
         typed = {k: (v if k in ("impl", "op") else float(v)) for k, v in row.items()}
-        flops, nbytes = footprint(table, ELEMENTWISE_BYTES)(typed)
-        return warm_ms(profile.facts.timing, typed["ms"], flops, nbytes,
+        return warm_ms(profile.facts.timing, typed["ms"], *footprint(table, ELEMENTWISE_BYTES)(typed),
                        profile.facts.peak_tflops * 1e9)
     return warm
 
