@@ -183,6 +183,8 @@ def cmd_gpus(a) -> int:
         if capped:  # table rows faster than the GPU's peak, raised to it at load
             rows = ", ".join(f"{t} {n}" for t, n in capped.items())
             print(f"{'':12} capped at the GPU's peak: {rows} rows")
+        if p.timing_note:  # tables timed with the L2 flushed, corrected at load
+            print(f"{'':12} {p.timing_note}")
         if p.summary()["derived_decode"]:
             print(f"{'':12} paged decode derived from the contiguous table "
                   f"(+{f.efficiency.paged_decode_overhead:.0%})")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .comm import Interconnect
+from .l2flush import Timing
 
 MEASURED_DECODE = ("contiguous", "paged_reference", "paged_gather")  # decode impls with fitted terms
 _FRACTION = {"gt": 0, "le": 1}
@@ -65,3 +66,4 @@ class GPUFacts:
     notes: str = ""
     datasheet_fp8_tflops: float | None = field(default=None, metadata=_POSITIVE)  # dense; None: no FP8
     interconnect: Interconnect | None = None  # GPU-to-GPU link for tensor parallelism
+    timing: Timing | None = None  # how the tables were timed; None: warm (sim/l2flush.py)

@@ -39,6 +39,7 @@ from statistics import median
 from sim.comm import Collectives, read_all_reduce
 from sim.filecache import FileCache
 from sim.gpu_facts import Efficiency, GPUFacts
+from sim.l2flush import describe, remove_write_back
 from sim.profile_sanity import cap_tables
 from sim.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
 from sim.tables import (
@@ -108,8 +109,8 @@ class GPUProfile:
 
     def __init__(self, facts: GPUFacts, tables: dict[str, list[dict]],
                  all_reduce: dict[tuple[float, float], float] | None = None,
-                 capped: dict[str, int] | None = None):
-        self.facts, self.name, self._memo = facts, facts.name, {}
+                 capped: dict[str, int] | None = None, timing_note: str = ""):
+        self.facts, self.name, self._memo, self.timing_note = facts, facts.name, {}, timing_note
         self.comm = Collectives(facts.interconnect, all_reduce)  # see sim/comm.py
         self.capped = capped or {}  # rows per table raised to a ceiling (profile_sanity)
         self.rows = {t: len(tables.get(t, [])) for t in TABLES}
@@ -307,13 +308,14 @@ class GPUProfile:
 
     def summary(self) -> dict:
         """Name, analytic flag, table rows, measured points lowered by the envelope, rows
-        capped at a ceiling per table, and the decode configs derived from another table."""
+        capped at a ceiling per table, the decode configs derived from another table, and
+        the timing correction applied at load (sim/l2flush.py; "" when none)."""
         grids = [*self._gemm.values(), *self._elem.values(), *self._pre.values(),
                  *(g for c, g in self._dec.items() if c not in self._derived)]
         return {"name": self.name, "analytic": self.facts.analytic, "tables": dict(self.rows),
                 "envelope_adjusted": sum(g.adjusted for g in grids),
                 "capped": dict(self.capped), "derived_decode": sorted(self._derived),
-                "mixed_decode_rows": len(self.mixed_decode_rows)}
+                "mixed_decode_rows": len(self.mixed_decode_rows), "timing": self.timing_note}
 
 
 def _derived(tag: str) -> str:
@@ -397,5 +399,6 @@ def _read_profile(folder: Path, watch: Callable[[Path], Path]) -> GPUProfile:
                             f"file not found: {show(link.all_reduce_table)}")
         all_reduce = read_all_reduce(folder / link.all_reduce_table)
     ceiling = facts.peak_tflops or facts.datasheet_tflops
+    lowered = remove_write_back(tables, facts.timing, ceiling, ELEMENTWISE_BYTES)  # before the caps
     capped = cap_tables(tables, ceiling, facts.datasheet_mem_bw_tbs, ELEMENTWISE_BYTES)
-    return GPUProfile(facts, tables, all_reduce, capped)
+    return GPUProfile(facts, tables, all_reduce, capped, describe(facts.timing, lowered))

