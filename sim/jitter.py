@@ -1,7 +1,8 @@
 """Step-time jitter: a live server's step takes the model's time times a random factor.
 
 A runtime profile may carry a fitted model of measured / modelled step time
-(`sim/logfit.py` fits it from a serving log), in three parts:
+(`sim/logfit.py` fits it from a serving log, with the fitting helpers at the end of this
+module), in three parts:
 
 * a **marginal** per step kind, an empirical quantile table: `quantiles[i]` is the factor
   at cumulative probability i / (n - 1), linear in between (prefill steps draw from
@@ -9,7 +10,7 @@ A runtime profile may carry a fitted model of measured / modelled step time
 * optional **decode levels**: the median factor per band of decode batch sizes
   (`decode_levels`, bands by `max_seqs`), what the deterministic model leaves that
   depends on the batch's size (a decode or mixed step of n sequences is multiplied by
-  its band's factor; beyond the last band, the last band's);
+  its band's factor; beyond the last band by 1, the deterministic model's own value);
 * optional **persistence** per kind: a live stack's slow and fast spells come in runs.
   Each kind's stream has a state (a draw from its marginal) that a step keeps with
   probability `stay` and redraws otherwise, so a state lasts 1 / (1 - stay) steps on
@@ -32,6 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 BLOCK = 4096
+MIN_BAND_STEPS = 30  # decode steps per level band (fewer: merged with the next band)
+ACF_LAGS = 20  # lags of the persistence fit
+MIN_PERSISTENCE_STEPS = 200  # fewer steps of a kind: autocorrelations too noisy (1/sqrt(n) > 0.07)
 
 
 def _check_table(name: str, q: tuple[float, ...]) -> tuple[str, str] | None:
@@ -84,14 +88,12 @@ class JitterSpec:
         return None
 
     def level_by_seqs(self) -> list[float]:
-        """The decode level factor of a step of n sequences at index n (n = 0 unused), up
-        to the last band's first n (larger steps take the last entry); [1.0] without levels."""
-        if not self.decode_levels:
-            return [1.0]
-        out = [self.decode_levels[0].factor]
-        for band in self.decode_levels[:-1]:
+        """The decode level factor of a step of n sequences at index n (n = 0 unused); the
+        last entry, 1, is for steps larger than the last band. [1.0] without levels."""
+        out = [1.0]
+        for band in self.decode_levels:
             out += [band.factor] * (band.max_seqs + 1 - len(out))
-        return out + [self.decode_levels[-1].factor]  # and beyond
+        return out + [1.0]
 
 
 class FactorStream:
@@ -166,6 +168,56 @@ class JitteredLatency:
 
     def verify(self, rows: list[tuple[int, int]]) -> float:
         return self.base.verify(rows) * self.decode_f.next()
+
+
+# ---- fitting (sim/logfit.py gives the measured / modelled ratios) ----------------
+def decode_levels(seqs: np.ndarray, ratio: np.ndarray) -> tuple[BatchLevel, ...]:
+    """Median measured / modelled per power-of-two band of decode batch sizes; bands with
+    fewer than MIN_BAND_STEPS steps merged with the next (the last with the previous).
+    Only over the batch sizes seen (factor 1 below the smallest, and above the largest)."""
+    if len(seqs) < MIN_BAND_STEPS:
+        return ()
+    top = int(seqs.max())
+    edges = [0] + [1 << i for i in range(top.bit_length() + 1) if (1 << i) < top] + [top]
+    groups: list[list[int]] = []  # [upper edge, steps]
+    for hi, lo in zip(edges[1:], edges, strict=False):
+        count = int(((seqs > lo) & (seqs <= hi)).sum())
+        if groups and groups[-1][1] < MIN_BAND_STEPS:
+            groups[-1] = [hi, groups[-1][1] + count]
+        else:
+            groups.append([hi, count])
+    if len(groups) > 1 and groups[-1][1] < MIN_BAND_STEPS:
+        groups[-2] = [groups[-1][0], groups[-2][1] + groups[-1][1]]
+        groups.pop()
+    low = int(seqs.min())  # below the batch sizes seen: the deterministic model (factor 1)
+    out, lo = ([BatchLevel(max_seqs=low - 1, factor=1.0)] if low > 1 else []), low - 1
+    for hi, _count in groups:
+        band = (seqs > lo) & (seqs <= hi)
+        out.append(BatchLevel(max_seqs=hi, factor=round(float(np.median(ratio[band])), 4)))
+        lo = hi
+    return tuple(out)
+
+
+def fit_persistence(ratio: np.ndarray) -> Persistence:
+    """share² · stay^k fitted to the rank autocorrelation of consecutive factors."""
+    n = len(ratio)
+    if n < MIN_PERSISTENCE_STEPS:
+        return Persistence()
+    u = np.argsort(np.argsort(ratio)) + 0.5
+    acf = np.array([np.corrcoef(u[:-k], u[k:])[0, 1] for k in range(1, ACF_LAGS + 1)])
+    if not acf[0] > 2 / np.sqrt(n):
+        return Persistence()
+    k = np.arange(1, ACF_LAGS + 1)
+    stays = np.linspace(0.005, 0.995, 199)[:, None] ** k  # rows: candidate stay^k
+    amp = np.clip((stays * acf).sum(1) / (stays**2).sum(1), 0, 1)
+    sse = ((amp[:, None] * stays - acf) ** 2).sum(1)
+    i = int(sse.argmin())
+    return Persistence(stay=round(float(stays[i, 0]), 4), share=round(float(np.sqrt(amp[i])), 4))
+
+
+def mean_factor(table: tuple[float, ...]) -> float:
+    """The mean of a quantile table's factors (linear between quantiles)."""
+    return float(np.trapezoid(table, np.linspace(0, 1, len(table))))
 
 
 def jittered(latency, seed: int, replica: int = 0):

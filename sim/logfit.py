@@ -52,7 +52,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .jitter import BatchLevel, JitterSpec, Persistence
+from .jitter import JitterSpec, decode_levels, fit_persistence, mean_factor
 from .latency import RuntimeSpec, StepLatency
 from .models import ModelSpec
 from .profiles import GPUProfile
@@ -68,6 +68,7 @@ IDLE_GAP_S = 1e-3
 WARM_LOG = -0.35  # log(measured / modelled) of a prefill step whose "new" shapes were warm
 MIN_BAND_STEPS = 30  # decode steps per level band (fewer: merged with the next band)
 ACF_LAGS = 20  # lags of the persistence fit
+MIN_GPU_SCALE = 0.05  # a fit that explains a kind by host terms alone (its search reaches 0)
 MIN_PERSISTENCE_STEPS = 200  # fewer steps of a kind: autocorrelations too noisy (1/sqrt(n) > 0.07)
 
 
@@ -254,9 +255,9 @@ def fit_runtime(base: RuntimeSpec, layers: int, rows: StepRows, name: str) -> Ru
 
         hp, gp, c = _search(prefill_err, [np.linspace(0, 8, 9), np.linspace(0.5, 2.5, 9),
                                           np.linspace(0, 200, 9)], 6)
-    return replace(b, name=name, host_ms_per_decode_seq=round(hd, 5), gpu_scale_decode=round(gd, 4),
+    return replace(b, name=name, host_ms_per_decode_seq=round(hd, 5), gpu_scale_decode=round(max(gd, MIN_GPU_SCALE), 4),
                    serial_ms_per_step=round(ss, 4), serial_ms_per_seq=round(sq, 5),
-                   host_ms_per_prefill_seq=round(hp, 4), gpu_scale=round(gp, 4),
+                   host_ms_per_prefill_seq=round(hp, 4), gpu_scale=round(max(gp, MIN_GPU_SCALE), 4),
                    serial_ms_per_new_prefill_shape=round(c, 3), jitter=None)
 
 
@@ -267,48 +268,6 @@ def warm_shapes(rows: StepRows, pred_ms: np.ndarray, stall_ms: float) -> np.ndar
     far = (rows.kind == "prefill") & (np.log(rows.measured_ms / pred_ms) < WARM_LOG)
     k = np.clip(np.round((pred_ms - rows.measured_ms) / stall_ms), 0, rows.new_shapes)
     return np.where(far, k, 0.0)
-
-
-def decode_levels(seqs: np.ndarray, ratio: np.ndarray) -> tuple[BatchLevel, ...]:
-    """Median measured / modelled per power-of-two band of decode batch sizes; bands with
-    fewer than MIN_BAND_STEPS steps merged with the next (the last with the previous)."""
-    if len(seqs) < MIN_BAND_STEPS:
-        return ()
-    top = int(seqs.max())
-    edges = [0] + [1 << i for i in range(top.bit_length() + 1) if (1 << i) < top] + [top]
-    groups: list[list[int]] = []  # [upper edge, steps]
-    for hi, lo in zip(edges[1:], edges, strict=False):
-        count = int(((seqs > lo) & (seqs <= hi)).sum())
-        if groups and groups[-1][1] < MIN_BAND_STEPS:
-            groups[-1] = [hi, groups[-1][1] + count]
-        else:
-            groups.append([hi, count])
-    if len(groups) > 1 and groups[-1][1] < MIN_BAND_STEPS:
-        groups[-2] = [groups[-1][0], groups[-2][1] + groups[-1][1]]
-        groups.pop()
-    out, lo = [], 0
-    for hi, _count in groups:
-        band = (seqs > lo) & (seqs <= hi)
-        out.append(BatchLevel(max_seqs=hi, factor=round(float(np.median(ratio[band])), 4)))
-        lo = hi
-    return tuple(out)
-
-
-def fit_persistence(ratio: np.ndarray) -> Persistence:
-    """share² · stay^k fitted to the rank autocorrelation of consecutive factors."""
-    n = len(ratio)
-    if n < MIN_PERSISTENCE_STEPS:
-        return Persistence()
-    u = np.argsort(np.argsort(ratio)) + 0.5
-    acf = np.array([np.corrcoef(u[:-k], u[k:])[0, 1] for k in range(1, ACF_LAGS + 1)])
-    if not acf[0] > 2 / np.sqrt(n):
-        return Persistence()
-    k = np.arange(1, ACF_LAGS + 1)
-    stays = np.linspace(0.005, 0.995, 199)[:, None] ** k  # rows: candidate stay^k
-    amp = np.clip((stays * acf).sum(1) / (stays**2).sum(1), 0, 1)
-    sse = ((amp[:, None] * stays - acf) ** 2).sum(1)
-    i = int(sse.argmin())
-    return Persistence(stay=round(float(stays[i, 0]), 4), share=round(float(np.sqrt(amp[i])), 4))
 
 
 def level_factors(spec: JitterSpec, rows: StepRows) -> np.ndarray:
@@ -331,11 +290,6 @@ def fit_jitter(rows: StepRows, pred_ms: np.ndarray, source: str = "") -> JitterS
         parts[kind] = tuple(round(float(v), 4) for v in np.quantile(r, p)) if len(r) else (1.0, 1.0)
         parts[f"{kind}_persistence"] = fit_persistence(r)
     return replace(spec, **parts)
-
-
-def mean_factor(table: tuple[float, ...]) -> float:
-    """The mean of a quantile table's factors (linear between quantiles)."""
-    return float(np.trapezoid(table, np.linspace(0, 1, len(table))))
 
 
 def error_stats(measured: np.ndarray, pred: np.ndarray) -> dict[str, float]:
