@@ -8,7 +8,8 @@ log gives them (the requests whose `admitted_s` is the step's `t_start`). Withou
 a prefill step is taken as `num_seqs` equal prompts.
 
 What is modelled for each logged step, with the simulator's own StepLatency for its
-batch shape (decode: num_seqs, sum_ctx; prefill: the per-sequence lengths):
+batch shape (decode: num_seqs, sum_ctx and the longest context, rebuilt from the
+requests log as the simulator charges for it; prefill: the per-sequence lengths):
 
     step = max(host, gpu) + serial_ms_per_step + serial_ms_per_seq * seqs
            + serial_ms_per_new_prefill_shape * (prefill shapes not seen before in the run)
@@ -17,8 +18,8 @@ batch shape (decode: num_seqs, sum_ctx; prefill: the per-sequence lengths):
 
 The base runtime (fitted to a warm grid over two model sizes) keeps its per-step and
 per-layer terms: a one-model log cannot tell them apart. The live log then fixes,
-by coarse-to-fine search minimising mean squared relative error (unbiased on average,
-which throughput and TPOT depend on): decode's per-sequence host and serial terms, the
+by coarse-to-fine search minimising mean absolute relative error (the typical step;
+the jitter model carries the rest, its mean included): decode's per-sequence host and serial terms, the
 per-step serial term and decode's GPU scale (decode rows), then prefill's per-sequence
 host term, GPU scale and the per-new-shape stall (prefill rows). The new-shape term is
 the mechanism behind "live prefill costs more per sequence than warm grid steps": a warm
