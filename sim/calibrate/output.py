@@ -120,7 +120,7 @@ def write_profile(w: TableWriter, meta: dict, ceil: dict, dev_facts: dict, note:
         "description": f"{meta['device_name']}: measured by llmsim calibrate ({meta['dtype']})",
         "analytic": False if len(measured) == len(TABLES) else "partial",
         "source": [f"{k}: {v}" for k, v in meta.items() if k in SOURCE_KEYS] + [
-            "method: medians after warm-up (CUDA events with the L2 flushed on CUDA, "
+            "method: medians after warm-up (CUDA events, the L2 flushed by a 256 MiB read on CUDA, "
             "the thread's CPU clock on the CPU), random inputs; see docs/calibration.md",
             "datasheet_* fields hold the measured ceilings (copy bandwidth, large GEMM)"],
         "memory_gib": round(dev_facts["total_bytes"] / 2**30, 2),
