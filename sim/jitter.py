@@ -83,12 +83,13 @@ class JitteredLatency:
     def decode(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
         return self.base.decode(n, sum_ctx, max_ctx) * self.decode_f.next()
 
-    def prefill(self, chunks: list[tuple[int, int]]) -> float:
-        return self.base.prefill(chunks) * self.prefill_f.next()
+    def prefill(self, chunks: list[tuple[int, int]], seen: set | None = None) -> float:
+        return self.base.prefill(chunks, seen) * self.prefill_f.next()
 
-    def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]]) -> float:
+    def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]],
+              seen: set | None = None) -> float:
         f = self.decode_f.next() if n else self.prefill_f.next()
-        return self.base.mixed(n, sum_ctx, max_ctx, chunks) * f
+        return self.base.mixed(n, sum_ctx, max_ctx, chunks, seen) * f
 
     def verify(self, rows: list[tuple[int, int]]) -> float:
         return self.base.verify(rows) * self.decode_f.next()

@@ -82,6 +82,8 @@ class Replica:
         self.prefix_view: tuple | None = None  # prefix hashes in whole KV blocks (engine.prefix_views)
         self.outside_tokens = 0  # disaggregated: KV held for requests outside the batch
         self.events: list[Event] = []  # preemptions, swaps and KV transfers, with their times
+        # (new, cached) prefill shapes this server has run (a live runtime stalls on new ones)
+        self.prefill_shapes: set[tuple[int, int]] = set()
 
     # ---- KV ------------------------------------------------------------------------
     def alloc(self, blocks: int) -> None:
@@ -260,7 +262,7 @@ class Replica:
         loads = self._loads()
         self.admit(plan, now)
         chunks = [(s.tokens_to_prefill - s.prefilled, s.prefilled) for s in plan.prefill]
-        dur = self.lat.prefill(chunks) + self._load_seconds(loads)
+        dur = self.lat.prefill(chunks, self.prefill_shapes) + self._load_seconds(loads)
         return dur, len(chunks), sum(q for q, _ in chunks)
 
     def _loads(self) -> int:
@@ -301,7 +303,8 @@ class Replica:
         if need:
             self.alloc(need)
         n = batch.n_compute
-        dur = self.lat.mixed(n, batch.sum_ctx(), batch.max_ctx(), chunks) + self._load_seconds(loads)
+        dur = (self.lat.mixed(n, batch.sum_ctx(), batch.max_ctx(), chunks, self.prefill_shapes)
+               + self._load_seconds(loads))
         kind = (1 if n else 0) if not chunks else (3 if n else 0)
         return dur, kind, n + len(chunks), n + sum(q for q, _ in chunks)
 
