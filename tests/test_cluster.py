@@ -261,8 +261,8 @@ def test_bad_cluster_sections_are_one_line_and_exit_2(tmp_path, cluster, message
 
 
 @pytest.mark.parametrize("module", ["sim.scheduler", "sim.chunked", "sim.kv", "sim.batch",
-                                    "sim.replica", "sim.metrics", "sim.router", "sim.build",
-                                    "sim.speculative", "sim.prefix", "sim.latency"])
+                                    "sim.replica", "sim.handoff", "sim.metrics", "sim.router",
+                                    "sim.build", "sim.speculative", "sim.prefix", "sim.latency"])
 def test_simpy_stays_in_the_engine_and_calibration_stays_out_of_the_core(module):
     code = (f"import sys, {module}; "
             "bad = [m for m in ('simpy', 'sim.engine', 'sim.calibrate', 'torch') if m in sys.modules]; "
