@@ -162,13 +162,14 @@ class JitteredLatency:
         s.i += 1
         return self.base.decode(n, sum_ctx, max_ctx) * f * self.levels[n if n < self.top else self.top]
 
-    def prefill(self, chunks: list[tuple[int, int]]) -> float:
-        return self.base.prefill(chunks) * self.prefill_f.next()
+    def prefill(self, chunks: list[tuple[int, int]], seen: set | None = None) -> float:
+        return self.base.prefill(chunks, seen) * self.prefill_f.next()
 
-    def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]]) -> float:
+    def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]],
+              seen: set | None = None) -> float:
         f = self.decode_f.next() * self.levels[n if n < self.top else self.top] if n \
             else self.prefill_f.next()
-        return self.base.mixed(n, sum_ctx, max_ctx, chunks) * f
+        return self.base.mixed(n, sum_ctx, max_ctx, chunks, seen) * f
 
     def verify(self, rows: list[tuple[int, int]]) -> float:
         return self.base.verify(rows) * self.decode_f.next()

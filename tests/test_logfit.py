@@ -61,15 +61,16 @@ def _synthetic_log(folder: Path, seed: int = 3) -> None:
     lat = StepLatency(load_model("llama-3-8b"), load_profile("h200-sxm"), replace(base, **TRUE),
                       decode_impl="paged_reference")  # the eager stack's measured Triton kernel
     steps, reqs, t = [], [], 0.0
+    seen: set = set()  # the logged server's prefill shapes so far
     pool = rng.integers(64, 3000, 60)  # lengths drawn from a small pool: some repeat
     for i in range(900):
         if i % 8 == 0:
             if i in WARM_AT:  # a short length not in the pool, met before logging
                 lens = [int(rng.integers(20, 60))]
-                lat._seen_shapes.add((lens[0], 0))
+                seen.add((lens[0], 0))
             else:
                 lens = [int(x) for x in rng.choice(pool, int(rng.integers(1, 6)))]
-            dur = lat.prefill([(q, 0) for q in lens])
+            dur = lat.prefill([(q, 0) for q in lens], seen)
             for q in lens:
                 reqs.append((len(reqs), t, q, 10, t, t + dur, t + dur + 1, dur, dur + 1, 0.1, 0))
             row = ("prefill", len(lens), sum(lens), 0)
@@ -306,12 +307,16 @@ def test_factor_streams_are_deterministic_per_seed():
     assert [a.next() for _ in range(5000)] == [b.next() for _ in range(5000)]
 
 
-def test_new_prefill_shapes_pay_once_per_run():
+def test_new_prefill_shapes_pay_once_per_server():
     rt = RuntimeSpec(name="x", serial_ms_per_new_prefill_shape=40.0)
     lat = StepLatency(load_model("llama-3-8b"), load_profile("h200-sxm"), rt)
-    first, again = lat.prefill([(300, 0), (500, 0)]), lat.prefill([(300, 0), (500, 0)])
+    one, other = set(), set()
+    first, again = lat.prefill([(300, 0), (500, 0)], one), lat.prefill([(300, 0), (500, 0)], one)
     assert first - again == pytest.approx(0.080)
-    assert lat.prefill([(300, 0), (700, 0)]) - again == pytest.approx(0.040, abs=0.005)
+    assert lat.prefill([(300, 0), (700, 0)], one) - again == pytest.approx(0.040, abs=0.005)
+    assert lat.prefill([(300, 0), (500, 0)], other) == first  # another server pays again
+    assert lat.prefill([(300, 0), (500, 0)]) == again  # no server's history: no stall
+    assert lat.mixed(0, 0, 0, [(900, 0)], other) - lat.prefill([(900, 0)]) == pytest.approx(0.040)
 
 
 def test_a_run_written_as_a_serving_log_reads_back_with_its_kv_pool(tmp_path):
