@@ -3,7 +3,7 @@
 A profile's elementwise table times either `fused` kernels (one kernel per RMSNorm,
 residual add and SiLU·mul: Vidur's A100/H100 rows, from Sarathi-Serve's custom CUDA
 kernels; the analytic roofline) or `unfused` ones (the H200's: RMSNorm as about six
-PyTorch ops, SiLU·mul as `F.silu(gate) * up`, what the eager reference stack runs). A
+PyTorch ops, SiLU·mul as two by its times, what the eager reference stack runs). A
 runtime says which class its stack runs (`RuntimeSpec.elementwise`). Production stacks
 run residual add + RMSNorm as one kernel that reads x and the residual and writes both
 (vLLM's `fused_add_rms_norm`, csrc/layernorm_kernels.cu; TensorRT-LLM's PyTorch backend
