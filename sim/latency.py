@@ -7,6 +7,9 @@ GPU time of a step over T new tokens in S sequences, for a model of L layers:
           + attention ]
     + final RMSNorm(T) + embedding(T) + LM head(rows)
 
+(a fused-kernel stack on a profile that timed unfused ones: 2 add+RMSNorm(T) kernels per
+layer in place of the norms and adds, SiLU*mul one kernel, derived: sim/fused.py)
+
 and, on a `tensor`-way tensor-parallel replica, every GEMM and attention call at
 its per-GPU shape (`ModelSpec.shard`) plus the communication term
 
@@ -43,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .fused import stack_elementwise
 from .jitter import JitterSpec
 from .models import ModelSpec
 from .profiles import ANALYTIC, BF16, DERIVED, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
@@ -89,6 +93,9 @@ class RuntimeSpec:
     jitter: JitterSpec | None = None  # step-time jitter (sim/jitter.py); None: deterministic
     # the stack reduces small messages with its own NVLink kernel (sim/comm.py), not NCCL
     custom_all_reduce: bool = False
+    # RMSNorm, residual add, SiLU·mul as the stack runs them (sim/fused.py): fused (vLLM,
+    # TensorRT-LLM), unfused (eager PyTorch) or as_measured (whatever the profile timed)
+    elementwise: Literal["fused", "unfused", "as_measured"] = "as_measured"
     source: str = ""
 
 
@@ -132,6 +139,7 @@ class StepLatency:
         self.verify_impl = verify_impl
         self.tensor, self.fp8_weights, self.vocab = tensor, fp8_weights, model.vocab
         self.shapes = self.m.gemm_shapes()
+        self._elementwise, self._norm_ops = stack_elementwise(profile, runtime.elementwise, self.m)
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
 
@@ -163,17 +171,12 @@ class StepLatency:
             k, n = self.shapes[op]
             ms, tag = gemm(T, k, n)
             parts.append((L * ms, tag))
-        for op, width, times in (
-            ("rmsnorm", m.hidden, 2),
-            ("residual_add", m.hidden, 2),
-            ("silu_mul", m.ffn, 1),
-            ("rotary", m.q_dim + m.kv_dim, 1),
-            ("kv_write", 2 * m.kv_dim, 1),
-        ):
-            ms, tag = p.elementwise(op, T, width)
+        for op, width, times in (*self._norm_ops, ("rotary", m.q_dim + m.kv_dim, 1),
+                                 ("kv_write", 2 * m.kv_dim, 1)):
+            ms, tag = self._elementwise(op, T, width)
             parts.append((L * times * ms, tag))
         for op, width in (("rmsnorm", m.hidden), ("embedding", m.hidden)):
-            parts.append(p.elementwise(op, T, width))
+            parts.append(self._elementwise(op, T, width))
         if self.tensor > 1:
             ms, tag = p.comm.all_reduce(T * m.hidden * BF16, self.tensor,
                                         custom=self.rt.custom_all_reduce)

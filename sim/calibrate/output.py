@@ -133,6 +133,7 @@ def write_profile(w: TableWriter, meta: dict, ceil: dict, dev_facts: dict, note:
         "sms": dev_facts["units"],
         "efficiency": eff,
         "tables": {t: f"measured ({meta['device_name']}, {meta['date'][:10]})" for t in measured},
+        "elementwise_kernels": "unfused",  # the reference model's eager ops (sim/calibrate/ops.py)
         "notes": note,
     }
     p = w.out / "profile.yaml"
@@ -179,7 +180,7 @@ def fit_runtimes(w: TableWriter, combine: str = "max") -> dict[str, dict]:
         spec, table = fit(rows, str(w.out), f"{w.out.name}-{mode}", kinds=kinds, combine=combine)
         spec, derived = _unmeasured_terms(spec, {r["kind"] for r in rows if r["kind"] in kinds},
                                           eager)
-        spec = replace(spec, description=f"{mode} reference engine on {w.out.name}",
+        spec = replace(spec, description=f"{mode} reference engine on {w.out.name}", elementwise="unfused",
                        source=f"fitted by sim.runtime_fit to {w.out.name}/iter_grid_{mode}.csv"
                        + (f"; {derived}" if derived else ""))
         eager = spec if mode == "eager" else eager
