@@ -169,6 +169,21 @@ def tp_scaling(runs: Runs) -> str:
                   "prefill 2,048 (ms)", "comm"], rows)
 
 
+def memory_refusal(runs: Runs) -> str:
+    """What `llmsim run` says when Llama-2-70B does not fit one A100 (the scenario named s.yaml)."""
+    import subprocess
+    import tempfile
+
+    scenario = "scenarios/llama2_70b_tp.yaml"
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run([sys.executable, "-m", "sim", "run", scenario, "--set", "gpu=a100-80gb",
+                               "--set", "parallel.tensor=1", "--out", str(Path(tmp) / "out")],
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if done.returncode != 2:
+        raise RuntimeError(f"expected a refusal (exit 2), got exit {done.returncode}: {done.stderr}")
+    return "```\n" + done.stderr.strip().replace(scenario, "s.yaml") + "\n```"
+
+
 def tp_runs(runs: Runs) -> str:
     rows = []
     for tp in (2, 4, 8):
@@ -442,6 +457,7 @@ class Block:
 
 BLOCKS: dict[str, Block] = {
     "scenario-comparisons": Block("Scenarios", scenario_comparisons),
+    "memory-refusal": Block("Tensor parallelism, memory feasibility, FP8", memory_refusal),
     "tp-scaling": Block("Tensor parallelism, memory feasibility, FP8", tp_scaling),
     "tp-runs": Block("Tensor parallelism, memory feasibility, FP8", tp_runs),
     "clusters": Block("Clusters: replicas, routers, disaggregated prefill/decode", clusters),
