@@ -19,7 +19,8 @@ kernel table, a runtime or the engine moves exactly the numbers it should.
 
 Not here: wall-time figures (benchmarks/*_speed.py: they depend on the machine), the
 published check (benchmarks/published_check.py writes docs/fidelity.md and its
-summary), and the live-log fit and replay tables (their own generator).
+summary), and the live-log fit and replay tables of "Live serving"
+(benchmarks/live_check.py).
 """
 
 from __future__ import annotations
@@ -287,12 +288,15 @@ def speculative_batch1(runs: Runs) -> str:
     draft = cfg.draft_latency.decode(1, ctx, ctx)
     c = draft / target
     expect = (1 - alpha ** (k + 1)) / (1 - alpha)
+    verify = cfg.latency.verify_batch(1, k + 1, ctx, ctx, [(k + 1, ctx)])
     measured = runs.summary("speculative", **{"scheduler.max_num_seqs": 1})
-    return prose(f"At batch 1 a draft step costs c = {c:.2f} of a target step ({ms(draft, 1)} vs "
-            f"{ms(target, 1)} ms at a {ctx}-token context, `{sc.runtime}` runtime), so "
-            f"E / (k·c + 1) = {expect:.2f} / {k * c + 1:.2f} = {expect / (k * c + 1):.2f}; "
-            f"verifying {NUMBER_WORDS.get(k + 1, k + 1)} tokens costs a little more than one decode step, giving "
-            f"{times(measured['speculative']['speedup_vs_decode'])}.")
+    return prose(
+        f"At batch 1 a draft step costs c = {c:.2f} of a target step ({ms(draft, 1)} vs "
+        f"{ms(target, 1)} ms at a {ctx}-token context, `{sc.runtime}` runtime), so "
+        f"E / (k·c + 1) = {expect:.2f} / {k * c + 1:.2f} = {expect / (k * c + 1):.2f}; "
+        f"verifying {NUMBER_WORDS.get(k + 1, k + 1)} tokens costs {ms(verify, 1)} ms "
+        f"({verify / target:.2f} decode steps), giving "
+        f"{times(measured['speculative']['speedup_vs_decode'])}.")
 
 
 def chunked(runs: Runs) -> str:
@@ -309,9 +313,10 @@ def chunked(runs: Runs) -> str:
     tpot_cut = 1 - ch["tpot_s"]["p99"] / pf["tpot_s"]["p99"]
     itl_fold = pf["itl_s"]["p99"] / ch["itl_s"]["p99"]
     ttft_more = ch["ttft_s"]["p99"] / pf["ttft_s"]["p99"]
-    return out + "\n\n" + prose(f"Chunking cuts the TPOT tail by {pct(tpot_cut)} and the ITL tail "
-                  f"{itl_fold:.1f}-fold (no decode waits behind an 8k-token prefill), at the "
-                  f"price of a TTFT tail {ttft_more:.1f}× as long for long prompts.")
+    return out + "\n\n" + prose(
+        f"Chunking cuts the TPOT tail by {pct(tpot_cut)} and the ITL tail {itl_fold:.1f}-fold "
+        "(no decode waits behind an 8k-token prefill), at the price of a TTFT tail "
+        f"{ttft_more:.1f}× as long for long prompts.")
 
 
 @dataclass(frozen=True)
@@ -323,10 +328,10 @@ class TraceReuse:
 
 
 def mooncake_reuse() -> TraceReuse:
-    sc_path = SCENARIOS / "prefix_caching_mooncake.yaml"
+    """How the Mooncake trace's 512-token prefix blocks repeat (the trace itself, no run)."""
     from sim.scenario import load_scenario
 
-    trace = load_scenario(sc_path).workload.trace
+    trace = load_scenario(SCENARIOS / "prefix_caching_mooncake.yaml").workload.trace
     path = Path(trace.path)
     if not path.is_absolute():
         path = next(p for p in (SCENARIOS / path, ROOT / path) if p.exists())
@@ -352,7 +357,8 @@ def prefix_caching(runs: Runs) -> str:
 
     def row(label, hit, s):
         return [label, hit, f"{s['ttft_s']['mean']:.2f} s",
-                f"{s['ttft_s']['p50']:.2f} / {s['ttft_s']['p99']:.1f} s", f"{ms(s['tpot_s']['p50'], 1)} ms"]
+                f"{s['ttft_s']['p50']:.2f} / {s['ttft_s']['p99']:.1f} s",
+                f"{ms(s['tpot_s']['p50'], 1)} ms"]
 
     return table(["", "hit rate", "TTFT mean", "TTFT p50 / p99", "TPOT p50"], [
         row("no caching", "—", off),
@@ -364,10 +370,11 @@ def prefix_caching_gpu_only(runs: Runs) -> str:
     gpu = runs.summary("prefix_caching_mooncake", **{"kv.prefix_cache_host_gib": 0})
     reuse = mooncake_reuse()
     blocks = gpu["kv"]["capacity_tokens"] / gpu["prefix_cache"].get("hash_block_tokens", 512)
-    return prose(f"With the GPU cache alone (about {grouped(round(blocks, -2))} such blocks) the hit "
-            f"rate is {pct(gpu['prefix_cache']['hit_rate'])}: the median distance between a "
-            f"block and its repeat is {grouped(round(reuse.median_distance, -2))} blocks, "
-            f"which is why Mooncake keeps its KV cache in a host-memory pool.")
+    return prose(
+        f"With the GPU cache alone (about {grouped(round(blocks, -2))} such blocks) the hit rate "
+        f"is {pct(gpu['prefix_cache']['hit_rate'])}: the median distance between a block and "
+        f"its repeat is {grouped(round(reuse.median_distance, -2))} blocks, which is why "
+        "Mooncake keeps its KV cache in a host-memory pool.")
 
 
 CURVE_RATES = (2, 4, 8, 12, 16)
