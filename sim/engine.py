@@ -5,7 +5,7 @@ fleet's router; `replica(env, ...)` loops: ask the policy for a plan, start it
 (`sim/replica.py`: admit, preempt, swap, allocate KV), hold the clock for the step's
 latency, then finish it (first tokens, finished requests, freed KV). With prefill and
 decode pools, `kv_link(env, ...)` moves each finished prefill's KV to a decode replica
-once that replica has room (bytes / bandwidth + latency); `reporter(env, ...)` refreshes
+once that replica has room (bytes / bandwidth + latency; `sim/handoff.py`); `reporter(env, ...)` refreshes
 what the router knows of each replica every `router.staleness_s`. Policies and routers
 never see `env`; SimPy stays in this module.
 """
@@ -21,6 +21,7 @@ import simpy
 
 from .batch import Seq
 from .cluster import Link
+from .handoff import hand_over, join_arrived, reject_at_handoff, reserve_transfer, take_over
 from .prefix import regroup
 from .replica import Replica, ReplicaResult, RunResult
 from .results import Event
@@ -99,8 +100,8 @@ class Fleet:
             fits = [i for i, n in enumerate(self.back)
                     if need <= n.rep.st.kv.num_blocks - n.rep.policy_watermark]
             if not fits:
-                src.rep.reject_at_handoff(s, f"its prompt's KV ({need} blocks) is larger than "
-                                             "any decode replica's cache")
+                reject_at_handoff(src.rep, s, f"its prompt's KV ({need} blocks) is larger "
+                                              "than any decode replica's cache")
                 return
             if self.fresh_reports and self.decode_router.uses_reports:
                 self.report(self.back)
@@ -155,17 +156,17 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
             dst.room = None
             continue
         dst.transfers.popleft()
-        nbytes = rep.reserve_transfer(s) * bytes_per_token
+        nbytes = reserve_transfer(rep, s) * bytes_per_token
         in_flight[0] = 1
         seconds = fleet.link.seconds(nbytes)
         rep.events.append(Event(env.now, s.rid, "kv_transfer", seconds, src.rep.name))
         yield env.timeout(seconds)
         in_flight[0] = 0
         rep.transfer_bytes += nbytes
-        src.rep.hand_over(s)
+        hand_over(src.rep, s)
         src.poke()
         s.prefill_replica, s.replica = src.rep.index, rep.index
-        rep.take_over(s, env.now)
+        take_over(rep, s, env.now)
         dst.poke()
 
 
@@ -176,7 +177,7 @@ def replica(env: simpy.Environment, node: Node, progress=None):
     while True:
         now = env.now
         if rep.arrived:
-            rep.join_arrived()
+            join_arrived(rep)
         plan = policy.schedule(st, now)
         step = rep.start(plan, now)
         if step is not None:

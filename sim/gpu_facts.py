@@ -67,3 +67,8 @@ class GPUFacts:
     datasheet_fp8_tflops: float | None = field(default=None, metadata=_POSITIVE)  # dense; None: no FP8
     interconnect: Interconnect | None = None  # GPU-to-GPU link for tensor parallelism
     timing: Timing | None = None  # how the tables were timed; None: warm (sim/l2flush.py)
+    # what the elementwise table times: `fused`, one kernel per RMSNorm, residual add and
+    # SiLU·mul (vLLM-class custom kernels; the analytic roofline) or `unfused`, RMSNorm as
+    # several PyTorch ops (an eager stack's); a fused-kernel runtime derives its kernels
+    # from an unfused table's single-kernel rows (sim/fused.py)
+    elementwise_kernels: Literal["fused", "unfused"] = "fused"

@@ -7,6 +7,9 @@ GPU time of a step over T new tokens in S sequences, for a model of L layers:
           + attention ]
     + final RMSNorm(T) + embedding(T) + LM head(rows)
 
+(a fused-kernel stack on a profile that timed unfused ones: 2 add+RMSNorm(T) kernels per
+layer in place of the norms and adds, SiLU*mul one kernel, derived: sim/fused.py)
+
 and, on a `tensor`-way tensor-parallel replica, every GEMM and attention call at
 its per-GPU shape (`ModelSpec.shard`) plus the communication term
 
@@ -29,7 +32,7 @@ per prefill and per decode sequence. That host work overlaps the GPU (the host r
 ahead of an asynchronous GPU until the GPU is the bottleneck, as with async output
 processing), so the step takes the slower of the two; a serial part per step and per
 sequence (what waits for the GPU's sampled tokens) adds to it, and so does a stall the
-first time a run sees a prefill shape (fitted from live logs by sim/logfit.py):
+first time a replica sees a prefill shape (fitted from live logs by sim/logfit.py):
 
     step = max(host, GPU) + serial_ms_per_step + serial_ms_per_seq · sequences
            + serial_ms_per_new_prefill_shape · new prefill shapes
@@ -43,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .fused import stack_elementwise
 from .jitter import JitterSpec
 from .models import ModelSpec
 from .profiles import ANALYTIC, BF16, DERIVED, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
@@ -84,11 +88,14 @@ class RuntimeSpec:
     # where the host thread runs the kernels itself)
     combine: Literal["max", "sum"] = "max"
     # a stall, not overlapped, the first time a prefill attention shape (new tokens, context)
-    # is seen in a run: per-shape plan building / kernel specialisation (sim/logfit.py)
+    # is seen on a replica: per-shape plan building / kernel specialisation (sim/logfit.py)
     serial_ms_per_new_prefill_shape: float = field(default=0.0, metadata={"ge": 0})
     jitter: JitterSpec | None = None  # step-time jitter (sim/jitter.py); None: deterministic
     # the stack reduces small messages with its own NVLink kernel (sim/comm.py), not NCCL
     custom_all_reduce: bool = False
+    # RMSNorm, residual add, SiLU·mul as the stack runs them (sim/fused.py): fused (vLLM,
+    # TensorRT-LLM), unfused (eager PyTorch) or as_measured (whatever the profile timed)
+    elementwise: Literal["fused", "unfused", "as_measured"] = "as_measured"
     source: str = ""
 
 
@@ -111,7 +118,8 @@ def load_runtime(name: str, *, file=None, path: str = "runtime",
 
 
 class StepLatency:
-    """Seconds per step; lookups memoised, provenance counted per use."""
+    """Seconds per step; lookups memoised, provenance counted per use. Shared by the
+    replicas of a group: what a server has run before is its own, passed in as `seen`."""
 
     def __init__(
         self,
@@ -131,9 +139,9 @@ class StepLatency:
         self.verify_impl = verify_impl
         self.tensor, self.fp8_weights, self.vocab = tensor, fp8_weights, model.vocab
         self.shapes = self.m.gemm_shapes()
+        self._elementwise, self._norm_ops = stack_elementwise(profile, runtime.elementwise, self.m)
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
-        self._seen_shapes: set[tuple[int, int]] = set()  # prefill shapes run so far
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
     def _piece(self, key: tuple, compute) -> float:
@@ -163,17 +171,12 @@ class StepLatency:
             k, n = self.shapes[op]
             ms, tag = gemm(T, k, n)
             parts.append((L * ms, tag))
-        for op, width, times in (
-            ("rmsnorm", m.hidden, 2),
-            ("residual_add", m.hidden, 2),
-            ("silu_mul", m.ffn, 1),
-            ("rotary", m.q_dim + m.kv_dim, 1),
-            ("kv_write", 2 * m.kv_dim, 1),
-        ):
-            ms, tag = p.elementwise(op, T, width)
+        for op, width, times in (*self._norm_ops, ("rotary", m.q_dim + m.kv_dim, 1),
+                                 ("kv_write", 2 * m.kv_dim, 1)):
+            ms, tag = self._elementwise(op, T, width)
             parts.append((L * times * ms, tag))
         for op, width in (("rmsnorm", m.hidden), ("embedding", m.hidden)):
-            parts.append(p.elementwise(op, T, width))
+            parts.append(self._elementwise(op, T, width))
         if self.tensor > 1:
             ms, tag = p.comm.all_reduce(T * m.hidden * BF16, self.tensor,
                                         custom=self.rt.custom_all_reduce)
@@ -283,16 +286,14 @@ class StepLatency:
                   + rt.serial_ms_per_new_prefill_shape * new_shapes)
         return ((host + gpu if rt.combine == "sum" else max(host, gpu)) + serial) * 1e-3
 
-    def _new_shapes(self, chunks: list[tuple[int, int]]) -> int:
-        """How many of these prefill attention shapes this run has not seen before."""
-        if not self.rt.serial_ms_per_new_prefill_shape:
+    def _new_shapes(self, chunks: list[tuple[int, int]], seen: set | None) -> int:
+        """How many of these prefill shapes the server that ran the shapes in `seen` has
+        not run before (`seen` gains them); none when the caller keeps no such set."""
+        if seen is None or not self.rt.serial_ms_per_new_prefill_shape:
             return 0
-        new = 0
-        for q, cached in chunks:
-            if (q, cached) not in self._seen_shapes:
-                self._seen_shapes.add((q, cached))
-                new += 1
-        return new
+        before = len(seen)
+        seen.update(chunks)
+        return len(seen) - before
 
     def _step(self, key: tuple, parts, seqs: int) -> float:
         """Seconds of a whole decode-like step of `seqs` sequences, memoised by `key` (one
@@ -306,11 +307,13 @@ class StepLatency:
         e.append(self._combine(gpu, decode_seqs=seqs, decode=True))
         return e[3]
 
-    def prefill(self, chunks: list[tuple[int, int]]) -> float:
-        """A step prefilling `chunks` of (new tokens, tokens already cached) per sequence."""
+    def prefill(self, chunks: list[tuple[int, int]], seen: set | None = None) -> float:
+        """A step prefilling `chunks` of (new tokens, tokens already cached) per sequence;
+        `seen`: the (new, cached) shapes this server has prefilled before (updated here)."""
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.dense_ms(tokens) + self.lm_head_ms(len(chunks))
-        return self._combine(gpu, prefill_seqs=len(chunks), new_shapes=self._new_shapes(chunks))
+        return self._combine(gpu, prefill_seqs=len(chunks),
+                             new_shapes=self._new_shapes(chunks, seen))
 
     @staticmethod
     def _per_sequence(rows: list[tuple[int, int]], attn) -> tuple[int, float]:
@@ -330,18 +333,19 @@ class StepLatency:
                           lambda: self._dense_parts(n) + self._lm_parts(n)
                           + self._decode_attn_parts(n, ctx_q, max_q), n)
 
-    def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]]) -> float:
+    def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]],
+              seen: set | None = None) -> float:
         """A chunked-prefill step: `n` decodes (over `sum_ctx` tokens, longest `max_ctx`)
         plus prefill chunks of (new tokens, tokens already computed) per sequence."""
         if not chunks:
             return self.decode(n, sum_ctx, max_ctx)
         if not n:
-            return self.prefill(chunks)
+            return self.prefill(chunks, seen)
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.decode_attn_ms(n, sum_ctx, max_ctx)
         gpu += self.dense_ms(n + tokens) + self.lm_head_ms(n + len(chunks))
         return self._combine(gpu, prefill_seqs=len(chunks), decode_seqs=n, decode=True,
-                             new_shapes=self._new_shapes(chunks))
+                             new_shapes=self._new_shapes(chunks, seen))
 
     def verify(self, rows: list[tuple[int, int]]) -> float:
         """A step scoring `q` tokens per sequence over its cached context: rows of (q, cached)."""

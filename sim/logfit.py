@@ -8,7 +8,8 @@ log gives them (the requests whose `admitted_s` is the step's `t_start`). Withou
 a prefill step is taken as `num_seqs` equal prompts.
 
 What is modelled for each logged step, with the simulator's own StepLatency for its
-batch shape (decode: num_seqs, sum_ctx; prefill: the per-sequence lengths):
+batch shape (decode: num_seqs, sum_ctx and the longest context, rebuilt from the
+requests log as the simulator charges for it; prefill: the per-sequence lengths):
 
     step = max(host, gpu) + serial_ms_per_step + serial_ms_per_seq * seqs
            + serial_ms_per_new_prefill_shape * (prefill shapes not seen before in the run)
@@ -17,8 +18,8 @@ batch shape (decode: num_seqs, sum_ctx; prefill: the per-sequence lengths):
 
 The base runtime (fitted to a warm grid over two model sizes) keeps its per-step and
 per-layer terms: a one-model log cannot tell them apart. The live log then fixes,
-by coarse-to-fine search minimising mean squared relative error (unbiased on average,
-which throughput and TPOT depend on): decode's per-sequence host and serial terms, the
+by coarse-to-fine search minimising mean absolute relative error (the typical step;
+the jitter model carries the rest, its mean included): decode's per-sequence host and serial terms, the
 per-step serial term and decode's GPU scale (decode rows), then prefill's per-sequence
 host term, GPU scale and the per-new-shape stall (prefill rows). The new-shape term is
 the mechanism behind "live prefill costs more per sequence than warm grid steps": a warm
@@ -26,10 +27,21 @@ grid times each shape after a warm-up call of that shape, a live server meets a 
 prompt length at almost every prefill and pays a one-off cost for it (a per-shape
 execution plan or kernel specialisation), after which the same length is cheap.
 
+A prefill step far below the model (measured / modelled < e^-0.35, beyond any step's
+noise in the shared log) met "new" lengths that were warm already (lengths the stack
+met before logging); the fit counts them as seen (as many as the deficit says, in
+whole stalls) and fits again, so they neither pull the stall down nor sit in the
+jitter table, where they would shorten whole multi-sequence steps.
+
 A logged step's time is its cycle: from its start to the next step's start (the
 duration plus the scheduler's gap before the next step; gaps over 1 ms are idle time
-and count as the median gap). What the deterministic model leaves, measured / modelled
-per step kind, becomes the runtime's jitter table (sim/jitter.py).
+and count as the median gap). What the deterministic model leaves, measured / modelled,
+becomes the runtime's jitter model (sim/jitter.py): decode levels by batch-size band
+(medians per power-of-two band, bands of under 30 steps merged), a quantile table per
+step kind of what the levels leave, and each kind's persistence fitted to the
+autocorrelation of the ranks of consecutive steps' factors at lags 1-20 (least squares,
+share² · stay^k; none unless the kind has 200 steps or more and its lag-1
+autocorrelation is above the white-noise band 2 / sqrt(steps)).
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .jitter import JitterSpec
+from .jitter import JitterSpec, decode_levels, fit_persistence, mean_factor
 from .latency import RuntimeSpec, StepLatency
 from .models import ModelSpec
 from .profiles import GPUProfile
@@ -54,6 +66,11 @@ REQUEST_LOG_COLUMNS = ["id", "arrival_s", "prompt_tokens", "output_tokens", "adm
 KINDS = ("prefill", "decode")
 JITTER_POINTS = 41  # quantiles at probabilities 0, 1/40, ..., 1
 IDLE_GAP_S = 1e-3
+WARM_LOG = -0.35  # log(measured / modelled) of a prefill step whose "new" shapes were warm
+MIN_BAND_STEPS = 30  # decode steps per level band (fewer: merged with the next band)
+ACF_LAGS = 20  # lags of the persistence fit
+MIN_GPU_SCALE = 0.05  # a fit that explains a kind by host terms alone (its search reaches 0)
+MIN_PERSISTENCE_STEPS = 200  # fewer steps of a kind: autocorrelations too noisy (1/sqrt(n) > 0.07)
 
 
 def _read(path: str | Path, columns: list[str]) -> pd.DataFrame:
@@ -128,6 +145,29 @@ def kv_blocks(steps: pd.DataFrame, lengths: list[list[int]], block_size: int = 1
     return int(steps.free_blocks.iloc[0]) + held
 
 
+def decode_max_ctx(steps: pd.DataFrame, requests: pd.DataFrame | None) -> np.ndarray:
+    """Each decode step's longest context, rebuilt from the requests log (a request decodes
+    in every decode step from its first token to its finish; its context after its k-th
+    decode step is prompt + k, as `sum_ctx` counts it); 0 where the log does not say
+    (no requests log, preemptions, or a step whose rebuilt batch does not match its row)."""
+    out = np.zeros(len(steps))
+    if requests is None or requests.preemptions.any():
+        return out
+    dec = np.flatnonzero(steps.kind.to_numpy() == "decode")
+    start, end = steps.t_start.to_numpy(float)[dec], steps.t_end.to_numpy(float)[dec]
+    count, total, longest = np.zeros(len(dec)), np.zeros(len(dec)), np.zeros(len(dec))
+    for prompt, first, finish in zip(requests.prompt_tokens, requests.first_token_s,
+                                     requests.finish_s, strict=True):
+        a, b = np.searchsorted(start, first - 1e-9), np.searchsorted(end, finish + 1e-9)
+        ctx = prompt + np.arange(1, b - a + 1)
+        count[a:b] += 1
+        total[a:b] += ctx
+        longest[a:b] = np.maximum(longest[a:b], ctx)
+    match = (count == steps.num_seqs.to_numpy()[dec]) & (total == steps.sum_ctx.to_numpy()[dec])
+    out[dec] = np.where(match, longest, 0)
+    return out
+
+
 def cycle_ms(steps: pd.DataFrame) -> np.ndarray:
     """Each step's start to the next step's start (idle gaps count as the median gap)."""
     start, end = steps.t_start.to_numpy(float), steps.t_end.to_numpy(float)
@@ -151,12 +191,15 @@ class StepRows:
 
 def step_rows(steps: pd.DataFrame, lengths: list[list[int]], model: ModelSpec,
               profile: GPUProfile, prefill_impl: str = "flash",
-              decode_impl: str = "paged_reference") -> StepRows:
+              decode_impl: str = "paged_reference", max_ctx: np.ndarray | None = None) -> StepRows:
+    """`max_ctx`: each decode step's longest context (0: unknown, priced as equal lengths),
+    which the simulator's decode kernels charge for as it does (sim/latency.py)."""
     kernels = StepLatency(model, profile, RuntimeSpec(name="kernels"), prefill_impl, decode_impl)
     seen: set[tuple[int, int]] = set()
     gpu, new = [], []
-    for kind, n, sum_ctx, lens in zip(steps.kind, steps.num_seqs, steps.sum_ctx, lengths,
-                                      strict=True):
+    longest = np.zeros(len(steps)) if max_ctx is None else max_ctx
+    for kind, n, sum_ctx, lens, top in zip(steps.kind, steps.num_seqs, steps.sum_ctx, lengths,
+                                           longest, strict=True):
         if kind == "prefill":
             chunks = [(q, 0) for q in lens]
             tokens, attn = kernels._per_sequence(chunks, kernels.prefill_attn_ms)
@@ -166,7 +209,8 @@ def step_rows(steps: pd.DataFrame, lengths: list[list[int]], model: ModelSpec,
             seen |= fresh
         else:
             n = int(n)
-            gpu.append(kernels.dense_ms(n) + kernels.lm_head_ms(n) + kernels.decode_attn_ms(n, int(sum_ctx)))
+            gpu.append(kernels.dense_ms(n) + kernels.lm_head_ms(n)
+                       + kernels.decode_attn_ms(n, int(sum_ctx), int(top)))
             new.append(0)
     return StepRows(steps.kind.to_numpy(str), steps.num_seqs.to_numpy(float), np.array(gpu),
                     np.array(new, dtype=float), cycle_ms(steps))
@@ -212,20 +256,41 @@ def fit_runtime(base: RuntimeSpec, layers: int, rows: StepRows, name: str) -> Ru
 
         hp, gp, c = _search(prefill_err, [np.linspace(0, 8, 9), np.linspace(0.5, 2.5, 9),
                                           np.linspace(0, 200, 9)], 6)
-    return replace(b, name=name, host_ms_per_decode_seq=round(hd, 5), gpu_scale_decode=round(gd, 4),
+    return replace(b, name=name, host_ms_per_decode_seq=round(hd, 5), gpu_scale_decode=round(max(gd, MIN_GPU_SCALE), 4),
                    serial_ms_per_step=round(ss, 4), serial_ms_per_seq=round(sq, 5),
-                   host_ms_per_prefill_seq=round(hp, 4), gpu_scale=round(gp, 4),
+                   host_ms_per_prefill_seq=round(hp, 4), gpu_scale=round(max(gp, MIN_GPU_SCALE), 4),
                    serial_ms_per_new_prefill_shape=round(c, 3), jitter=None)
 
 
+def warm_shapes(rows: StepRows, pred_ms: np.ndarray, stall_ms: float) -> np.ndarray:
+    """Per step, how many of its new prefill shapes ran warm (see the module docstring)."""
+    if stall_ms <= 0:
+        return np.zeros(len(pred_ms))
+    far = (rows.kind == "prefill") & (np.log(rows.measured_ms / pred_ms) < WARM_LOG)
+    k = np.clip(np.round((pred_ms - rows.measured_ms) / stall_ms), 0, rows.new_shapes)
+    return np.where(far, k, 0.0)
+
+
+def level_factors(spec: JitterSpec, rows: StepRows) -> np.ndarray:
+    """Each logged step's decode level factor (1 for prefill steps)."""
+    table = np.asarray(spec.level_by_seqs())
+    idx = np.minimum(rows.seqs.astype(int), len(table) - 1)
+    return np.where(rows.kind == "decode", table[idx], 1.0)
+
+
 def fit_jitter(rows: StepRows, pred_ms: np.ndarray, source: str = "") -> JitterSpec:
-    """Measured / modelled per kind as an empirical quantile table."""
+    """Decode levels, then per kind a quantile table of what they leave and its persistence."""
     p = np.linspace(0, 1, JITTER_POINTS)
-    tables = {}
+    ratio = rows.measured_ms / pred_ms
+    dec = rows.kind == "decode"
+    spec = JitterSpec(decode_levels=decode_levels(rows.seqs[dec], ratio[dec]), source=source)
+    ratio = ratio / level_factors(spec, rows)
+    parts = {}
     for kind in KINDS:
-        r = rows.measured_ms[rows.kind == kind] / pred_ms[rows.kind == kind]
-        tables[kind] = tuple(round(float(v), 4) for v in np.quantile(r, p)) if len(r) else (1.0, 1.0)
-    return JitterSpec(decode=tables["decode"], prefill=tables["prefill"], source=source)
+        r = ratio[rows.kind == kind]
+        parts[kind] = tuple(round(float(v), 4) for v in np.quantile(r, p)) if len(r) else (1.0, 1.0)
+        parts[f"{kind}_persistence"] = fit_persistence(r)
+    return replace(spec, **parts)
 
 
 def error_stats(measured: np.ndarray, pred: np.ndarray) -> dict[str, float]:
@@ -255,22 +320,39 @@ def runtime_yaml(rt: RuntimeSpec, header: str) -> str:
 
 @dataclass
 class LogFit:
-    runtime: RuntimeSpec  # with its jitter table
+    runtime: RuntimeSpec  # with its jitter model
     base_errors: dict  # the base runtime on the logged steps
     errors: dict  # the fitted deterministic model
-    jittered_mean_bias: dict  # per kind: model x mean jitter factor / measured mean - 1
+    level_errors: dict  # the fitted model x its decode levels
+    jittered_mean_bias: dict  # per kind: model x levels x mean jitter factor / measured mean - 1
     kv_blocks: int
     lengths_from_requests: bool
+    warm_shapes: int  # "new" prefill shapes that ran warm (met before logging)
+    new_shapes: int
+    fitted_steps: int  # steps the fit used (all, or a subset: cross-validation)
+
+
+def subset(rows: StepRows, mask: np.ndarray) -> StepRows:
+    return StepRows(rows.kind[mask], rows.seqs[mask], rows.gpu_ms[mask], rows.new_shapes[mask],
+                    rows.measured_ms[mask])
 
 
 def fit_log(steps_csv: str | Path, requests_csv: str | Path | None, model: ModelSpec,
             profile: GPUProfile, base: RuntimeSpec, name: str, prefill_impl: str = "flash",
-            decode_impl: str = "paged_reference") -> LogFit:
+            decode_impl: str = "paged_reference", fit_steps: np.ndarray | None = None) -> LogFit:
+    """`fit_steps`: a mask of the log's steps to fit to (default all); the errors are
+    those of the same steps. New shapes are counted over the whole log in order."""
     steps = read_steps_log(steps_csv)
     requests = read_requests_log(requests_csv) if requests_csv else None
     lengths = prefill_lengths(steps, requests)
-    rows = step_rows(steps, lengths, model, profile, prefill_impl, decode_impl)
+    everything = step_rows(steps, lengths, model, profile, prefill_impl, decode_impl,
+                           decode_max_ctx(steps, requests))
+    rows = everything if fit_steps is None else subset(everything, np.asarray(fit_steps, bool))
     rt = fit_runtime(base, model.layers, rows, name)
+    warm = warm_shapes(rows, predict_ms(rt, model.layers, rows), rt.serial_ms_per_new_prefill_shape)
+    if warm.any():  # count them as seen, and fit again
+        rows = replace(rows, new_shapes=rows.new_shapes - warm)
+        rt = fit_runtime(base, model.layers, rows, name)
     pred = predict_ms(rt, model.layers, rows)
     jitter = fit_jitter(rows, pred, f"measured / modelled step time on {Path(steps_csv).name}")
     rt = replace(rt, jitter=jitter, description=f"{base.description} (live: fitted to a serving log)",
@@ -278,36 +360,46 @@ def fit_log(steps_csv: str | Path, requests_csv: str | Path | None, model: Model
         f"fitted by llmsim fit-log to {Path(steps_csv).name}"
         + (f" + {Path(requests_csv).name}" if requests_csv else "")
         + f" on {profile.name}, on top of {base.name} ({base.source})"))
+    leveled = pred * level_factors(jitter, rows)
     bias = {}
     for kind in KINDS:
         sel = rows.kind == kind
         if sel.any():
-            table = np.asarray(getattr(jitter, kind))
-            mean_factor = float(np.trapezoid(table, np.linspace(0, 1, len(table))))
-            bias[kind] = float(pred[sel].mean() * mean_factor / rows.measured_ms[sel].mean() - 1)
+            mean = mean_factor(getattr(jitter, kind))
+            bias[kind] = float(leveled[sel].mean() * mean / rows.measured_ms[sel].mean() - 1)
     return LogFit(rt, errors_by_kind(rows, predict_ms(base, model.layers, rows)),
-                  errors_by_kind(rows, pred), bias, kv_blocks(steps, lengths), requests is not None)
+                  errors_by_kind(rows, pred), errors_by_kind(rows, leveled), bias,
+                  kv_blocks(steps, lengths), requests is not None, int(warm.sum()),
+                  int(rows.new_shapes.sum() + warm.sum()), len(rows.kind))
 
 
 def format_fit(f: LogFit) -> str:
-    rt = f.runtime
+    rt, jit = f.runtime, f.runtime.jitter
     lines = [f"{'':16}{'steps':>6} {'mean|err|':>10} {'median|err|':>12} {'bias':>7} "
              f"{'meas mean/median ms':>20} {'model mean/median ms':>21}"]
     for label, errs in ((f"base {rt.source.split('on top of ')[-1].split(' (')[0]}", f.base_errors),
-                        ("fitted", f.errors)):
+                        ("fitted", f.errors), ("fitted x decode levels", f.level_errors)):
         lines.append(label)
         for kind, e in errs.items():
             lines.append(f"  {kind:14}{e['steps']:6d} {e['mean_abs']:10.1%} {e['median_abs']:12.1%} "
                          f"{e['bias']:+7.1%} {e['measured_mean_ms']:9.1f} / {e['measured_median_ms']:<8.1f}"
                          f"{e['model_mean_ms']:10.1f} / {e['model_median_ms']:<8.1f}")
-    lines.append("fitted x jitter: mean bias " + ", ".join(
+    lines.append("fitted x levels x jitter: mean bias " + ", ".join(
         f"{k} {v:+.1%}" for k, v in f.jittered_mean_bias.items()))
     lines.append(f"live terms: serial {rt.serial_ms_per_step:g} ms/step + {rt.serial_ms_per_seq:g} ms/seq, "
                  f"{rt.serial_ms_per_new_prefill_shape:g} ms per new prefill shape; host "
                  f"+{rt.host_ms_per_prefill_seq:g} ms/prefill seq, +{rt.host_ms_per_decode_seq:g} "
                  f"ms/decode seq; gpu scale {rt.gpu_scale:g} (prefill), {rt.gpu_scale_decode:g} (decode)")
+    lines.append(f"new prefill shapes that ran warm (met before logging; counted as seen, not "
+                 f"modelled): {f.warm_shapes} of {f.new_shapes}")
+    lines.append("decode levels (batch up to: factor): " + (", ".join(
+        f"{b.max_seqs}: {b.factor:g}" for b in jit.decode_levels) or "none"))
+    lines.append("persistence (stay, share): " + ", ".join(
+        f"{k} {p.stay:g}, {p.share:g}" for k, p in (("decode", jit.decode_persistence),
+                                                    ("prefill", jit.prefill_persistence))))
     lines.append(f"KV pool in the log: {f.kv_blocks} blocks; prefill lengths from "
-                 + ("the requests log" if f.lengths_from_requests else "equal splits (no requests log)"))
+                 + ("the requests log" if f.lengths_from_requests else "equal splits (no requests log)")
+                 )
     return "\n".join(lines)
 
 

@@ -3,7 +3,8 @@
 The engine (`sim/engine.py`) owns the clock; this module owns what a step does to
 requests and KV blocks: admission (with prefix-cache reuse), preemption by
 recompute or swap, prefill / decode / mixed (chunked) / speculative steps, first
-tokens, finishes, and the per-step log.
+tokens, finishes, and the per-step log. A disaggregated replica's side of a KV hand-off
+(the state below, the verbs in `sim/handoff.py`) starts at `first_token`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from .batch import FINISHED, REJECTED, SWAPPED, TRANSFERRING, WAITING, Seq
 from .kv import ContiguousKV
 from .latency import StepLatency
-from .results import Event, ReplicaResult, RunResult, StepLog
+from .results import Event, ReplicaResult, RunResult, StepLog, move_events
 from .router import ReplicaLoad
 from .scheduler import DECODE, IDLE, ReplicaState, StaticPolicy, StepPlan
 from .speculative import SpecBatch
@@ -81,6 +82,8 @@ class Replica:
         self.prefix_view: tuple | None = None  # prefix hashes in whole KV blocks (engine.prefix_views)
         self.outside_tokens = 0  # disaggregated: KV held for requests outside the batch
         self.events: list[Event] = []  # preemptions, swaps and KV transfers, with their times
+        # (new, cached) prefill shapes this server has run (a live runtime stalls on new ones)
+        self.prefill_shapes: set[tuple[int, int]] = set()
 
     # ---- KV ------------------------------------------------------------------------
     def alloc(self, blocks: int) -> None:
@@ -172,46 +175,6 @@ class Replica:
         else:
             self.st.batch.join(s, t_end)
 
-    def hand_over(self, s: Seq) -> None:
-        """Disaggregated prefill: `s`'s KV reached its decode replica; free it here."""
-        self._free_handoff(s)
-
-    def reject_at_handoff(self, s: Seq, reason: str) -> None:
-        """Disaggregated prefill: no decode replica can ever hold `s`'s KV: free it here and
-        reject the request (it keeps its first token, as a preempted one does)."""
-        self._free_handoff(s)
-        s.state = REJECTED
-        s.reject_reason = reason
-        self.done += 1
-
-    def _free_handoff(self, s: Seq) -> None:
-        tokens = s.prompt + s.generated - 1
-        if self.st.prefix is not None:
-            self.st.prefix.insert(s, tokens)
-        self.free(s, self.st.kv.blocks_for(tokens))
-        self.outside_tokens -= s.prompt
-        self.load.outstanding -= 1
-
-    def reserve_transfer(self, s: Seq) -> int:
-        """Disaggregated decode: take the blocks for `s`'s incoming KV; returns its tokens."""
-        tokens = s.prompt + s.generated - 1
-        self.alloc(self.st.kv.blocks_for(tokens))
-        self.outside_tokens += s.prompt
-        return tokens
-
-    def take_over(self, s: Seq, t: float) -> None:
-        """Disaggregated decode: `s`'s KV arrived at `t` (its blocks were taken when the
-        transfer started); its first token streams out now (TTFT ends here, as in DistServe).
-        It joins the running batch at the next step boundary (`join_arrived`)."""
-        s.first_token_t = t
-        self.arrived.append((s, t))
-
-    def join_arrived(self) -> None:
-        for s, t in self.arrived:
-            self.st.batch.join(s, t)
-            self.outside_tokens -= s.prompt
-        self.arrived.clear()
-
     def release(self, s: Seq) -> None:
         """A finished request gives back its KV (static contiguous rows wait for the batch)."""
         s.state = FINISHED
@@ -299,7 +262,7 @@ class Replica:
         loads = self._loads()
         self.admit(plan, now)
         chunks = [(s.tokens_to_prefill - s.prefilled, s.prefilled) for s in plan.prefill]
-        dur = self.lat.prefill(chunks) + self._load_seconds(loads)
+        dur = self.lat.prefill(chunks, self.prefill_shapes) + self._load_seconds(loads)
         return dur, len(chunks), sum(q for q, _ in chunks)
 
     def _loads(self) -> int:
@@ -340,7 +303,8 @@ class Replica:
         if need:
             self.alloc(need)
         n = batch.n_compute
-        dur = self.lat.mixed(n, batch.sum_ctx(), batch.max_ctx(), chunks) + self._load_seconds(loads)
+        dur = (self.lat.mixed(n, batch.sum_ctx(), batch.max_ctx(), chunks, self.prefill_shapes)
+               + self._load_seconds(loads))
         kind = (1 if n else 0) if not chunks else (3 if n else 0)
         return dur, kind, n + len(chunks), n + sum(q for q, _ in chunks)
 
@@ -400,7 +364,7 @@ class Replica:
         if plan.reject:
             self.reject(plan)
         if plan.preempt or plan.swap_out or plan.swap_in:
-            self.note_moves(plan, now)
+            self.events.extend(move_events(plan, now))
         kind = plan.kind
         step = self.step
         if kind == "decode":
@@ -440,12 +404,6 @@ class Replica:
         if self.static:
             self.end_of_step()
         return done
-
-    def note_moves(self, plan: StepPlan, now: float) -> None:
-        """Log the plan's preemptions and swaps at `now` (for traces; rare, off the hot path)."""
-        for kind, seqs in (("preempt", plan.preempt), ("swap_out", plan.swap_out),
-                           ("swap_in", plan.swap_in)):
-            self.events.extend(Event(now, s.rid, kind) for s in seqs)
 
     def end_of_step(self) -> None:
         """Static batching: once the batch's last row finished (at its prefill, too), every

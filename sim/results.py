@@ -44,6 +44,14 @@ class Event:
     peer: str = ""
 
 
+def move_events(plan, now: float) -> list[Event]:
+    """A plan's preemptions and swaps (a sim.scheduler.StepPlan) as events at `now`
+    (for traces; rare, off the hot path)."""
+    return [Event(now, s.rid, kind) for kind, seqs in (
+        ("preempt", plan.preempt), ("swap_out", plan.swap_out), ("swap_in", plan.swap_in))
+        for s in seqs]
+
+
 @dataclass
 class ReplicaResult:
     """What one replica leaves behind after a run."""

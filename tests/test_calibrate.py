@@ -71,6 +71,7 @@ def test_calibrated_profile_loads_with_every_table_populated(profile):
     assert len(pd.read_csv(profile / "iter_grid_eager.csv")) > 0
     rt = build(RuntimeSpec, load_yaml(profile / "runtime-eager.yaml"))
     assert rt.gpu_scale > 0
+    assert rt.elementwise == p.facts.elementwise_kernels == "unfused"  # the reference model's eager ops
     meta = json.loads((profile / "calibration.json").read_text())
     for key in ("device_name", "driver", "torch", "date", "command", "threads"):
         assert meta[key] not in (None, "")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -54,14 +55,37 @@ def assert_conserved(out, n):
     assert (fin.first_token_s >= fin.arrival_s).all() and (fin.finish_s >= fin.first_token_s).all()
 
 
-def test_a_one_replica_cluster_reproduces_the_single_replica_run_exactly():
-    plain = run(scenario())
-    fleet = run(scenario({"groups": [{"name": "only", "count": 1}]}))
+@pytest.mark.parametrize("runtime", ["cuda-graph", "h200-eager-live"])
+def test_a_one_replica_cluster_reproduces_the_single_replica_run_exactly(runtime):
+    plain = run(scenario(runtime=runtime))
+    fleet = run(scenario({"groups": [{"name": "only", "count": 1}]}, runtime=runtime))
     cols = [c for c in plain.requests.columns if c != "replica"]
     assert plain.requests[cols].equals(fleet.requests[cols])
     assert plain.steps.drop(columns="replica").equals(fleet.steps.drop(columns="replica"))
     for key in ("ttft_s", "tpot_s", "e2e_s", "itl_s", "request_throughput", "kv"):
         assert plain.summary[key] == fleet.summary[key]
+
+
+def test_each_replica_of_a_live_fleet_pays_its_own_first_sight_of_a_prefill_shape(tmp_path):
+    # the live runtime without its jitter, so that step times are exact
+    live = ROOT / "gpu_profiles" / "runtimes" / "h200-eager-live.yaml"
+    fields = {k: v for k, v in yaml.safe_load(live.read_text()).items() if k != "jitter"}
+    rt_file = tmp_path / "live-no-jitter.yaml"
+    rt_file.write_text(yaml.safe_dump(fields))
+    stall = fields["serial_ms_per_new_prefill_shape"] * 1e-3
+    assert stall > 0
+    wl = {"num_requests": 4, "arrival": {"kind": "constant", "rate": 1},
+          "prompt": {"kind": "fixed", "value": 500}, "output": {"kind": "fixed", "value": 1}}
+    out = run(scenario({"groups": [{"name": "g", "count": 2}], "router": {"policy": "round_robin"}},
+                       runtime=str(rt_file), workload=wl))
+    assert out.requests.replica.tolist() == ["g-0", "g-1", "g-0", "g-1"]
+    steps = out.steps.sort_values("t_start")
+    assert (steps.kind == "prefill").all() and len(steps) == 4  # one lone prefill per request
+    secs = (steps.t_end - steps.t_start).tolist()
+    # requests 0 and 1 meet the 500-token shape first on their replica; 2 and 3 again
+    assert secs[0] == pytest.approx(secs[1], rel=1e-12)
+    assert secs[2] == pytest.approx(secs[3], rel=1e-12)
+    assert secs[0] - secs[2] == pytest.approx(stall, rel=1e-9)
 
 
 def test_round_robin_over_identical_replicas_splits_requests_evenly():
@@ -237,8 +261,8 @@ def test_bad_cluster_sections_are_one_line_and_exit_2(tmp_path, cluster, message
 
 
 @pytest.mark.parametrize("module", ["sim.scheduler", "sim.chunked", "sim.kv", "sim.batch",
-                                    "sim.replica", "sim.metrics", "sim.router", "sim.build",
-                                    "sim.speculative", "sim.prefix", "sim.latency"])
+                                    "sim.replica", "sim.handoff", "sim.metrics", "sim.router",
+                                    "sim.build", "sim.speculative", "sim.prefix", "sim.latency"])
 def test_simpy_stays_in_the_engine_and_calibration_stays_out_of_the_core(module):
     code = (f"import sys, {module}; "
             "bad = [m for m in ('simpy', 'sim.engine', 'sim.calibrate', 'torch') if m in sys.modules]; "

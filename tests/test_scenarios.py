@@ -33,8 +33,9 @@ def sweep(name, field, values):
 
 def test_continuous_batching_beats_static_on_throughput_and_ttft():
     s = sweep("batching", "scheduler.policy", ["static", "continuous"])
-    # 1.45x on the write-back-free H200 tables (sim/l2flush.py), 1.6x before
-    assert s["continuous"]["request_throughput"] > 1.4 * s["static"]["request_throughput"]
+    # 1.18x with the vllm runtime's fused elementwise kernels (sim/fused.py); 1.45x on the
+    # H200's unfused ones, write-back-free (sim/l2flush.py), 1.6x before that
+    assert s["continuous"]["request_throughput"] > 1.15 * s["static"]["request_throughput"]
     assert s["continuous"]["ttft_s"]["p50"] < 0.1 * s["static"]["ttft_s"]["p50"]
 
 
@@ -58,7 +59,7 @@ def test_naive_attention_costs_kv_memory_and_prefill_time_at_long_prompts():
 def test_chunked_prefill_lowers_tpot_tail_on_the_azure_conversation_trace():
     first = run(ROOT / "scenarios" / "prefill_first.yaml").summary
     chunked = run(ROOT / "scenarios" / "chunked_prefill.yaml").summary
-    assert chunked["tpot_s"]["p99"] < 0.8 * first["tpot_s"]["p99"]
+    assert chunked["tpot_s"]["p99"] < 0.85 * first["tpot_s"]["p99"]  # 0.82 (fused kernels)
     assert chunked["itl_s"]["p99"] < 0.5 * first["itl_s"]["p99"]
     assert chunked["request_throughput"] == pytest.approx(first["request_throughput"], rel=0.01)
 

@@ -165,7 +165,13 @@ class Device:
         # seconds: wall time on a GPU (events time the kernels); the thread's CPU time on
         # the CPU (see the module docstring)
         self.clock: Callable[[], float] = time.perf_counter if self.cuda else time.thread_time
-        self._flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device=device) \
+        # the L2 is flushed by READING this buffer (written once, here): a read leaves clean
+        # lines, which the timed op evicts for free; a write (Triton's do_bench zeroes its
+        # buffer) leaves ~L2-size dirty lines that the timed op must write back to memory,
+        # up to ~10 us per kernel that a real forward pass does not pay (sim/l2flush.py)
+        self._flush = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device=device) \
+            if self.cuda else None
+        self._flush_sum = torch.zeros((), dtype=torch.float32, device=device) \
             if self.cuda else None
         self._capture_stream = torch.cuda.Stream(device=device) if self.cuda else None
         # how each time_ms call was timed: "graph", "events" (capture failed), "cpu clock"
@@ -295,8 +301,8 @@ class Device:
         latency, not gaps that grow with the op's kernel count and the host's speed at
         that moment, and when the host is the slower side back-to-back calls queue
         nothing ahead. A graph replays all of the op's kernels from one launch with
-        device-side dependencies, so none waits for the host; the L2 flush before each
-        replay (~60 µs on an H200) keeps the GPU busy while the host records the start
+        device-side dependencies, so none waits for the host; the L2 flush (a 256 MiB read)
+        before each replay (~60 µs on an H200) keeps the GPU busy while the host records the start
         event and launches the graph, so the start event does not wait either. The
         replay is the warm, compiled op (warm-up and one side-stream call come first).
         """
@@ -307,7 +313,7 @@ class Device:
                   for _ in range(reps)]
         for start, end in events:
             if flush:
-                self._flush.fill_(1.0)  # evict the L2 (a 256 MiB write)
+                torch.sum(self._flush, dim=0, out=self._flush_sum)  # evict the L2 (a 256 MiB read)
             start.record()
             launch()
             end.record()

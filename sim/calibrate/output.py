@@ -120,7 +120,7 @@ def write_profile(w: TableWriter, meta: dict, ceil: dict, dev_facts: dict, note:
         "description": f"{meta['device_name']}: measured by llmsim calibrate ({meta['dtype']})",
         "analytic": False if len(measured) == len(TABLES) else "partial",
         "source": [f"{k}: {v}" for k, v in meta.items() if k in SOURCE_KEYS] + [
-            "method: medians after warm-up (CUDA events with the L2 flushed on CUDA, "
+            "method: medians after warm-up (CUDA events, the L2 flushed by a 256 MiB read on CUDA, "
             "the thread's CPU clock on the CPU), random inputs; see docs/calibration.md",
             "datasheet_* fields hold the measured ceilings (copy bandwidth, large GEMM)"],
         "memory_gib": round(dev_facts["total_bytes"] / 2**30, 2),
@@ -133,6 +133,7 @@ def write_profile(w: TableWriter, meta: dict, ceil: dict, dev_facts: dict, note:
         "sms": dev_facts["units"],
         "efficiency": eff,
         "tables": {t: f"measured ({meta['device_name']}, {meta['date'][:10]})" for t in measured},
+        "elementwise_kernels": "unfused",  # the reference model's eager ops (sim/calibrate/ops.py)
         "notes": note,
     }
     p = w.out / "profile.yaml"
@@ -179,7 +180,7 @@ def fit_runtimes(w: TableWriter, combine: str = "max") -> dict[str, dict]:
         spec, table = fit(rows, str(w.out), f"{w.out.name}-{mode}", kinds=kinds, combine=combine)
         spec, derived = _unmeasured_terms(spec, {r["kind"] for r in rows if r["kind"] in kinds},
                                           eager)
-        spec = replace(spec, description=f"{mode} reference engine on {w.out.name}",
+        spec = replace(spec, description=f"{mode} reference engine on {w.out.name}", elementwise="unfused",
                        source=f"fitted by sim.runtime_fit to {w.out.name}/iter_grid_{mode}.csv"
                        + (f"; {derived}" if derived else ""))
         eager = spec if mode == "eager" else eager

@@ -240,7 +240,7 @@ class _Run:
 class _NoLatency:
     """The simulator's accounting asks for a step's latency up front; the real step is timed."""
 
-    def prefill(self, chunks) -> float:
+    def prefill(self, chunks, seen=None) -> float:
         return 0.0
 
     def decode(self, n, sum_ctx, max_ctx=0) -> float:

@@ -83,9 +83,10 @@ def _err_stats(err: np.ndarray) -> dict:
 def replayed_steps(lat: StepLatency, steps: pd.DataFrame, detail: StepDetail) -> pd.DataFrame:
     """Each real step with the step model's prediction for its exact composition."""
     pred = []
+    seen: set = set()  # the real server's prefill shapes so far (a live runtime stalls on new ones)
     for kind, lens, s, mx, n in zip(detail.kind, detail.prefill_lens, detail.sum_ctx,
                                     detail.max_ctx, steps.num_seqs, strict=True):
-        pred.append(lat.prefill([(q, 0) for q in lens]) if kind == "prefill"
+        pred.append(lat.prefill([(q, 0) for q in lens], seen) if kind == "prefill"
                     else lat.decode(int(n), s, mx))
     out = steps.copy()
     out["real_s"] = out.t_end - out.t_start
