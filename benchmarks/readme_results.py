@@ -397,7 +397,7 @@ def curve_knees(runs: Runs) -> str:
             past = (f"{first.rate:g} req/s: steady throughput {pct(first['steady.ratio'])} of "
                     f"offered, p99 TTFT {first['ttft_s.p99']:.2f} s")
         else:
-            past = "—"
+            past = f"none: it keeps up at every rate run (up to {max(CURVE_RATES):g} req/s)"
         rows.append([f"`{k.scenario}`", knee, past])
     return table(["scenario", "knee (p99 TTFT ≤ 2 s, steady ≥ 90 %)", "first rate past it"],
                  rows)
