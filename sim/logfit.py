@@ -191,10 +191,13 @@ class StepRows:
 
 def step_rows(steps: pd.DataFrame, lengths: list[list[int]], model: ModelSpec,
               profile: GPUProfile, prefill_impl: str = "flash",
-              decode_impl: str = "paged_reference", max_ctx: np.ndarray | None = None) -> StepRows:
+              decode_impl: str = "paged_reference", max_ctx: np.ndarray | None = None,
+              elementwise: str = "as_measured") -> StepRows:
     """`max_ctx`: each decode step's longest context (0: unknown, priced as equal lengths),
-    which the simulator's decode kernels charge for as it does (sim/latency.py)."""
-    kernels = StepLatency(model, profile, RuntimeSpec(name="kernels"), prefill_impl, decode_impl)
+    which the simulator's decode kernels charge for as it does (sim/latency.py);
+    `elementwise`: the base runtime's kernel class (fused or unfused norms)."""
+    kernels = StepLatency(model, profile, RuntimeSpec(name="kernels", elementwise=elementwise),
+                          prefill_impl, decode_impl)
     seen: set[tuple[int, int]] = set()
     gpu, new = [], []
     longest = np.zeros(len(steps)) if max_ctx is None else max_ctx
@@ -346,7 +349,7 @@ def fit_log(steps_csv: str | Path, requests_csv: str | Path | None, model: Model
     requests = read_requests_log(requests_csv) if requests_csv else None
     lengths = prefill_lengths(steps, requests)
     everything = step_rows(steps, lengths, model, profile, prefill_impl, decode_impl,
-                           decode_max_ctx(steps, requests))
+                           decode_max_ctx(steps, requests), base.elementwise)
     rows = everything if fit_steps is None else subset(everything, np.asarray(fit_steps, bool))
     rt = fit_runtime(base, model.layers, rows, name)
     warm = warm_shapes(rows, predict_ms(rt, model.layers, rows), rt.serial_ms_per_new_prefill_shape)

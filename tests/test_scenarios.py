@@ -31,11 +31,15 @@ def sweep(name, field, values):
     return {v: run(ROOT / "scenarios" / f"{name}.yaml", {field: v}).summary for v in values}
 
 
-def test_continuous_batching_beats_static_on_throughput_and_ttft():
+def test_continuous_batching_keeps_up_with_a_load_static_batching_cannot():
+    """At the scenario's 3.5 req/s continuous batching serves what arrives while static
+    batching saturates (each batch waits for its longest request) and its queue grows; a
+    throughput ratio would only measure how far the offered load is above static's
+    capacity, which moves with every kernel table."""
     s = sweep("batching", "scheduler.policy", ["static", "continuous"])
-    # 1.18x with the vllm runtime's fused elementwise kernels (sim/fused.py); 1.45x on the
-    # H200's unfused ones, write-back-free (sim/l2flush.py), 1.6x before that
-    assert s["continuous"]["request_throughput"] > 1.15 * s["static"]["request_throughput"]
+    offered = 3.5
+    assert s["continuous"]["request_throughput"] > 0.93 * offered
+    assert s["static"]["request_throughput"] < 0.9 * offered
     assert s["continuous"]["ttft_s"]["p50"] < 0.1 * s["static"]["ttft_s"]["p50"]
 
 
