@@ -99,8 +99,12 @@ class Runs:
         key = (scenario, tuple(sorted(overrides.items())))
         if key not in self._done:
             from sim import run
+            from sim.metrics import itl_table
 
-            self._done[key] = run(SCENARIOS / f"{scenario}.yaml", overrides).summary
+            out = run(SCENARIOS / f"{scenario}.yaml", overrides)
+            gaps = itl_table(out.result)
+            worst = float(gaps["gap_s"].max()) if len(gaps["gap_s"]) else 0.0
+            self._done[key] = {**out.summary, "itl_max_s": worst}
         return self._done[key]
 
 
@@ -227,10 +231,12 @@ def clusters(runs: Runs) -> str:
     busy = [r["gpu_busy_fraction"] for r in dis["per_replica"] if r["role"] == "prefill"]
     row_dis = (
         f"disaggregated: TTFT p50/p99 {ms(dis['ttft_s']['p50'])}/{ms(dis['ttft_s']['p99'])} ms, "
-        f"TPOT p99 {ms(dis['tpot_s']['p99'], 1)} ms, ITL p99 {ms(dis['itl_s']['p99'], 1)} ms; "
-        f"colocated: TTFT {ms(col['ttft_s']['p50'])}/{ms(col['ttft_s']['p99'])} ms, TPOT p99 "
-        f"{ms(col['tpot_s']['p99'], 1)} ms, ITL p99 {ms(col['itl_s']['p99'], 1)} ms — decodes never "
-        "wait behind a 4k-token prefill once disaggregated, at the price of the prefill pool's "
+        f"TPOT p99 {ms(dis['tpot_s']['p99'], 1)} ms, ITL p99 / max {ms(dis['itl_s']['p99'], 1)} / "
+        f"{ms(dis['itl_max_s'])} ms; colocated: TTFT {ms(col['ttft_s']['p50'])}/"
+        f"{ms(col['ttft_s']['p99'])} ms, TPOT p99 {ms(col['tpot_s']['p99'], 1)} ms, ITL p99 / max "
+        f"{ms(col['itl_s']['p99'], 1)} / {ms(col['itl_max_s'])} ms — decodes never wait behind a "
+        "4k-token prefill once disaggregated (colocated, fewer than 1 % of gaps hold one, so "
+        "the p99 misses them and the maximum and TPOT p99 show them), at the price of the prefill pool's "
         f"idle time (its GPUs are busy {' and '.join(pct(b) for b in busy)} of the time: least "
         f"outstanding breaks ties toward the first); {dis['kv']['transfer_gib']:.0f} GiB of KV "
         "crossed the link")
@@ -377,7 +383,7 @@ def prefix_caching_gpu_only(runs: Runs) -> str:
         "Mooncake keeps its KV cache in a host-memory pool.")
 
 
-CURVE_RATES = (2, 4, 8, 12, 16)
+CURVE_RATES = (4, 8, 16, 24, 32)
 
 
 def curve_knees(runs: Runs) -> str:
