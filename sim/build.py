@@ -118,6 +118,8 @@ def _resolve(sc: Scenario, name: str, group: str, role: str, where: str,
     if runtime is None:
         runtime = load_runtime(sc.runtime, file=f, path=f"{prefix}runtime",
                                base_dir=sc.base_dir or None)
+    if sc.elementwise is not None:  # the scenario names its stack's kernels
+        runtime = dataclasses.replace(runtime, elementwise=sc.elementwise)
     draft = None
     if sc.speculative.method == "draft_model":
         draft = load_model(sc.speculative.draft_model, file=f, path="speculative.draft_model")

@@ -100,6 +100,11 @@ class Scenario:
     gpu: str = "h200-sxm"
     runtime: str = "cuda-graph"
     attention: AttentionSpec = AttentionSpec()
+    # the stack's elementwise kernels (sim/fused.py): fused (one add+RMSNorm kernel, as
+    # vLLM, SGLang, TensorRT-LLM run) or unfused (the eager reference stack's PyTorch ops);
+    # default: the runtime's `elementwise`. Like attention.decode: paged_reference, a
+    # reference-stack scenario names it, so swapping its runtime keeps its kernels.
+    elementwise: Literal["fused", "unfused"] | None = None
     scheduler: SchedulerSpec = SchedulerSpec()
     kv: KVSpec = KVSpec()
     slo: SLOSpec = SLOSpec()

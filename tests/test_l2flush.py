@@ -128,9 +128,10 @@ def test_correction_never_raises_a_time_nor_goes_below_the_floor(t, ms, flops, n
 def test_corrected_h200_lookups_stay_monotone_in_size(m1, m2):
     h200 = load_profile("h200-sxm")
     lo, hi = sorted((m1, m2))
-    assert h200.gemm(lo, 4096, 6144)[0] <= h200.gemm(hi, 4096, 6144)[0]
+    rounding = 1 + 1e-12  # equal corrected rows interpolate to within float rounding
+    assert h200.gemm(lo, 4096, 6144)[0] <= h200.gemm(hi, 4096, 6144)[0] * rounding
     assert h200.decode_attn("contiguous", 1, lo, 32, 8, 128)[0] <= \
-        h200.decode_attn("contiguous", 1, hi, 32, 8, 128)[0]
+        h200.decode_attn("contiguous", 1, hi, 32, 8, 128)[0] * rounding
 
 
 # ---- profiles without the flag --------------------------------------------------------

@@ -57,7 +57,8 @@ def test_trtllm_host_cost_is_well_below_vllms():
 
 def test_step_is_the_slower_of_host_and_gpu_plus_the_serial_part():
     rt = RuntimeSpec(name="t", host_ms_per_step=1.0, host_ms_per_decode_seq=0.5,
-                     host_ms_per_prefill_seq=2.0, serial_ms_per_step=0.25, serial_ms_per_seq=0.125)
+                     host_ms_per_prefill_seq=2.0, serial_ms_per_step=0.25, serial_ms_per_seq=0.125,
+                     elementwise="fused")  # the kernels of cuda-graph below
     lat, gpu = latency(rt, "llama-3.2-1b"), latency("cuda-graph", "llama-3.2-1b")
     for n in (1, 8, 64):
         g = gpu.decode(n, n * 512)
