@@ -30,16 +30,11 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
 
-from sim.latency import load_runtime  # noqa: E402
 from sim.logfit import (  # noqa: E402
-    decode_max_ctx,
     errors_by_kind,
     fit_log,
     level_factors,
     predict_ms,
-    prefill_lengths,
-    read_requests_log,
-    read_steps_log,
     runtime_yaml,
     step_rows,
     subset,
@@ -48,7 +43,14 @@ from sim.models import load_model  # noqa: E402
 from sim.profiles import load_profile  # noqa: E402
 from sim.replay import replay  # noqa: E402
 from sim.runner import run  # noqa: E402
+from sim.runtime import load_runtime  # noqa: E402
 from sim.scenario import load_scenario  # noqa: E402
+from sim.servinglog import (  # noqa: E402
+    decode_max_ctx,
+    prefill_lengths,
+    read_requests_log,
+    read_steps_log,
+)
 
 SCENARIO = ROOT / "scenarios" / "azure_conv_reference.yaml"
 STEPS = ROOT / "data" / "live" / "cb_r16_steps.csv"

@@ -36,10 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sim.latency import StepLatency, load_runtime  # noqa: E402
+from sim.latency import StepLatency  # noqa: E402
 from sim.models import load_model  # noqa: E402
 from sim.parallel import DTypeSpec, with_dtypes  # noqa: E402
 from sim.profiles import load_profile  # noqa: E402
+from sim.runtime import load_runtime  # noqa: E402
 
 DATA = ROOT / "data" / "published" / "published_measurements.csv"
 WITHIN = 0.25  # the share of rows within this |time error| is reported

@@ -21,7 +21,7 @@ from .chunked import ChunkedPolicy
 from .cluster import ClusterSpec, KVTransferSpec, Link
 from .jitter import jittered
 from .kv import ContiguousKV, make_kv
-from .latency import RuntimeSpec, StepLatency, load_runtime
+from .latency import StepLatency
 from .memory import MemoryBudget, memory_budget
 from .models import ModelSpec, context_window, load_model
 from .parallel import check_layout, with_dtypes
@@ -29,6 +29,7 @@ from .prefix import PrefixCache
 from .profiles import GPUProfile, load_profile
 from .replica import Replica
 from .router import make_router
+from .runtime import RuntimeSpec, load_runtime
 from .scenario import Scenario, group_scenario
 from .scheduler import ContinuousPolicy, ReplicaState, StaticPolicy
 from .specload import ROOT, SpecError, load_yaml

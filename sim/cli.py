@@ -111,7 +111,9 @@ def _is_llmsim_trace(path: Path) -> bool:
 
 
 def cmd_run(a) -> int:
-    from .outputs import check_out_dir, check_out_file, safe_folder_name
+    from .foldernames import safe_folder_name
+    from .outfile import check_out_file
+    from .outputs import check_out_dir
     from .runner import run
     from .scenario import load_scenario
 

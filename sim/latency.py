@@ -24,8 +24,8 @@ contexts, and the LM head runs on one row per sequence (k+1 rows per sequence
 when verifying k draft tokens). Every kernel time comes from the GPU profile
 (measured tables, interpolated or extrapolated, or analytic roofline).
 
-Host overhead comes from a runtime profile (`gpu_profiles/runtimes/`, one per
-serving stack): the host issues kernels at a cost per step, per layer, and per
+Host overhead comes from a runtime profile (`sim/runtime.py`: `gpu_profiles/runtimes/`,
+one per serving stack): the host issues kernels at a cost per step, per layer, and per
 sequence and layer for the per-sequence attention launches of prefill and of
 multi-token (verify) steps, and prepares inputs, samples and detokenises at a cost
 per prefill and per decode sequence. That host work overlaps the GPU (the host runs
@@ -42,19 +42,13 @@ first time a replica sees a prefill shape (fitted from live logs by sim/logfit.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal
-
 from .fused import stack_elementwise
-from .jitter import JitterSpec
 from .models import ModelSpec
 from .profiles import ANALYTIC, BF16, DERIVED, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
-from .specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
+from .runtime import RUNTIMES_DIR, RuntimeSpec, load_runtime  # noqa: F401 (their old home)
 
 TAGS = (EXACT, INTERPOLATED, DERIVED, EXTRAPOLATED, ANALYTIC)
 _TAG_INDEX = {t: i for i, t in enumerate(TAGS)}
-RUNTIMES_DIR = ROOT / "gpu_profiles" / "runtimes"
 
 
 def _quantize(ctx: int, rel_bits: int) -> int:
@@ -64,57 +58,6 @@ def _quantize(ctx: int, rel_bits: int) -> int:
     q = 1 << shift if shift > 4 else 16
     r = (ctx + (q >> 1)) // q * q
     return r if r > q else q
-
-
-@dataclass(frozen=True)
-class RuntimeSpec:
-    """How the serving stack's host side adds to each step."""
-
-    name: str
-    description: str = ""
-    host_ms_per_step: float = field(default=0.0, metadata={"ge": 0})
-    host_ms_per_layer: float = field(default=0.0, metadata={"ge": 0})
-    host_ms_per_layer_decode_extra: float = field(default=0.0, metadata={"ge": 0})  # decode's host path
-    host_ms_per_prefill_seq_layer: float = field(default=0.0, metadata={"ge": 0})
-    host_ms_per_verify_seq_layer: float = field(default=0.0, metadata={"ge": 0})
-    host_ms_per_prefill_seq: float = field(default=0.0, metadata={"ge": 0})  # per prefill sequence (input prep, sampling)
-    host_ms_per_decode_seq: float = field(default=0.0, metadata={"ge": 0})  # per decode sequence (sampling, detokenise)
-    serial_ms_per_step: float = field(default=0.0, metadata={"ge": 0})  # host time not overlapped with the GPU
-    serial_ms_per_seq: float = field(default=0.0, metadata={"ge": 0})  # likewise, per sequence in the step
-    gpu_scale: float = field(default=1.0, metadata={"gt": 0})
-    gpu_scale_decode: float = field(default=1.0, metadata={"gt": 0})
-    # max: the host issues kernels ahead of an asynchronous GPU, so the slower of the two
-    # sets the pace; sum: host work and kernels run one after the other (a CPU "device",
-    # where the host thread runs the kernels itself)
-    combine: Literal["max", "sum"] = "max"
-    # a stall, not overlapped, the first time a prefill attention shape (new tokens, context)
-    # is seen on a replica: per-shape plan building / kernel specialisation (sim/logfit.py)
-    serial_ms_per_new_prefill_shape: float = field(default=0.0, metadata={"ge": 0})
-    jitter: JitterSpec | None = None  # step-time jitter (sim/jitter.py); None: deterministic
-    # the stack reduces small messages with its own NVLink kernel (sim/comm.py), not NCCL
-    custom_all_reduce: bool = False
-    # RMSNorm, residual add, SiLU·mul as the stack runs them (sim/fused.py): fused (vLLM,
-    # TensorRT-LLM), unfused (eager PyTorch) or as_measured (whatever the profile timed)
-    elementwise: Literal["fused", "unfused", "as_measured"] = "as_measured"
-    source: str = ""
-
-
-def load_runtime(name: str, *, file=None, path: str = "runtime",
-                 base_dir: str | Path | None = None) -> RuntimeSpec:
-    """A runtime by name (gpu_profiles/runtimes/NAME.yaml) or by a path ending in .yaml
-    (relative paths from the scenario's folder, then the current one)."""
-    if name.endswith((".yaml", ".yml")):
-        f = Path(name)
-        if not f.is_absolute() and base_dir and is_file(Path(base_dir) / f):
-            f = Path(base_dir) / f
-        if not is_file(f):
-            raise SpecError(file, path, f"file not found: {show(name)}")
-        return build(RuntimeSpec, load_yaml(f), file=f)
-    known = known_names(RUNTIMES_DIR)
-    if name not in known:
-        raise SpecError(file, path, f"unknown {show(name)} (known: {', '.join(known)})")
-    f = RUNTIMES_DIR / f"{name}.yaml"
-    return build(RuntimeSpec, load_yaml(f), file=f)
 
 
 class StepLatency:

@@ -13,15 +13,14 @@ interrupt at any moment leaves either the old or the new results, never a mix, a
 temp folder behind.
 
     check_out_dir(path)                 -> the folder, checked before a simulation starts
-    safe_folder_name(text)              -> one path component made from a name or a value
-    unique_names(names)                 -> base, base-2, ... (one folder per run)
     write_atomically(dest, writer, manifest)   writer(folder) fills a fresh folder
     write_many(dest, [(name, writer), ...], manifest)   one subfolder per run
+
+Folder names made from scenario names and values: `sim/foldernames.py`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import os
@@ -32,11 +31,11 @@ import sys
 import tempfile
 import threading
 import time
-import unicodedata
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from .foldernames import unique_names
 from .specload import SpecError
 
 MANIFEST = ".llmsim-output.json"
@@ -44,7 +43,6 @@ TEMP_PREFIX = ".llmsim-new-"
 ASIDE_PREFIX = ".llmsim-old-"
 PROBE_PREFIX = ".llmsim-probe-"
 JUNK = {".DS_Store", "Thumbs.db", "desktop.ini"}  # left by file browsers; safe to replace
-NAME_MAX = 100  # characters in a folder name made from a scenario name or a value
 
 
 class OutputError(SpecError):
@@ -52,39 +50,6 @@ class OutputError(SpecError):
 
     def __init__(self, flag: str, path: str | Path, message: str):
         super().__init__(flag, str(path), message)
-
-
-def safe_folder_name(text: object, default: str = "scenario") -> str:
-    """One path component made from `text`: letters, digits, '.', '-', '_' and '+' kept,
-    anything else (separators, '=', spaces, control characters) becomes '_'; no leading
-    dot or dash, no '..', at most NAME_MAX characters; `default` when nothing is left.
-
-    >>> safe_folder_name("/abs/path"), safe_folder_name("../../x"), safe_folder_name("")
-    ('abs_path', 'x', 'scenario')
-    """
-    s = unicodedata.normalize("NFC", str(text))
-    s = "".join(c if (c.isalnum() or c in ".-_+") and c.isprintable() else "_" for c in s)
-    s = "_".join(part for part in s.split("_") if part.strip("."))  # no '..' pieces
-    while ".." in s:
-        s = s.replace("..", ".")
-    s = s.strip("._-+ ")[:NAME_MAX].rstrip("._-+ ")
-    return s or default
-
-
-def unique_names(names: Iterable[str]) -> list[str]:
-    """Safe folder names for `names`, made distinct (ignoring case, for case-insensitive
-    file systems) by suffixes: base, base-2, base-3, ..."""
-    out: list[str] = []
-    taken: set[str] = set()
-    for name in names:
-        base = safe_folder_name(name)
-        cand, i = base, 1
-        while cand.casefold() in taken:
-            i += 1
-            cand = f"{base}-{i}"
-        taken.add(cand.casefold())
-        out.append(cand)
-    return out
 
 
 def invocation() -> str:
@@ -238,32 +203,6 @@ def check_out_dir(path: str | Path, *, flag: str = "--out", adds_to: bool = Fals
     return _inspect(path, flag)[0]
 
 
-def check_out_file(path: str | Path, *, flag: str, ours: Callable[[Path], bool]) -> Path:
-    """Check, before any work, that llmsim may write the one file `path` (a trace, a
-    runtime YAML); returns it resolved. An existing file is replaced only when `ours`
-    says llmsim wrote it; a folder, a device, a path under a file and anywhere llmsim
-    cannot write are refused (OutputError). Writes nothing."""
-    if str(path) == "":
-        raise OutputError(flag, "''", "an empty path")
-    shown = Path(path)
-    target = Path(os.path.realpath(path))
-    try:
-        os.stat(target)
-    except OSError as e:
-        if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            raise OutputError(flag, shown, _describe_oserror(e)) from None
-    if target.is_dir():
-        raise OutputError(flag, shown, "is a folder (allowed: a file name)")
-    if target.exists():
-        if not target.is_file() or not ours(target):
-            raise OutputError(flag, shown, "exists and was not written by llmsim (allowed: a new "
-                              "file name, or a file llmsim wrote)")
-        _probe(target.parent, flag, shown)
-        return target
-    _probe_new(target, flag, shown)
-    return target
-
-
 def _probe_new(target: Path, flag: str, shown: Path) -> None:
     """`target` does not exist yet: its nearest existing ancestor must be a folder llmsim
     can create things in."""
@@ -340,25 +279,6 @@ def _swap(tmp: Path, target: Path) -> None:
             os.rmdir(aside)
             raise
         shutil.rmtree(aside, ignore_errors=True)
-
-
-def write_file_atomically(path: str | Path, text: str) -> Path:
-    """Write one file (a runtime YAML, a trace) through a temp file beside it, renamed in:
-    an interrupt leaves the old file or the new one, never half of one. The caller has
-    checked `path` (`check_out_file`)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & _folder_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
 
 
 def _listed_top(folder: Path) -> list[str]:

@@ -112,6 +112,6 @@ def write_trace(path: str | Path, replicas: list[tuple[pd.DataFrame, pd.DataFram
               for e in trace_events(steps, req, i, moves[i] if moves else None)]
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "otherData": {"producer": "llmsim", "time": "simulated seconds x 1e6"}}
-    from .outputs import write_file_atomically
+    from .outfile import write_file_atomically
 
     return write_file_atomically(path, json.dumps(doc, separators=(",", ":")))

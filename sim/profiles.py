@@ -18,14 +18,9 @@ hkv·d for decode); an unmeasured GEMM (K, N) scales the nearest shape's time by
 K·N / (K₀·N₀), the ratio of both roofline terms at equal M. The CSV reading and
 the grid machinery live in `sim/tables.py`; this module supplies the roofline costs.
 
-Decode is looked up at (batch, mean context = sum_ctx / batch). On the H200's
-mixed-length rows (max context ≈ 8k, mean 3.3k–6.5k) the mean alone underpredicts
-paged by up to 42 % (mean 17 %) and paged_gather by up to 49 % (mean 35 %): they
-pay for the longest sequence. Given `max_ctx`, the time moves (in log space) from
-the mean-context time towards the max-context one by a weight per batch size fitted
-at load to the table's mixed rows (paged ≈ 0.9 at batch ≤ 16, ≈ 0.2 above;
-paged_gather ≈ 0.76); fitted to the MHA rows alone, it predicts the GQA rows
-within 9.2 % (paged, mean 4.9 %) and 2.8 % (paged_gather, mean 1.2 %).
+Decode is looked up at (batch, mean context = sum_ctx / batch); given the longest
+context as well, it moves towards the time at that context by weights fitted at load to
+the table's mixed-length rows (`sim/mixed_decode.py`: why, and how well).
 """
 
 from __future__ import annotations
@@ -34,12 +29,12 @@ import functools
 import math
 from collections.abc import Callable
 from pathlib import Path
-from statistics import median
 
 from sim.comm import Collectives, read_all_reduce
 from sim.filecache import FileCache
 from sim.gpu_facts import Efficiency, GPUFacts
 from sim.l2flush import describe, remove_write_back
+from sim.mixed_decode import blend, fit_mix_weights
 from sim.profile_sanity import cap_tables
 from sim.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
 from sim.tables import (
@@ -49,7 +44,6 @@ from sim.tables import (
     EXTRAPOLATED,
     INTERPOLATED,
     Grid,
-    bracket,
     group,
     nearest,
     read_table,
@@ -143,18 +137,8 @@ class GPUProfile:
                 self._dec[paged] = Grid({k: v * slower for k, v in p.items()},
                                         lambda b, x, c=paged: self.decode_model(c[0], b, b * x, *c[1:]))
                 self._derived.add(paged)
-        self._mix: dict[tuple, tuple[list[int], list[float]]] = {}  # cfg -> (batches, weights)
         mixed = group(self.mixed_decode_rows, cfg, ("batch", "sum_ctx", "max_ctx"))
-        for c, rows in mixed.items():
-            by_batch: dict[int, list[float]] = {}
-            for (b, s, mx), ms in rows.items():
-                lo, hi = self._dec[c].lookup(b, s / b)[0], self._dec[c].lookup(b, mx)[0]
-                if hi > lo:
-                    w = math.log(ms / lo) / math.log(hi / lo)
-                    by_batch.setdefault(b, []).append(min(1.0, max(0.0, w)))
-            if by_batch:
-                batches = sorted(by_batch)
-                self._mix[c] = (batches, [median(by_batch[b]) for b in batches])
+        self._mix = fit_mix_weights(mixed, self._dec)  # cfg -> weights (sim/mixed_decode.py)
 
     # ---- roofline models (ms; bytes for memory) --------------------------------------
 
@@ -272,7 +256,7 @@ class GPUProfile:
 
         Looked up at (batch, sum_ctx / batch). With `max_ctx` (the longest context)
         above that mean, moved towards the time at (batch, max_ctx) by the weight
-        fitted to the mixed-length rows (see the module docstring); a profile without
+        fitted to the mixed-length rows (sim/mixed_decode.py); a profile without
         mixed rows ignores `max_ctx`.
         """
         _check(impl, "attn_decode", batch=batch, hq=hq, hkv=hkv, d=d)
@@ -298,13 +282,9 @@ class GPUProfile:
         if max_ctx is None or max_ctx * batch == sum_ctx or near is None:
             return lo
         hi = self.decode_attn(impl, batch, max_ctx * batch, hq, hkv, d)
-        batches, weights = self._mix[near]
-        b = min(max(batch, batches[0]), batches[-1])
-        i, w = bracket(batches, [math.log(x) for x in batches], b)
-        mix = weights[i] + w * (weights[i + 1] - weights[i]) if len(batches) > 1 else weights[0]
         own = INTERPOLATED if near == cfg else DERIVED if near == mix_cfg else EXTRAPOLATED
         tag = max(lo[1], hi[1], own, key=_RANK.__getitem__)
-        return lo[0] ** (1 - mix) * hi[0] ** mix, tag
+        return blend(lo[0], hi[0], self._mix[near].at(batch)), tag
 
     def summary(self) -> dict:
         """Name, analytic flag, table rows, measured points lowered by the envelope, rows

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .logfit import kv_blocks, prefill_lengths, read_requests_log, read_steps_log
 from .runner import run
 from .scenario import load_scenario
+from .servinglog import kv_blocks, prefill_lengths, read_requests_log, read_steps_log
 
 METRICS = [("TTFT p50 (ms)", "ttft_s", "p50", 1e3), ("TTFT p90 (ms)", "ttft_s", "p90", 1e3),
            ("TTFT p99 (ms)", "ttft_s", "p99", 1e3), ("TPOT p50 (ms)", "tpot_s", "p50", 1e3),

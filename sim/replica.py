@@ -10,7 +10,6 @@ tokens, finishes, and the per-step log. A disaggregated replica's side of a KV h
 from __future__ import annotations
 
 from array import array
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from .kv import ContiguousKV
 from .latency import StepLatency
 from .results import Event, ReplicaResult, RunResult, StepLog, move_events
 from .router import ReplicaLoad
-from .scheduler import DECODE, IDLE, ReplicaState, StaticPolicy, StepPlan
+from .scheduler import DECODE, IDLE, ReplicaState, StaticPolicy, StepPlan, drop_from_head
 from .speculative import SpecBatch
 
 __all__ = ["Replica", "ReplicaResult", "RunResult", "Step", "StepLog"]
@@ -34,19 +33,6 @@ class Step:
     seqs: int = 0       # sequences computed
     tokens: int = 0     # tokens computed (or, for speculative rounds, emitted)
     code: int = 0       # log kind: 0 prefill, 1 decode, 2 verify, 3 mixed
-
-
-def drop_from_head(queue: deque[Seq], gone: set[Seq]) -> None:
-    """Remove `gone` (all in `queue`) from `queue`, scanning only up to the last of them."""
-    kept = []
-    left = len(gone)
-    while left:
-        s = queue.popleft()
-        if s in gone:
-            left -= 1
-        else:
-            kept.append(s)
-    queue.extendleft(reversed(kept))
 
 
 class Replica:
@@ -344,17 +330,10 @@ class Replica:
         self.st.batch.clear_padding()
 
     def record(self, t0: float, t1: float, kind: int, seqs: int, tokens: int) -> None:
-        log, b = self.log, self.st.batch
-        log.t_start.append(t0)
-        log.t_end.append(t1)
-        log.kind.append(kind)
-        log.num_seqs.append(seqs)
-        log.num_tokens.append(tokens)
-        log.kv_blocks_used.append(self.st.kv.used_blocks)
-        tokens = b.kv_tokens() + self.outside_tokens
+        held = self.st.batch.kv_tokens() + self.outside_tokens
         if self.st.prefix is not None:  # a shared block holds its tokens once
-            tokens -= self.st.prefix.extra_refs * self.st.prefix.hash_tokens
-        log.kv_tokens.append(tokens)
+            held -= self.st.prefix.extra_refs * self.st.prefix.hash_tokens
+        self.log.add(t0, t1, kind, seqs, tokens, self.st.kv.used_blocks, held)
 
     # ---- one plan, start to finish (the engine and the reference engine both use these) --
     def start(self, plan: StepPlan, now: float) -> Step | None:

@@ -30,6 +30,17 @@ class StepLog:
     kv_blocks_used: array = field(default_factory=_ints)
     kv_tokens: array = field(default_factory=_ints)
 
+    def add(self, t_start: float, t_end: float, kind: int, num_seqs: int, num_tokens: int,
+            kv_blocks_used: int, kv_tokens: int) -> None:
+        """One iteration's entry."""
+        self.t_start.append(t_start)
+        self.t_end.append(t_end)
+        self.kind.append(kind)
+        self.num_seqs.append(num_seqs)
+        self.num_tokens.append(num_tokens)
+        self.kv_blocks_used.append(kv_blocks_used)
+        self.kv_tokens.append(kv_tokens)
+
 
 @dataclass(slots=True)
 class Event:

@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from .latency import RUNTIMES_DIR, RuntimeSpec, StepLatency
+from .latency import StepLatency
 from .models import load_model
 from .profiles import load_profile
+from .runtime import RUNTIMES_DIR, RuntimeSpec
 from .specload import SpecError
 
 # model names used by measured grids -> models/ specs

@@ -60,6 +60,19 @@ class ReplicaState:
         return 0, 0, self.admission_need(s)
 
 
+def drop_from_head(queue: deque[Seq], gone: set[Seq]) -> None:
+    """Remove `gone` (all in `queue`) from `queue`, scanning only up to the last of them."""
+    kept = []
+    left = len(gone)
+    while left:
+        s = queue.popleft()
+        if s in gone:
+            left -= 1
+        else:
+            kept.append(s)
+    queue.extendleft(reversed(kept))
+
+
 @dataclass(slots=True)
 class Admission:
     """A waiting request the plan admits, and what it gets."""

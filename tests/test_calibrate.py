@@ -56,8 +56,8 @@ def report(profile, tmp_path_factory) -> tuple[dict, Path]:
 # ---- the profile --------------------------------------------------------------------------
 
 def test_calibrated_profile_loads_with_every_table_populated(profile):
-    from sim.latency import RuntimeSpec
     from sim.profiles import TABLES, load_profile
+    from sim.runtime import RuntimeSpec
     from sim.specload import build, load_yaml
 
     p = load_profile(str(profile))
@@ -170,8 +170,8 @@ def _plans_match(sc_over: dict) -> None:
     from sim.calibrate.device import Device
     from sim.calibrate.reference import Llama, ReferenceEngine
     from sim.calibrate.validate import simulate_with
-    from sim.latency import RuntimeSpec
     from sim.models import load_model
+    from sim.runtime import RuntimeSpec
     from sim.scenario import scenario_from_dict
     from sim.workload import Workload
 
@@ -574,7 +574,7 @@ def test_recalibrating_a_folder_in_one_process_reloads_its_tables(tmp_path, monk
 
 def test_host_terms_without_rows_of_their_kind_follow_the_stated_rule(profile):
     from sim.calibrate.output import _unmeasured_terms
-    from sim.latency import RuntimeSpec
+    from sim.runtime import RuntimeSpec
     from sim.specload import build, load_yaml
 
     fitted = RuntimeSpec(name="e", host_ms_per_prefill_seq_layer=0.02,

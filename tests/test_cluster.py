@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 
 from sim.build import load_link
 from sim.cluster import KVTransferSpec
-from sim.latency import StepLatency, load_runtime
+from sim.latency import StepLatency
 from sim.models import load_model
 from sim.profiles import load_profile
 from sim.runner import run
+from sim.runtime import load_runtime
 from sim.scenario import scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,9 +11,10 @@ import pytest
 
 from sim.cli import main
 from sim.fused import fused_kernel
-from sim.latency import RUNTIMES_DIR, RuntimeSpec, StepLatency, load_runtime
+from sim.latency import StepLatency
 from sim.models import load_model
 from sim.profiles import DERIVED, PROFILES_DIR, load_profile
+from sim.runtime import RUNTIMES_DIR, RuntimeSpec, load_runtime
 from sim.specload import ROOT, SpecError, known_names
 
 SHIPPED = known_names(RUNTIMES_DIR)

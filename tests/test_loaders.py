@@ -12,9 +12,9 @@ import pytest
 
 from sim import traces
 from sim.filecache import FileCache
-from sim.latency import load_runtime
 from sim.models import load_model
 from sim.profiles import PROFILES_DIR, load_profile
+from sim.runtime import load_runtime
 from sim.specload import ROOT, SpecError
 
 LONG = "a" * 300  # over NAME_MAX (255) of common file systems

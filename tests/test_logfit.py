@@ -24,18 +24,19 @@ from sim.jitter import (
     jittered,
     sample,
 )
-from sim.latency import RuntimeSpec, StepLatency, load_runtime
-from sim.logfit import (
+from sim.latency import StepLatency
+from sim.logfit import fit_log
+from sim.models import load_model
+from sim.profiles import load_profile
+from sim.replay import replay
+from sim.runtime import RuntimeSpec, load_runtime
+from sim.servinglog import (
     decode_max_ctx,
-    fit_log,
     kv_blocks,
     prefill_lengths,
     read_requests_log,
     read_steps_log,
 )
-from sim.models import load_model
-from sim.profiles import load_profile
-from sim.replay import replay
 from sim.specload import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -320,7 +321,7 @@ def test_new_prefill_shapes_pay_once_per_server():
 
 
 def test_a_run_written_as_a_serving_log_reads_back_with_its_kv_pool(tmp_path):
-    from sim.logfit import write_serving_log
+    from sim.servinglog import write_serving_log
 
     out = run(SCENARIO, {**_small(runtime="h200-eager-reference"), "kv.num_blocks": 3000})
     write_serving_log(tmp_path, out.requests, out.steps, [0] * len(out.steps), 3000)

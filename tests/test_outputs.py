@@ -18,13 +18,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sim import cli
+from sim.foldernames import safe_folder_name, unique_names
 from sim.outputs import (
     MANIFEST,
     TEMP_PREFIX,
     OutputError,
     check_out_dir,
-    safe_folder_name,
-    unique_names,
     write_atomically,
 )
 

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sim.latency import StepLatency, load_runtime
+from sim.latency import StepLatency
 from sim.memory import memory_budget
 from sim.models import load_model
 from sim.parallel import DTypeSpec, ParallelSpec, check_layout, with_dtypes
 from sim.profiles import load_profile
+from sim.runtime import load_runtime
 from sim.scenario import load_scenario
 from sim.specload import SpecError
 

@@ -4,9 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from sim.latency import RUNTIMES_DIR, RuntimeSpec, StepLatency, load_runtime
+from sim.latency import StepLatency
 from sim.models import load_model
 from sim.profiles import load_profile
+from sim.runtime import RUNTIMES_DIR, RuntimeSpec, load_runtime
 from sim.specload import known_names
 
 SHIPPED = known_names(RUNTIMES_DIR)

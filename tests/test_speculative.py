@@ -7,10 +7,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.latency import StepLatency, load_runtime
+from sim.latency import StepLatency
 from sim.models import load_model
 from sim.profiles import load_profile
 from sim.runner import run
+from sim.runtime import load_runtime
 from sim.scenario import scenario_from_dict
 from tests.test_engine import ROOT, scenario
 

@@ -152,11 +152,11 @@ def cmd_replay(a) -> int:
 
 def cmd_fit_log(a) -> int:
     """`fit-log STEPS [--requests R]`: a runtime profile fitted to a serving log."""
-    from sim.latency import load_runtime
     from sim.logfit import fit_log, format_fit, runtime_yaml
     from sim.models import load_model
-    from sim.outputs import check_out_file, write_file_atomically
+    from sim.outfile import check_out_file, write_file_atomically
     from sim.profiles import load_profile
+    from sim.runtime import load_runtime
 
     out = check_out_file(a.out, flag="--out", ours=_is_fitted_runtime)  # before fitting
     name = a.name or out.stem
@@ -167,7 +167,7 @@ def cmd_fit_log(a) -> int:
     print(report)
     text = runtime_yaml(fit.runtime, f"{FIT_LOG_MARK} (sim/logfit.py).\n"
                         f"Fit error on the log's own steps (in-sample):\n{report}")
-    write_file_atomically(out, text)  # sim/outputs.py
+    write_file_atomically(out, text)  # sim/outfile.py
     print(f"wrote {a.out}")
     return 0
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from sim.latency import RUNTIMES_DIR, RuntimeSpec
 from sim.profiles import PROFILES_DIR, TABLES, load_profile
+from sim.runtime import RUNTIMES_DIR, RuntimeSpec
 from sim.runtime_fit import error_summary, fit
 
 COLUMNS = {

@@ -29,14 +29,15 @@ import pandas as pd
 
 from sim.build import build_replica, replica_configs
 from sim.engine import simulate
-from sim.latency import RuntimeSpec, StepLatency
-from sim.logfit import write_serving_log
+from sim.latency import StepLatency
 from sim.memory import memory_budget
 from sim.metrics import requests_frame, steps_frame, summarize
 from sim.models import load_model
 from sim.outputs import check_out_dir, write_atomically
 from sim.profiles import load_profile
+from sim.runtime import RuntimeSpec
 from sim.scenario import Scenario, load_scenario, replace_scenario
+from sim.servinglog import write_serving_log
 from sim.specload import SpecError, build, is_file, load_yaml
 from sim.workload import Workload, generate
 
