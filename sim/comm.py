@@ -16,6 +16,12 @@ lookups of `sim/profiles.py`:
       all-reduce of S bytes on n GPUs:  2(n−1)/n · S / B + 2(n−1) · α
       all-gather of S bytes in all:      (n−1)/n · S / B +  (n−1) · α
 
+  Where the profile states published small-message all-reduce times per GPU count
+  (`interconnect.all_reduce_latency`: NCCL picks ring/tree LL or NVLS there, whose
+  latency grows far slower than 2(n−1) ring steps on an NVSwitch node), the latency
+  term of the all-reduce is that α(n), interpolated linearly in log2(n) between the
+  stated counts (held flat beyond them), instead of 2(n−1) · α.
+
   B is NCCL's "bus bandwidth" (algorithm bandwidth × 2(n−1)/n), which sits well
   below the datasheet link rate; each profile says which B it uses and why.
 - custom (runtime `custom_all_reduce: true`): production stacks (vLLM since PR #2192,
@@ -32,6 +38,7 @@ lookups of `sim/profiles.py`:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +61,14 @@ class CustomAllReduce:
 
 
 @dataclass(frozen=True)
+class AllReduceLatency:
+    """profile.yaml `interconnect.all_reduce_latency[i]` — α(n): a small all-reduce on n GPUs."""
+
+    gpus: int = field(metadata={"ge": 2})
+    latency_us: float = field(metadata=_POSITIVE)
+
+
+@dataclass(frozen=True)
 class Interconnect:
     """profile.yaml `interconnect:` — the GPU-to-GPU link inside one node."""
 
@@ -63,8 +78,17 @@ class Interconnect:
     latency_us: float = field(metadata={"ge": 0})  # α: per ring step
     gpus_per_node: int = field(default=8, metadata=_POSITIVE)  # largest tensor-parallel group
     all_reduce_table: str | None = None  # CSV in the profile folder (Vidur's columns)
+    all_reduce_latency: tuple[AllReduceLatency, ...] = ()  # α(n) of the all-reduce, else 2(n−1)·α
     custom_all_reduce: CustomAllReduce | None = None  # stacks' own kernel (runtime switch)
     source: tuple[str, ...] = ()
+
+    def check(self) -> tuple[str, str] | None:
+        """specload's hook: each GPU count of `all_reduce_latency` stated once."""
+        counts = [p.gpus for p in self.all_reduce_latency]
+        for i, n in enumerate(counts):
+            if n in counts[:i]:
+                return f"all_reduce_latency[{i}].gpus", f"{n} GPUs stated twice (allowed: each count once)"
+        return None
 
 
 def read_all_reduce(file: Path) -> dict[tuple[float, float], float]:
@@ -91,7 +115,21 @@ class Collectives:
         """α–β ring all-reduce, ms."""
         link = self._link()
         return (2 * (gpus - 1) / gpus * nbytes / (link.bus_gbs * 1e6)
-                + 2 * (gpus - 1) * link.latency_us * 1e-3)
+                + self.all_reduce_latency_us(gpus) * 1e-3)
+
+    def all_reduce_latency_us(self, gpus: float) -> float:
+        """The all-reduce's latency term α(n), µs: the profile's published points
+        (log2-linear between them, flat beyond) or 2(n−1) ring steps of α."""
+        link = self._link()
+        points = sorted((p.gpus, p.latency_us) for p in link.all_reduce_latency)
+        if not points:
+            return 2 * (gpus - 1) * link.latency_us
+        if gpus <= points[0][0]:
+            return points[0][1]
+        for (n0, t0), (n1, t1) in zip(points[:-1], points[1:], strict=True):
+            if gpus <= n1:
+                return t0 + (t1 - t0) * math.log2(gpus / n0) / math.log2(n1 / n0)
+        return points[-1][1]
 
     def ring_all_gather(self, nbytes: float, gpus: float) -> float:
         """α–β ring all-gather of `nbytes` in all (each GPU contributes nbytes / gpus), ms."""
