@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -149,10 +148,8 @@ def test_max_output_tokens_caps_outputs_and_sets_max_tokens():
 
 
 def test_azure_conv_trace_loads_an_hour_of_19366_requests():
-    traces._CACHE.clear()
-    t0 = time.perf_counter()
+    traces._CACHE.clear()  # parsed from the file, not the cache (its speed: benchmarks/run_speed.py)
     w = make({"trace": AZURE_CONV})
-    assert time.perf_counter() - t0 < 0.5
     assert len(w) == 19_366
     assert w.arrival_s[0] == 0.0 and 3400 < w.arrival_s[-1] <= 3600
     assert (np.diff(w.arrival_s) >= 0).all()
