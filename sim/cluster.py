@@ -11,7 +11,8 @@ cluster:
 ```
 
 A group is the scenario's own settings with the group's fields laid over them:
-`gpu`, `runtime` replace the scenario's; `scheduler`, `kv`, `attention`,
+`gpu`, `runtime`, `elementwise` replace the scenario's (a scenario-level `elementwise`
+applies to every group's runtime unless the group names its own); `scheduler`, `kv`, `attention`,
 `speculative` and `parallel` are merged key by key into the scenario's sections.
 `role: prefill` / `role: decode` groups make a disaggregated cluster (DistServe,
 Splitwise): arrivals go to the prefill pool; a finished prefill's KV moves over
@@ -48,6 +49,7 @@ class ReplicaGroupSpec:
     role: Literal["both", "prefill", "decode"] = "both"
     gpu: str | None = None
     runtime: str | None = None
+    elementwise: Literal["fused", "unfused"] | None = None  # the group's stack's kernels
     # merged key by key into the scenario's sections of the same name
     scheduler: dict[str, Any] | None = None
     kv: dict[str, Any] | None = None

@@ -68,10 +68,7 @@ from .servinglog import (
 JITTER_POINTS = 41  # quantiles at probabilities 0, 1/40, ..., 1
 IDLE_GAP_S = 1e-3
 WARM_LOG = -0.35  # log(measured / modelled) of a prefill step whose "new" shapes were warm
-MIN_BAND_STEPS = 30  # decode steps per level band (fewer: merged with the next band)
-ACF_LAGS = 20  # lags of the persistence fit
 MIN_GPU_SCALE = 0.05  # a fit that explains a kind by host terms alone (its search reaches 0)
-MIN_PERSISTENCE_STEPS = 200  # fewer steps of a kind: autocorrelations too noisy (1/sqrt(n) > 0.07)
 
 
 def cycle_ms(steps: pd.DataFrame) -> np.ndarray:
@@ -239,6 +236,7 @@ class LogFit:
     warm_shapes: int  # "new" prefill shapes that ran warm (met before logging)
     new_shapes: int
     fitted_steps: int  # steps the fit used (all, or a subset: cross-validation)
+    rebuilt_decode: tuple[int, int] = (0, 0)  # decode steps priced at their longest context, of all
 
 
 def subset(rows: StepRows, mask: np.ndarray) -> StepRows:
@@ -254,8 +252,9 @@ def fit_log(steps_csv: str | Path, requests_csv: str | Path | None, model: Model
     steps = read_steps_log(steps_csv)
     requests = read_requests_log(requests_csv) if requests_csv else None
     lengths = prefill_lengths(steps, requests)
+    longest = decode_max_ctx(steps, requests)
     everything = step_rows(steps, lengths, model, profile, prefill_impl, decode_impl,
-                           decode_max_ctx(steps, requests), base.elementwise)
+                           longest, base.elementwise)
     rows = everything if fit_steps is None else subset(everything, np.asarray(fit_steps, bool))
     rt = fit_runtime(base, model.layers, rows, name)
     warm = warm_shapes(rows, predict_ms(rt, model.layers, rows), rt.serial_ms_per_new_prefill_shape)
@@ -279,7 +278,8 @@ def fit_log(steps_csv: str | Path, requests_csv: str | Path | None, model: Model
     return LogFit(rt, errors_by_kind(rows, predict_ms(base, model.layers, rows)),
                   errors_by_kind(rows, pred), errors_by_kind(rows, leveled), bias,
                   kv_blocks(steps, lengths), requests is not None, int(warm.sum()),
-                  int(rows.new_shapes.sum() + warm.sum()), len(rows.kind))
+                  int(rows.new_shapes.sum() + warm.sum()), len(rows.kind),
+                  (int((longest > 0).sum()), int((steps.kind == "decode").sum())))
 
 
 def format_fit(f: LogFit) -> str:
@@ -293,6 +293,11 @@ def format_fit(f: LogFit) -> str:
             lines.append(f"  {kind:14}{e['steps']:6d} {e['mean_abs']:10.1%} {e['median_abs']:12.1%} "
                          f"{e['bias']:+7.1%} {e['measured_mean_ms']:9.1f} / {e['measured_median_ms']:<8.1f}"
                          f"{e['model_mean_ms']:10.1f} / {e['model_median_ms']:<8.1f}")
+    rebuilt, decodes = f.rebuilt_decode
+    if rebuilt < decodes:  # preemptions or no requests log: the rest priced as equal lengths
+        lines.append(f"decode batches rebuilt from the requests log: {rebuilt} of {decodes} "
+                     "(the others priced as equal lengths: no requests log, a preemption, "
+                     "or a batch that does not match its row)")
     lines.append("fitted x levels x jitter: mean bias " + ", ".join(
         f"{k} {v:+.1%}" for k, v in f.jittered_mean_bias.items()))
     lines.append(f"live terms: serial {rt.serial_ms_per_step:g} ms/step + {rt.serial_ms_per_seq:g} ms/seq, "

@@ -52,9 +52,11 @@ def read_grid(path: str | Path) -> list[dict]:
 
 
 def gpu_times(rows: list[dict], gpu: str, prefill_impl="flash", decode_impl="paged_reference",
-              verify_impl="paged_gather") -> np.ndarray:
+              verify_impl="paged_gather", elementwise="unfused") -> np.ndarray:
+    """Kernel times of the grid's steps; `elementwise`: the kernels its stack ran (an eager
+    reference model runs RMSNorm, SiLU*mul and adds as PyTorch ops: unfused)."""
     profile = load_profile(gpu)
-    zero = RuntimeSpec(name="kernels")
+    zero = RuntimeSpec(name="kernels", elementwise=elementwise)
     lats: dict[str, StepLatency] = {}
     out = []
     for r in rows:
@@ -135,7 +137,8 @@ def fit(rows: list[dict], gpu: str, name: str, kinds=("prefill", "decode", "veri
                        host_ms_per_layer_decode_extra=round(e, 5),
                        host_ms_per_prefill_seq_layer=round(c, 5),
                        host_ms_per_verify_seq_layer=round(d, 5), gpu_scale=round(s, 4),
-                       gpu_scale_decode=round(sd, 4), combine=combine)
+                       gpu_scale_decode=round(sd, 4), combine=combine,
+                       elementwise=impls.get("elementwise", "unfused"))
     pred = predict(spec, g, L, P, V)
     table = [{**r, "gpu_ms": gi, "pred_ms": p, "err": p / r["ms"] - 1}
              for r, gi, p in zip(rows, g, pred, strict=True)]
@@ -172,9 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", default="h200-sxm")
     ap.add_argument("--name", required=True)
     ap.add_argument("--description", default="")
+    ap.add_argument("--elementwise", choices=("unfused", "fused"), default="unfused",
+                    help="the elementwise kernels the grid's stack ran (default: unfused, "
+                         "the eager reference model's PyTorch ops)")
     ap.add_argument("--write", action="store_true", help="write gpu_profiles/runtimes/NAME.yaml")
     a = ap.parse_args(argv)
-    spec, table = fit(read_grid(a.grid), a.gpu, a.name)
+    spec, table = fit(read_grid(a.grid), a.gpu, a.name, elementwise=a.elementwise)
     spec = replace(spec, description=a.description, source=f"fitted by sim.runtime_fit to {Path(a.grid).name} on {a.gpu}")
     print(format_table(table))
     for k, v in error_summary(table).items():

@@ -174,7 +174,7 @@ def group_scenario(sc: Scenario, group: ReplicaGroupSpec, where: str) -> Scenari
     """`sc` with a cluster group's fields laid over it; errors name the group's fields."""
     file = sc.file or None
     changes: dict = {"cluster": None}
-    for name in ("gpu", "runtime"):
+    for name in ("gpu", "runtime", "elementwise"):
         if getattr(group, name) is not None:
             changes[name] = getattr(group, name)
     for name in MERGED_SECTIONS:

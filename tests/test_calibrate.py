@@ -378,6 +378,20 @@ def test_validation_scenarios_load_and_suit_the_reference_engine(scenario):
     assert len(wl) and wl.prompt_tokens.max() <= load_model(sc.model).max_len
 
 
+def test_the_reference_engine_refuses_fused_elementwise_kernels():
+    """It runs RMSNorm, SiLU*mul and adds as PyTorch ops: a scenario naming fused kernels
+    would compare unlike with like."""
+    pytest.importorskip("torch")
+    from sim.calibrate.reference import check_supported
+    from sim.scenario import load_scenario, replace_scenario
+    from sim.specload import SpecError
+
+    sc = load_scenario(sorted(FIXTURES.glob("*.yaml"))[0])
+    check_supported(replace_scenario(sc, elementwise="unfused"))
+    with pytest.raises(SpecError, match="elementwise: 'fused'"):
+        check_supported(replace_scenario(sc, elementwise="fused"))
+
+
 # ---- harness defects (issue 9, item 6) ---------------------------------------------------------
 
 def test_pytorch_paged_kernel_passes_the_multi_shape_check_with_nan_in_unowned_pool_slots():

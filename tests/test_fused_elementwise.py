@@ -158,3 +158,19 @@ def test_a_scenario_that_names_its_elementwise_kernels_keeps_them_under_another_
     (plain,) = replica_configs(replace_scenario(sc, elementwise=None), runtime=graph)
     assert plain.runtime.elementwise == "fused"
     assert named.latency.decode(8, 8 * 1024) > plain.latency.decode(8, 8 * 1024)
+
+
+def test_a_cluster_group_can_name_its_own_elementwise_kernels(tmp_path):
+    from sim.build import replica_configs
+    from sim.scenario import load_scenario
+
+    f = tmp_path / "mixed.yaml"
+    f.write_text(
+        "name: mixed\nmodel: llama-3-8b\nruntime: vllm\nelementwise: fused\n"
+        "cluster:\n  router: {policy: round_robin}\n  groups:\n"
+        "    - {name: prod, count: 1}\n"
+        "    - {name: ref, count: 1, runtime: h200-eager-reference, elementwise: unfused}\n"
+        "workload: {num_requests: 4, arrival: {kind: poisson, rate: 1}, "
+        f"lengths: {{path: {ROOT / 'data/traces/sharegpt_lengths.csv'}}}}}\n")
+    kinds = {c.group: c.runtime.elementwise for c in replica_configs(load_scenario(f))}
+    assert kinds == {"prod": "fused", "ref": "unfused"}

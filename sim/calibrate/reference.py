@@ -205,6 +205,9 @@ def check_supported(sc: Scenario) -> None:
     if getattr(sc.kv, "prefix_caching", False):
         raise SpecError(where, "kv.prefix_caching", "not implemented by the reference engine "
                         "(allowed: false)")
+    if sc.elementwise == "fused":
+        raise SpecError(where, "elementwise", "'fused': the reference engine runs RMSNorm, "
+                        "SiLU*mul and adds as PyTorch ops (allowed: unfused, or leave it out)")
     if sc.decode_attention not in ops.DECODE_PAGED:
         raise SpecError(where, "attention.decode", f"{sc.decode_attention!r} (allowed: "
                         f"{', '.join(ops.DECODE_PAGED)})")
