@@ -59,15 +59,36 @@ def read_steps_log(path: str | Path) -> pd.DataFrame:
     if bad.any():
         i = int(bad.to_numpy().argmax())
         raise SpecError(path, f"line {i + 2}", f"kind: {df.kind.iloc[i]!r} (allowed: prefill, decode)")
-    bad = (df.t_end < df.t_start) | (df.num_seqs < 1)
-    if bad.any():
-        i = int(bad.to_numpy().argmax())
-        raise SpecError(path, f"line {i + 2}", "t_end before t_start, or num_seqs < 1")
+    _check_rows(path, df, [
+        (df.t_end < df.t_start, "t_end before t_start"),
+        (df.num_seqs < 1, "num_seqs < 1 (allowed: a whole number >= 1)"),
+        *_counts(df, ("num_seqs", "num_tokens", "sum_ctx", "free_blocks"))])
     return df
 
 
 def read_requests_log(path: str | Path) -> pd.DataFrame:
-    return _read(path, REQUEST_LOG_COLUMNS)
+    df = _read(path, REQUEST_LOG_COLUMNS)
+    _check_rows(path, df, [
+        (df.prompt_tokens < 1, "prompt_tokens < 1 (allowed: a whole number >= 1)"),
+        (df.first_token_s < df.arrival_s, "first_token_s before arrival_s"),
+        (df.finish_s < df.first_token_s, "finish_s before first_token_s"),
+        *_counts(df, ("prompt_tokens", "output_tokens", "preemptions"))])
+    return df
+
+
+def _counts(df: pd.DataFrame, columns: tuple[str, ...]) -> list[tuple[pd.Series, str]]:
+    """Rules that token, sequence and block counts are whole numbers >= 0."""
+    return [((df[c] < 0) | (df[c] != np.floor(df[c])), f"{c} is not a whole number >= 0")
+            for c in columns]
+
+
+def _check_rows(path: str | Path, df: pd.DataFrame, rules: list[tuple[pd.Series, str]]) -> None:
+    """The first row (by line) that breaks a rule, as one line."""
+    for bad, message in sorted(rules, key=lambda r: int(r[0].to_numpy().argmax()) if r[0].any()
+                               else len(df)):
+        if bad.any():
+            i = int(bad.to_numpy().argmax())
+            raise SpecError(path, f"line {i + 2}", message)
 
 
 def prefill_lengths(steps: pd.DataFrame, requests: pd.DataFrame | None) -> list[list[int]]:

@@ -44,6 +44,7 @@ def _one_line_nothing_written(argv, root, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith("llmsim: error: ")
     assert _tree(root) == before
+    return err
 
 
 @pytest.mark.parametrize("out", ["user.txt", ".", "userdir", "user.txt/rt.yaml", "/proc/rt.yaml"])
@@ -91,3 +92,24 @@ def test_calibrate_refuses_a_shipped_profile_it_did_not_measure(tmp_path, capsys
     monkeypatch.chdir(tmp_path)
     _one_line_nothing_written(["calibrate", "--out", str(shipped), "--device", "cpu", "--quick"],
                               tmp_path, capsys)
+
+
+@pytest.mark.parametrize("log, column, value, message", [
+    ("steps", "num_seqs", "2.5", "num_seqs is not a whole number"),
+    ("steps", "sum_ctx", "-100", "sum_ctx is not a whole number"),
+    ("requests", "prompt_tokens", "-3", "prompt_tokens < 1"),
+    ("requests", "finish_s", "0.0", "finish_s before first_token_s"),
+])
+def test_fit_log_with_an_impossible_count_or_time_is_a_one_line_error(user_cwd, capsys, log, column,
+                                                                       value, message):
+    source = STEPS if log == "steps" else REQS
+    lines = source.read_text().splitlines()
+    header = lines[0].split(",")
+    row = lines[2].split(",")
+    row[header.index(column)] = value
+    bad = user_cwd / f"bad_{log}.csv"
+    bad.write_text("\n".join([lines[0], lines[1], ",".join(row), *lines[3:]]) + "\n")
+    steps, reqs = (bad, REQS) if log == "steps" else (STEPS, bad)
+    argv = ["fit-log", str(steps), "--requests", str(reqs), "--model", "llama-3.2-1b", "--gpu",
+            "h200-sxm", "--base-runtime", "vllm", "--out", "rt.yaml"]
+    assert message in _one_line_nothing_written(argv, user_cwd, capsys)
