@@ -47,7 +47,7 @@ ACTIVATION_BYTES = {"rmsnorm": 2, "residual_add": 4, "silu_mul": 4, "rotary": 2,
 class Timing:
     """How a profile's kernel tables were timed (profile.yaml `timing`)."""
 
-    method: Literal["warm", "l2_flushed"]  # l2_flushed: a dirty L2 before every timed call
+    method: Literal["clean", "l2_flushed"]  # l2_flushed: a dirty L2 before every timed call; clean: none (flushed by reads, or not at all)
     dirty_l2_mb: float = field(default=0.0, metadata={"ge": 0})  # D, bytes / 1e6
     write_back_tbs: float = field(default=1.0, metadata={"gt": 0})  # B, TB/s
     source: str = ""
@@ -110,7 +110,7 @@ def footprint(table: str, elementwise_bytes: dict[str, int]) -> Callable[[dict],
 def remove_write_back(tables: dict[str, list[dict]], timing: Timing | None, tflops: float,
                       elementwise_bytes: dict[str, int]) -> dict[str, int]:
     """Lower every row of a flushed profile's tables to its warm time, in place; returns
-    the rows lowered per table (nothing for a profile without `timing` or timed warm)."""
+    the rows lowered per table (nothing for a profile without `timing` or timed clean)."""
     if timing is None or timing.method != "l2_flushed":
         return {}
     flop_per_ms, lowered = tflops * 1e9, {}

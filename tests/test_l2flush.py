@@ -62,7 +62,7 @@ def test_kernel_whose_inputs_fill_the_l2_in_a_forward_pass_keeps_its_time():
 
 
 def test_warm_timing_removes_nothing():
-    warm = Timing(method="warm")
+    warm = Timing(method="clean")
     assert write_back_ms(warm, 0.0, 1e9, 0.0, PEAK) == 0.0
     assert warm_ms(warm, 0.3, 0.0, 1e9, 0.0, PEAK) == 0.3
 
@@ -158,11 +158,11 @@ def test_profiles_not_timed_flushed_serve_their_tables_unchanged(name):
         assert p.gemm(int(r["M"]), int(r["K"]), int(r["N"]))[0] == pytest.approx(min(same), rel=1e-12)
 
 
-def test_h200_tables_marked_warm_are_served_as_measured(tmp_path):
+def test_h200_tables_marked_clean_are_served_as_measured(tmp_path):
     folder = tmp_path / "h200-sxm"
     shutil.copytree(H200, folder)
     yaml_file = folder / "profile.yaml"
-    yaml_file.write_text(yaml_file.read_text().replace("method: l2_flushed", "method: warm"))
+    yaml_file.write_text(yaml_file.read_text().replace("method: l2_flushed", "method: clean"))
     p = load_profile(str(folder))
     assert p.timing_note == ""
     assert p.gemm(16, 14336, 4096)[0] == csv_ms("gemm", M=16, K=14336, N=4096)
