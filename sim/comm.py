@@ -42,6 +42,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from sim.tables import ANALYTIC, Grid, read_table
 
 _POSITIVE = {"gt": 0}
@@ -124,12 +126,8 @@ class Collectives:
         points = sorted((p.gpus, p.latency_us) for p in link.all_reduce_latency)
         if not points:
             return 2 * (gpus - 1) * link.latency_us
-        if gpus <= points[0][0]:
-            return points[0][1]
-        for (n0, t0), (n1, t1) in zip(points[:-1], points[1:], strict=True):
-            if gpus <= n1:
-                return t0 + (t1 - t0) * math.log2(gpus / n0) / math.log2(n1 / n0)
-        return points[-1][1]
+        return float(np.interp(math.log2(gpus), [math.log2(n) for n, _ in points],
+                               [t for _, t in points]))
 
     def ring_all_gather(self, nbytes: float, gpus: float) -> float:
         """α–β ring all-gather of `nbytes` in all (each GPU contributes nbytes / gpus), ms."""

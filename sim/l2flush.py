@@ -58,28 +58,36 @@ class Timing:
         return None
 
 
+def _rooflines(timing: Timing, flops: float, nbytes: float, dirty_in: float,
+               flop_per_ms: float) -> tuple[float, float]:
+    """(flushed, forward-pass) roofline times of a kernel, ms: max(C, (X + W) / B) with
+    W = min(X, D) under the flush, and with W' = min(A, X, D) in a forward pass."""
+    byte_per_ms, dirty = timing.write_back_tbs * 1e9, timing.dirty_l2_mb * 1e6
+    compute = flops / flop_per_ms
+    return (max(compute, (nbytes + min(nbytes, dirty)) / byte_per_ms),
+            max(compute, (nbytes + min(dirty_in, nbytes, dirty)) / byte_per_ms))
+
+
 def write_back_ms(timing: Timing, flops: float, nbytes: float, dirty_in: float,
                   flop_per_ms: float) -> float:
     """Δ: what the flush's write-back added to a kernel of `flops` and `nbytes` over the
     write-back of the `dirty_in` activation bytes it meets in a forward pass (ms)."""
     if timing.method != "l2_flushed":
         return 0.0
-    byte_per_ms, dirty = timing.write_back_tbs * 1e9, timing.dirty_l2_mb * 1e6
-    compute = flops / flop_per_ms
-    flushed = max(compute, (nbytes + min(nbytes, dirty)) / byte_per_ms)
-    return flushed - max(compute, (nbytes + min(dirty_in, nbytes, dirty)) / byte_per_ms)
+    flushed, forward = _rooflines(timing, flops, nbytes, dirty_in, flop_per_ms)
+    return flushed - forward
 
 
 def warm_ms(timing: Timing, ms: float, flops: float, nbytes: float, dirty_in: float,
             flop_per_ms: float) -> float:
     """A flushed time less the flush's extra write-back, never below its roofline floor
     max(C, (X + W') / B) nor above the measured time."""
-    delta = write_back_ms(timing, flops, nbytes, dirty_in, flop_per_ms)
-    if delta <= 0:
+    if timing.method != "l2_flushed":
         return ms
-    real = nbytes + min(dirty_in, nbytes, timing.dirty_l2_mb * 1e6)
-    floor = max(flops / flop_per_ms, real / (timing.write_back_tbs * 1e9))
-    return max(ms - delta, min(ms, floor))
+    flushed, floor = _rooflines(timing, flops, nbytes, dirty_in, flop_per_ms)
+    if flushed <= floor:
+        return ms
+    return max(ms - (flushed - floor), min(ms, floor))
 
 
 def footprint(table: str, elementwise_bytes: dict[str, int]) -> Callable[[dict], tuple[float, float, float]]:

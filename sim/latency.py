@@ -45,7 +45,7 @@ from __future__ import annotations
 from .fused import stack_elementwise
 from .models import ModelSpec
 from .profiles import ANALYTIC, BF16, DERIVED, EXACT, EXTRAPOLATED, INTERPOLATED, GPUProfile
-from .runtime import RUNTIMES_DIR, RuntimeSpec, load_runtime  # noqa: F401 (their old home)
+from .runtime import RuntimeSpec
 
 TAGS = (EXACT, INTERPOLATED, DERIVED, EXTRAPOLATED, ANALYTIC)
 _TAG_INDEX = {t: i for i, t in enumerate(TAGS)}

@@ -59,7 +59,7 @@ def read_steps_log(path: str | Path) -> pd.DataFrame:
     if bad.any():
         i = int(bad.to_numpy().argmax())
         raise SpecError(path, f"line {i + 2}", f"kind: {df.kind.iloc[i]!r} (allowed: prefill, decode)")
-    _check_rows(path, df, [
+    _check_rows(path, [
         (df.t_end < df.t_start, "t_end before t_start"),
         (df.num_seqs < 1, "num_seqs < 1 (allowed: a whole number >= 1)"),
         *_counts(df, ("num_seqs", "num_tokens", "sum_ctx", "free_blocks"))])
@@ -68,7 +68,7 @@ def read_steps_log(path: str | Path) -> pd.DataFrame:
 
 def read_requests_log(path: str | Path) -> pd.DataFrame:
     df = _read(path, REQUEST_LOG_COLUMNS)
-    _check_rows(path, df, [
+    _check_rows(path, [
         (df.prompt_tokens < 1, "prompt_tokens < 1 (allowed: a whole number >= 1)"),
         (df.first_token_s < df.arrival_s, "first_token_s before arrival_s"),
         (df.finish_s < df.first_token_s, "finish_s before first_token_s"),
@@ -82,13 +82,12 @@ def _counts(df: pd.DataFrame, columns: tuple[str, ...]) -> list[tuple[pd.Series,
             for c in columns]
 
 
-def _check_rows(path: str | Path, df: pd.DataFrame, rules: list[tuple[pd.Series, str]]) -> None:
+def _check_rows(path: str | Path, rules: list[tuple[pd.Series, str]]) -> None:
     """The first row (by line) that breaks a rule, as one line."""
-    for bad, message in sorted(rules, key=lambda r: int(r[0].to_numpy().argmax()) if r[0].any()
-                               else len(df)):
-        if bad.any():
-            i = int(bad.to_numpy().argmax())
-            raise SpecError(path, f"line {i + 2}", message)
+    broken = [(int(bad.to_numpy().argmax()), message) for bad, message in rules if bad.any()]
+    if broken:
+        i, message = min(broken)
+        raise SpecError(path, f"line {i + 2}", message)
 
 
 def prefill_lengths(steps: pd.DataFrame, requests: pd.DataFrame | None) -> list[list[int]]:
