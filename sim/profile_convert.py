@@ -24,8 +24,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.specload import load_yaml
-
 DECODE_IMPLS = {"contig": "contiguous", "paged_triton": "paged_reference",
                 "paged_gather": "paged_gather"}
 PEER_PROFILES = {"a100": "a100-80gb", "h100": "h100-sxm"}  # Vidur's device name -> ours
@@ -193,18 +191,27 @@ def fit_attention_efficiency(prefill: pd.DataFrame, decode: pd.DataFrame, tflops
     return out
 
 
+def fit_efficiencies(profile_dir: Path) -> dict:
+    """The roofline efficiencies fitted to a profile folder's tables as the simulator uses
+    them (a flushed profile's write-back removed, sim/l2flush.py): the GEMM terms, and
+    the attention terms where the folder has attention tables."""
+    from sim.profiles import tables_as_used
+
+    facts, tables = tables_as_used(str(profile_dir))
+    tflops, tbs = facts.datasheet_tflops, facts.datasheet_mem_bw_tbs
+    fit = {"gemm": fit_gemm_efficiency(pd.DataFrame(tables["gemm"]), tflops, tbs)}
+    if "attn_prefill" in tables and "attn_decode" in tables:
+        fit["attention"] = fit_attention_efficiency(
+            pd.DataFrame(tables["attn_prefill"]), pd.DataFrame(tables["attn_decode"]),
+            tflops, tbs, fit["gemm"])
+    return fit
+
+
 def _report(profile_dir: Path) -> None:
-    gemm_csv, yaml_file = profile_dir / "gemm.csv", profile_dir / "profile.yaml"
-    if not (gemm_csv.is_file() and yaml_file.is_file()):
+    if not ((profile_dir / "gemm.csv").is_file() and (profile_dir / "profile.yaml").is_file()):
         return
-    facts = load_yaml(yaml_file)
-    tflops, tbs = facts["datasheet_tflops"], facts["datasheet_mem_bw_tbs"]
-    fit = fit_gemm_efficiency(pd.read_csv(gemm_csv), tflops, tbs)
-    print(f"{profile_dir.name}: gemm roofline fit {fit}")
-    pre, dec = profile_dir / "attn_prefill.csv", profile_dir / "attn_decode.csv"
-    if pre.is_file() and dec.is_file():
-        att = fit_attention_efficiency(pd.read_csv(pre), pd.read_csv(dec), tflops, tbs, fit)
-        print(f"{profile_dir.name}: attention roofline fit {att}")
+    for part, fit in fit_efficiencies(profile_dir).items():
+        print(f"{profile_dir.name}: {part} roofline fit {fit}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -370,15 +370,33 @@ def _read_profile(folder: Path, watch: Callable[[Path], Path]) -> GPUProfile:
     if facts.name != folder.name:
         raise SpecError(yaml_file, "name", f"{facts.name!r} differs from the folder name "
                         f"(allowed: {folder.name!r})")
-    tables = {t: read_table(folder / f"{t}.csv", cols, IMPLS.get(t, ()))
-              for t, cols in TABLES.items() if watch(folder / f"{t}.csv").is_file()}
+    tables, lowered, capped = _tables(folder, facts, watch)
     link, all_reduce = facts.interconnect, None
     if link is not None and link.all_reduce_table:
         if not is_file(watch(folder / link.all_reduce_table)):
             raise SpecError(yaml_file, "interconnect.all_reduce_table",
                             f"file not found: {show(link.all_reduce_table)}")
         all_reduce = read_all_reduce(folder / link.all_reduce_table)
+    return GPUProfile(facts, tables, all_reduce, capped, describe(facts.timing, lowered))
+
+
+def _tables(folder: Path, facts: GPUFacts, watch: Callable[[Path], Path]
+            ) -> tuple[dict[str, list[dict]], dict[str, int], dict[str, int]]:
+    """The folder's kernel tables as the simulator uses them: the flush's write-back
+    removed (sim/l2flush.py), then rates above the GPU's ceilings capped
+    (sim/profile_sanity.py); with the rows lowered and capped per table."""
+    tables = {t: read_table(folder / f"{t}.csv", cols, IMPLS.get(t, ()))
+              for t, cols in TABLES.items() if watch(folder / f"{t}.csv").is_file()}
     ceiling = facts.peak_tflops or facts.datasheet_tflops
     lowered = remove_write_back(tables, facts.timing, ceiling, ELEMENTWISE_BYTES)  # before the caps
     capped = cap_tables(tables, ceiling, facts.datasheet_mem_bw_tbs, ELEMENTWISE_BYTES)
-    return GPUProfile(facts, tables, all_reduce, capped, describe(facts.timing, lowered))
+    return tables, lowered, capped
+
+
+def tables_as_used(name: str) -> tuple[GPUFacts, dict[str, list[dict]]]:
+    """A profile's facts and its kernel tables as lookups see them (before the loader
+    makes each grid monotone): what its roofline efficiencies are fitted to
+    (`python -m sim.profile_convert`)."""
+    facts = load_profile(name).facts
+    folder = PROFILES_DIR / name if name in known_profiles() else Path(name)
+    return facts, _tables(folder.resolve(), facts, lambda p: p)[0]

@@ -77,12 +77,16 @@ def test_recommended_fleet_meets_slos_at_target_and_one_replica_fewer_does_not(s
     n = rec["replicas"]
     assert n >= 2
     base = load_scenario(ROOT / "scenarios" / "quickstart.yaml")
-    sc = load_scenario(ROOT / "scenarios" / "quickstart.yaml", {
-        "slo": spec.slo.as_scenario_slo(), "gpu": "h200-sxm", "scheduler.policy": "continuous",
-        **rate_overrides(base.workload.arrival, spec.target_rate, spec.search.requests * n)})
+
+    def fleet_scenario(replicas: int):  # as the plan sizes it: `search.requests` per replica
+        return load_scenario(ROOT / "scenarios" / "quickstart.yaml", {
+            "slo": spec.slo.as_scenario_slo(), "gpu": "h200-sxm", "scheduler.policy": "continuous",
+            **rate_overrides(base.workload.arrival, spec.target_rate, spec.search.requests * replicas)})
+
     for seed in check["seeds"]:  # re-simulated here, independently of the plan's own check
-        assert violations(simulate_fleet(sc, n, seed).summary, spec.slo) == []
-    assert any(violations(simulate_fleet(sc, n - 1, seed).summary, spec.slo) for seed in check["seeds"])
+        assert violations(simulate_fleet(fleet_scenario(n), n, seed).summary, spec.slo) == []
+    assert any(violations(simulate_fleet(fleet_scenario(n - 1), n - 1, seed).summary, spec.slo)
+               for seed in check["seeds"])
 
 
 def test_plan_prices_the_fleet_and_marks_infeasible_candidates(small_plan):
