@@ -46,7 +46,7 @@ ROWS = [
     ("ITL p50 / p99 (ms)", lambda s: f"{_fmt(s['itl_s']['p50'], 'ms')} / {_fmt(s['itl_s']['p99'], 'ms')}"),
     ("E2E p50 / p99 (s)", lambda s: f"{_fmt(s['e2e_s']['p50'])} / {_fmt(s['e2e_s']['p99'])}"),
     ("mean batch size", lambda s: _fmt(s["mean_batch_size"])),
-    ("GPU busy", lambda s: f"{s['gpu_busy_fraction']:.0%}"),
+    ("busy: steps / GPU kernels", lambda s: f"{s['gpu_busy_fraction']:.0%} / {s['gpu_kernel_fraction']:.0%}"),
     ("KV capacity (tokens)", lambda s: f"{s['kv']['capacity_tokens']:,}"),
     ("KV used mean / peak", lambda s: f"{s['kv']['util_mean']:.0%} / {s['kv']['util_peak']:.0%}"),
     ("KV reserved but unused", lambda s: f"{s['kv']['reserved_unused_share']:.1%}"),
@@ -79,7 +79,7 @@ def table(names: list[str], summaries: list[dict]) -> str:
 def replica_table(rows: list[dict]) -> str:
     """One line per replica of a fleet: where its requests went and how it fared."""
     head = (f"{'replica':16} {'gpu':10} {'role':7} {'requests':>8} {'req/s':>6} "
-            f"{'TTFT p50/p99 ms':>16} {'TPOT p50 ms':>11} {'busy':>5} {'KV mean':>7}")
+            f"{'TTFT p50/p99 ms':>16} {'TPOT p50 ms':>11} {'busy':>5} {'kernels':>7} {'KV mean':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         n = r.get("prefills", r["requests"]) if r["role"] == "prefill" else r["requests"]
@@ -87,7 +87,7 @@ def replica_table(rows: list[dict]) -> str:
         lines.append(f"{r['replica'][:16]:16} {r['gpu'][:10]:10} {r['role']:7} {n:8d} "
                      f"{_fmt(r['request_throughput']):>6} {ttft:>16} "
                      f"{_fmt(r['tpot_s']['p50'], 'ms'):>11} {r['gpu_busy_fraction']:5.0%} "
-                     f"{r['kv_util_mean']:7.0%}")
+                     f"{r['gpu_kernel_fraction']:7.0%} {r['kv_util_mean']:7.0%}")
     return "\n".join(lines)
 
 

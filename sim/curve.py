@@ -31,7 +31,7 @@ from .sweep import config_key, execute
 KNEE_THROUGHPUT_RATIO = 0.9
 COLUMNS = ["scenario", "rate", "seed", "ttft_s.p50", "ttft_s.p99", "tpot_s.p50", "tpot_s.p99",
            "e2e_s.p50", "e2e_s.p99", "goodput.requests_per_s", "request_throughput",
-           "steady.ratio", "gpu_busy_fraction", "mean_batch_size", "preemptions"]
+           "steady.ratio", "gpu_busy_fraction", "gpu_kernel_fraction", "mean_batch_size", "preemptions"]
 
 
 def curve_tasks(files: list[str], rates: list[float], requests: int | None, seed: int | None):

@@ -83,8 +83,9 @@ class StepLatency:
         self.tensor, self.fp8_weights, self.vocab = tensor, fp8_weights, model.vocab
         self.shapes = self.m.gemm_shapes()
         self._elementwise, self._norm_ops = stack_elementwise(profile, runtime.elementwise, self.m)
-        self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses]
+        self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses(, s, kernel s)]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
+        self.kernel_s = 0.0  # GPU kernel seconds of the step priced last (before jitter)
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
     def _piece(self, key: tuple, compute) -> float:
@@ -225,6 +226,7 @@ class StepLatency:
             host += layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
                               + rt.host_ms_per_verify_seq_layer * verify_seqs)
         gpu = gpu_ms * (rt.gpu_scale_decode if decode else rt.gpu_scale)
+        self.kernel_s = gpu * 1e-3
         serial = (rt.serial_ms_per_step + rt.serial_ms_per_seq * (prefill_seqs + seqs)
                   + rt.serial_ms_per_new_prefill_shape * new_shapes)
         return ((host + gpu if rt.combine == "sum" else max(host, gpu)) + serial) * 1e-3
@@ -244,10 +246,12 @@ class StepLatency:
         e = self._memo.get(key)
         if e is not None:
             e[2] += 1
+            self.kernel_s = e[4]
             return e[3]
         gpu = self._piece(key, parts)
         e = self._memo[key]
         e.append(self._combine(gpu, decode_seqs=seqs, decode=True))
+        e.append(self.kernel_s)
         return e[3]
 
     def prefill(self, chunks: list[tuple[int, int]], seen: set | None = None) -> float:

@@ -235,6 +235,8 @@ def summarize(req, steps, res: RunResult, slo=None) -> dict:
         "e2e_s": _stats(_col(req, "e2e_s")[done]),
         "queue_s": _stats(_col(req, "queue_s")[done]),
         "gpu_busy_fraction": min(1.0, busy / duration / len(res.replicas)),
+        "gpu_kernel_fraction": min(1.0, sum(r.kernel_busy_s for r in res.replicas)
+                                   / duration / len(res.replicas)),
         "iterations": {
             "total": sum(s.n for s in sums),
             **{KIND_NAMES[k]: int(by_kind[k]) for k in sorted(range(len(KIND_NAMES)),
@@ -311,6 +313,7 @@ def per_replica(req, steps, res: RunResult) -> list[dict]:
             "tpot_s": _stats(cols["tpot_s"][fin]),
             "e2e_s": _stats(cols["e2e_s"][fin]),
             "gpu_busy_fraction": min(1.0, busy / duration),
+            "gpu_kernel_fraction": min(1.0, r.kernel_busy_s / duration),
             "mean_batch_size": steps_i.seqs_dur / busy if busy else 0.0,
             "iterations": steps_i.n,
             "preemptions": int(preempt[rows].sum()),

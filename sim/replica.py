@@ -43,6 +43,8 @@ class Replica:
         self.st = state
         self.policy = policy
         self.lat = latency
+        self.kernels = getattr(latency, "base", latency)  # its unjittered model: kernel_s
+        self.kernel_busy_s = 0.0  # GPU kernel seconds of the steps it ran (the rest: host)
         self.static = isinstance(policy, StaticPolicy)
         self.contiguous = isinstance(state.kv, ContiguousKV)
         self.block_bytes = kv_bytes_per_token * state.kv.block_size
@@ -360,6 +362,8 @@ class Replica:
                 self.preempt(plan)
                 self.swap(plan)
             return None
+        self.kernel_busy_s += (self.speculator.kernel_s if self.spec and kind == "decode"
+                               else self.kernels.kernel_s)
         step.plan = plan
         return step
 

@@ -158,7 +158,8 @@ def sweep_report(p: Path) -> Report:
     t = pd.read_csv(p / "results.csv")
     fields = [c for c in meta.get("fields", []) if c in t.columns]
     cols = fields + [c for c in ("request_throughput", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99",
-                                 "goodput.fraction_met", "gpu_busy_fraction", "preemptions") if c in t.columns]
+                                 "goodput.fraction_met", "gpu_busy_fraction", "gpu_kernel_fraction", "preemptions")
+                                 if c in t.columns]
     sec = Section("results", [f"{len(t)} configurations of <code>{html.escape(str(meta.get('scenario')))}</code>;"
                               " the full table is results.csv / results.parquet."], [("results", t[cols])])
     return Report(f"llmsim sweep: {p.name}", [("configurations", str(len(t)))], [sec])

@@ -79,6 +79,7 @@ class ReplicaResult:
     prefix_cache: dict | None = None
     speculator: object | None = None  # sim.speculative.Speculator, when speculating
     events: list[Event] = field(default_factory=list)  # preemptions, swaps, KV transfers
+    kernel_busy_s: float = 0.0  # GPU kernel seconds of its steps (the step model's, before jitter)
 
     @classmethod
     def of(cls, rep) -> ReplicaResult:
@@ -88,7 +89,7 @@ class ReplicaResult:
                    cfg.profile.name if cfg else "", rep.log, rep.st.kv, rep.swap_bytes,
                    rep.transfer_bytes,
                    rep.st.prefix.summary() if rep.st.prefix is not None else None,
-                   rep.speculator, rep.events)
+                   rep.speculator, rep.events, rep.kernel_busy_s)
 
 
 @dataclass

@@ -86,6 +86,7 @@ class Speculator:
         self.trace_alpha = trace_alpha
         self.rounds = self.proposed = self.accepted = self.emitted = self.seq_rounds = 0
         self.draft_s = self.verify_s = self.decode_s = 0.0
+        self.kernel_s = 0.0  # GPU kernel seconds of the last round or decode step
         self.equiv_s = 0.0  # plain-decoding time for the tokens the rounds produced
 
     def alpha_for(self, s: Seq) -> float:
@@ -104,13 +105,16 @@ class Speculator:
     def round_seconds(self, n: int, sum_ctx: int, max_ctx: int, rows: list[tuple[int, int]]) -> float:
         """Draft k tokens for n sequences, then verify k+1 per sequence."""
         k, sp = self.k, self.spec
+        draft = kernel = 0.0
         if sp.method == "draft_model":
-            draft = sum(self.draft_lat.decode(n, sum_ctx + j * n, max_ctx + j) for j in range(k))
+            for j in range(k):
+                draft += self.draft_lat.decode(n, sum_ctx + j * n, max_ctx + j)
+                kernel += self.draft_lat.kernel_s
         elif sp.method == "self_draft":
             draft = k * sp.draft_cost * self.lat.decode(n, sum_ctx, max_ctx)
-        else:
-            draft = 0.0
+            kernel = k * sp.draft_cost * self.lat.kernel_s
         verify = self.lat.verify_batch(n, k + 1, sum_ctx, max_ctx, rows)
+        self.kernel_s = kernel + self.lat.kernel_s  # the round's GPU kernel seconds
         self.draft_s += draft
         self.verify_s += verify
         self.equiv_step = self.lat.decode(n, sum_ctx, max_ctx)
@@ -227,6 +231,7 @@ class SpecBatch:
         if self._la == 1:
             t = self.spec.lat.decode(n, sum_ctx, max_ctx)
             self.spec.decode_s += t
+            self.spec.kernel_s = self.spec.lat.kernel_s
             return t
         rows = [(self.spec.k + 1, s.prompt + s.generated - 1) for s in self.members]
         return self.spec.round_seconds(n, sum_ctx, max_ctx, rows)

@@ -86,6 +86,22 @@ def test_batch_of_one_with_constant_service_matches_md1_mean_wait():
     assert out.summary["gpu_busy_fraction"] == pytest.approx(rho, rel=0.03)
 
 
+@pytest.mark.parametrize("runtime", ["cuda-graph", "h200-eager-reference", "h200-eager-live"])
+def test_gpu_kernel_time_is_the_busy_time_less_the_host_work(runtime):
+    # kernels only: a step is its kernels; an eager stack's busy steps also hold host work
+    # (jitter, fitted to whole steps, scales busy time only), so the kernels take less
+    out = run(scenario(runtime=runtime, workload={"num_requests": 40,
+                                                  "arrival": {"kind": "poisson", "rate": 4.0}}))
+    s = out.summary
+    busy, kernels = s["gpu_busy_fraction"], s["gpu_kernel_fraction"]
+    if runtime == "cuda-graph":
+        assert kernels == pytest.approx(busy, rel=1e-9)
+    else:
+        assert 0 < kernels < 0.9 * busy
+    (replica,) = s["per_replica"] if "per_replica" in s else [s]
+    assert replica["gpu_kernel_fraction"] == pytest.approx(kernels)
+
+
 def test_same_seed_gives_identical_requests_csv(tmp_path):
     sc = scenario(workload={"num_requests": 200, "arrival": {"kind": "poisson", "rate": 20.0},
                             "prompt": {"kind": "lognormal", "mean": 600, "sigma": 0.8, "max": 4000},

@@ -72,6 +72,19 @@ def test_step_is_the_slower_of_host_and_gpu_plus_the_serial_part():
     assert lat.mixed(3, 3 * 512, 512, [(128, 0)]) == pytest.approx(max(host, g) + 0.75e-3)
 
 
+def test_a_steps_kernel_time_is_its_gpu_part_without_the_host_work():
+    rt = RuntimeSpec(name="t", host_ms_per_step=1.0, host_ms_per_decode_seq=0.5,
+                     serial_ms_per_step=0.25, gpu_scale_decode=1.5, elementwise="fused")
+    lat, gpu = latency(rt, "llama-3.2-1b"), latency("cuda-graph", "llama-3.2-1b")
+    for n in (1, 64, 1):  # the last one is a memo hit after another step was priced
+        t, g = lat.decode(n, n * 512), gpu.decode(n, n * 512)
+        assert lat.kernel_s == pytest.approx(1.5 * g)  # the runtime's GPU scale, no host part
+        assert t == pytest.approx(max((1.0 + 0.5 * n) * 1e-3, 1.5 * g) + 0.25e-3)
+    lat.prefill([(512, 0)])
+    assert lat.kernel_s == pytest.approx(gpu.prefill([(512, 0)]))
+    assert gpu.kernel_s == gpu.prefill([(512, 0)])  # kernels only: the step is its kernels
+
+
 def test_the_decode_step_stays_a_single_dict_hit_when_warm():
     lat = latency("vllm")
     first = lat.decode(32, 32 * 1000, 2000)
