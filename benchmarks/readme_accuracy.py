@@ -5,16 +5,29 @@ fitted host model in words."""
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from benchmarks.readme_format import half_up, pct, prose, table
 from benchmarks.readme_runs import ROOT, Runs
 
+if TYPE_CHECKING:
+    from sim.runtime import RuntimeSpec
+
+GRID = ROOT / "gpu_profiles" / "h200-sxm" / "iter_grid_eager_reference.csv"
+
+
+def refit_eager_reference() -> tuple[RuntimeSpec, list[dict]]:
+    """The eager reference runtime fitted afresh from its grid: (RuntimeSpec, the grid's
+    rows with their fitted times), as `python -m sim.runtime_fit` fits it."""
+    from sim.runtime_fit import fit, read_grid
+
+    return fit(read_grid(GRID), "h200-sxm", "h200-eager-reference")
+
 
 def warm_grid_accuracy(runs: Runs) -> str:
-    from sim.runtime_fit import error_summary, fit, read_grid
+    from sim.runtime_fit import error_summary
 
-    grid = ROOT / "gpu_profiles" / "h200-sxm" / "iter_grid_eager_reference.csv"
-    _, rows = fit(read_grid(grid), "h200-sxm", "h200-eager-reference")
+    _, rows = refit_eager_reference()
     names = {"llama-3-8b": "Llama-3-8B", "llama-3.2-1b": "Llama-3.2-1B"}
     kinds = {"prefill": 0, "decode": 1, "verify": 2}
     summary = error_summary(rows)
@@ -34,10 +47,7 @@ def warm_grid_fit(runs: Runs) -> str:
     """The refitted host model in words (its parameters are rounded decimals: half up)."""
     import yaml
 
-    from sim.runtime_fit import fit, read_grid
-
-    grid = ROOT / "gpu_profiles" / "h200-sxm" / "iter_grid_eager_reference.csv"
-    spec, _ = fit(read_grid(grid), "h200-sxm", "h200-eager-reference")
+    spec, _ = refit_eager_reference()
     shipped = yaml.safe_load((ROOT / "gpu_profiles" / "runtimes" /
                               "h200-eager-reference.yaml").read_text(encoding="utf-8"))
     stale = [k for k in ("host_ms_per_step", "host_ms_per_layer", "host_ms_per_layer_decode_extra",
@@ -46,7 +56,7 @@ def warm_grid_fit(runs: Runs) -> str:
     if stale:
         print("warning: gpu_profiles/runtimes/h200-eager-reference.yaml differs from a refit in "
               f"{', '.join(stale)} (refit: python -m sim.runtime_fit "
-              f"{grid.relative_to(ROOT)} --name h200-eager-reference --write)", file=sys.stderr)
+              f"{GRID.relative_to(ROOT)} --name h200-eager-reference --write)", file=sys.stderr)
     layers = 32
     step, layer, extra = spec.host_ms_per_step, spec.host_ms_per_layer, \
         spec.host_ms_per_layer_decode_extra
