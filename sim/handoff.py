@@ -37,10 +37,7 @@ def reject_at_handoff(rep: Replica, s: Seq, reason: str) -> None:
 
 
 def _free_handoff(rep: Replica, s: Seq) -> None:
-    tokens = s.prompt + s.generated - 1
-    if rep.st.prefix is not None:
-        rep.st.prefix.insert(s, tokens)
-    rep.free(s, rep.st.kv.blocks_for(tokens))
+    rep.release_kv(s)
     rep.outside_tokens -= s.prompt
     rep.load.outstanding -= 1
 

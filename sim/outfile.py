@@ -9,13 +9,12 @@ renamed in, so an interrupt leaves the old file or the new one, never half of on
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .outputs import OutputError, _describe_oserror, _folder_mode, _probe, _probe_new
+from .outputs import OutputError, _folder_mode, _probe, _probe_new, _resolve
 
 
 def check_out_file(path: str | Path, *, flag: str, ours: Callable[[Path], bool]) -> Path:
@@ -23,15 +22,7 @@ def check_out_file(path: str | Path, *, flag: str, ours: Callable[[Path], bool])
     runtime YAML); returns it resolved. An existing file is replaced only when `ours`
     says llmsim wrote it; a folder, a device, a path under a file and anywhere llmsim
     cannot write are refused (OutputError). Writes nothing."""
-    if str(path) == "":
-        raise OutputError(flag, "''", "an empty path")
-    shown = Path(path)
-    target = Path(os.path.realpath(path))
-    try:
-        os.stat(target)
-    except OSError as e:
-        if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
-            raise OutputError(flag, shown, _describe_oserror(e)) from None
+    shown, target = _resolve(path, flag)
     if target.is_dir():
         raise OutputError(flag, shown, "is a folder (allowed: a file name)")
     if target.exists():

@@ -138,10 +138,10 @@ def _within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
-def _inspect(path: str | Path, flag: str) -> tuple[Path, str]:
-    """(resolved folder, how it will be written): 'new' (created), 'empty' (an existing
-    empty folder, filled in place), 'replace' (an llmsim folder, swapped atomically) or
-    'in_place' (an llmsim folder that is the current folder: swapped inside itself)."""
+def _resolve(path: str | Path, flag: str) -> tuple[Path, Path]:
+    """(`path` as the user wrote it, `path` resolved) for a flag's file or folder. Refused
+    (OutputError): an empty path, and one that cannot even be looked at (a name too long,
+    a folder on the way that cannot be searched); one that does not exist yet is fine."""
     if str(path) == "":
         raise OutputError(flag, "''", "an empty path")
     shown = Path(path)
@@ -151,6 +151,14 @@ def _inspect(path: str | Path, flag: str) -> tuple[Path, str]:
     except OSError as e:
         if e.errno not in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
             raise OutputError(flag, shown, _describe_oserror(e)) from None
+    return shown, target
+
+
+def _inspect(path: str | Path, flag: str) -> tuple[Path, str]:
+    """(resolved folder, how it will be written): 'new' (created), 'empty' (an existing
+    empty folder, filled in place), 'replace' (an llmsim folder, swapped atomically) or
+    'in_place' (an llmsim folder that is the current folder: swapped inside itself)."""
+    shown, target = _resolve(path, flag)
     if target.exists():
         if not target.is_dir():
             raise OutputError(flag, shown, "exists and is not a folder (llmsim writes a folder)")

@@ -172,6 +172,11 @@ class Replica:
             if not self.static:
                 self.st.kv.free(s.reserved)
             return
+        self.release_kv(s)
+
+    def release_kv(self, s: Seq) -> None:
+        """`s` leaves with all its KV blocks (finished, or handed to a decode replica): the
+        prefix cache keeps its computed tokens, and the blocks only it holds are freed."""
         tokens = s.prompt + s.generated - 1
         if self.st.prefix is not None:
             self.st.prefix.insert(s, tokens)

@@ -16,7 +16,7 @@ PLAN = ("name: p\nscenario: b.yaml\ntarget_rate: 2\nslo: {ttft_p99_s: 1.0}\n"
         "search: {seeds: 1, requests: 20}\ncandidates: {gpu: [GPU], tensor: [1]}\n")
 
 
-def _tree(root: Path) -> dict[str, bytes | None]:
+def tree(root: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
 
 
@@ -32,13 +32,13 @@ def user_cwd(tmp_path, monkeypatch):
 
 
 def _refused(argv: list[str], root: Path, capsys, *needles: str) -> str:
-    before = _tree(root)
+    before = tree(root)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("llmsim: error: "), err
     for n in needles:
         assert n in err, err
-    assert _tree(root) == before  # nothing written, nothing replaced
+    assert tree(root) == before  # nothing written, nothing replaced
     return err
 
 

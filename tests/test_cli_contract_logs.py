@@ -8,19 +8,14 @@ from pathlib import Path
 import pytest
 
 from sim.cli import main
+from tests.test_cli_contract import B, tree
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ROOT / "data" / "live" / "cb_r16_steps.csv"
 REQS = ROOT / "data" / "live" / "cb_r16_requests.csv"
-B = ("name: base\nseed: 1\nworkload:\n  num_requests: 20\n  arrival: {kind: poisson, rate: 5}\n"
-     "  prompt: {kind: fixed, value: 100}\n  output: {kind: fixed, value: 20}\n")
 FIT = ["fit-log", str(STEPS), "--requests", str(REQS), "--model", "llama-3.2-1b", "--gpu", "h200-sxm",
        "--base-runtime", "vllm", "--out"]
 REPLAY = ["validate", "b.yaml", "--replay", str(STEPS), str(REQS), "--out"]
-
-
-def _tree(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
 
 
 @pytest.fixture
@@ -34,7 +29,7 @@ def user_cwd(tmp_path, monkeypatch):
 
 
 def _one_line_nothing_written(argv, root, capsys):
-    before = _tree(root)
+    before = tree(root)
     try:
         rc = main(argv)
     except SystemExit as e:
@@ -43,7 +38,7 @@ def _one_line_nothing_written(argv, root, capsys):
         rc = "traceback"
     err = capsys.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith("llmsim: error: ")
-    assert _tree(root) == before
+    assert tree(root) == before
     return err
 
 
