@@ -6,6 +6,7 @@ import csv
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -115,12 +116,38 @@ def test_corrected_time_grows_with_the_kernel(t, c, flops, nbytes, share, grow):
     assert corrected(grow) >= corrected(1.0) * (1 - 1e-9)
 
 
+def forward_floor(t: Timing, flops: float, nbytes: float, dirty_in: float) -> float:
+    """max(C, (X + W') / B), W' = min(A, X, D): written out here, not taken from sim."""
+    w_forward = min(dirty_in, nbytes, t.dirty_l2_mb * MB)
+    return max(flops / PEAK, (nbytes + w_forward) / (t.write_back_tbs * 1e9))
+
+
+def flushed_roofline(t: Timing, flops: float, nbytes: float) -> float:
+    """max(C, (X + W) / B), W = min(X, D)."""
+    return flushed_model(t, 0.0, flops, nbytes)
+
+
+# measured times as multiples of the kernel's flushed roofline: below the forward-pass
+# floor, between the two rooflines (where the correction changes form) and above both
+MULTIPLES = np.linspace(0.3, 3.0, 1001)
+
+
 @settings(max_examples=300, deadline=None)
-@given(timings, st.floats(1e-4, 10), flop_counts, sizes)
-def test_correction_never_raises_a_time_nor_goes_below_the_floor(t, ms, flops, nbytes):
-    warm = warm_ms(t, ms, flops, nbytes, 0.0, PEAK)
-    floor = max(flops / PEAK, nbytes / (t.write_back_tbs * 1e9))
-    assert min(ms, floor) <= warm <= ms
+@given(timings, flop_counts, sizes, st.floats(0, 1.5))
+def test_correction_never_raises_a_time_nor_goes_below_the_floor(t, flops, nbytes, share):
+    dirty_in = share * nbytes  # may exceed the bytes moved: W' is capped at X
+    floor = forward_floor(t, flops, nbytes, dirty_in)
+    for ms in MULTIPLES * flushed_roofline(t, flops, nbytes):
+        warm = warm_ms(t, ms, flops, nbytes, dirty_in, PEAK)
+        assert min(ms, floor) * (1 - 1e-12) <= warm <= ms
+
+
+@settings(max_examples=300, deadline=None)
+@given(timings, flop_counts, sizes, st.floats(0, 1))
+def test_correction_is_monotone_in_the_measured_time(t, flops, nbytes, share):
+    warm = [warm_ms(t, ms, flops, nbytes, share * nbytes, PEAK)
+            for ms in MULTIPLES * flushed_roofline(t, flops, nbytes)]
+    assert (np.diff(warm) >= 0).all()
 
 
 @settings(max_examples=100, deadline=None)

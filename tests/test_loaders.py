@@ -102,9 +102,9 @@ def test_file_cache_reloads_a_deleted_file_and_drops_a_stale_entry_that_fails(tm
     assert cache.get("x", read) == "two"
 
 
-def test_file_cache_notices_a_file_that_appears():
+def test_file_cache_notices_a_file_that_appears(tmp_path):
     cache: FileCache[bool] = FileCache()
-    ghost = Path("/nonexistent-llmsim-test/x")
+    ghost = tmp_path / "x"
     calls = []
 
     def make(watch):
@@ -112,7 +112,10 @@ def test_file_cache_notices_a_file_that_appears():
         return watch(ghost).exists()
     assert cache.get("k", make) is False
     assert cache.get("k", make) is False
-    assert len(calls) == 1
+    assert len(calls) == 1  # an absent file, still absent: remembered
+    ghost.write_text("here")
+    assert cache.get("k", make) is True  # it appeared: made again
+    assert len(calls) == 2
 
 
 # ---- odd names are one-line errors ------------------------------------------------------

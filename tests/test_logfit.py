@@ -153,6 +153,49 @@ def test_decode_batches_are_rebuilt_from_the_requests_log():
     assert not decode_max_ctx(steps, None).any()
 
 
+# A hand-made log: A (prompt 100) decodes alone, then B (300) and C (50) join after one
+# two-sequence prefill; A finishes at 0.24 s, B at 0.26 s, C at 0.28 s. A request decodes in
+# every decode step from its first token to its finish, at prompt + k after its k-th one:
+#   step 1 [0.10, 0.12]  A 101                 -> 1 seq, sum 101, longest 101
+#   step 3 [0.20, 0.22]  A 102, B 301, C 51    -> 3 seqs, sum 454, longest 301 (B)
+#   step 4 [0.22, 0.24]  A 103, B 302, C 52    -> 3 seqs, sum 457, longest 302 (B)
+#   step 5 [0.24, 0.26]  B 303, C 53           -> 2 seqs, sum 356, longest 303 (B)
+#   step 6 [0.26, 0.28]  C 54                  -> 1 seq,  sum  54, longest  54 (C)
+HAND_STEPS = """t_start,t_end,kind,num_seqs,num_tokens,sum_ctx,free_blocks
+0.00,0.10,prefill,1,100,0,100
+0.10,0.12,decode,1,1,101,100
+0.12,0.20,prefill,2,350,0,80
+0.20,0.22,decode,3,3,454,80
+0.22,0.24,decode,3,3,457,80
+0.24,0.26,decode,2,2,{sum5},85
+0.26,0.28,decode,1,1,54,90
+"""
+HAND_REQUESTS = """id,arrival_s,prompt_tokens,output_tokens,admitted_s,first_token_s,finish_s,ttft_s,e2e_s,tpot_s,preemptions
+0,0.00,100,4,0.00,0.10,0.24,0.10,0.24,0.0467,0
+1,0.11,300,4,0.12,0.20,0.26,0.09,0.15,0.02,{preempted}
+2,0.115,50,5,0.12,0.20,0.28,0.085,0.165,0.02,0
+"""
+
+
+def _hand_log(folder: Path, sum5: int = 356, preempted: int = 0):
+    (folder / "steps.csv").write_text(HAND_STEPS.format(sum5=sum5))
+    (folder / "requests.csv").write_text(HAND_REQUESTS.format(preempted=preempted))
+    return read_steps_log(folder / "steps.csv"), read_requests_log(folder / "requests.csv")
+
+
+def test_decode_batches_of_a_hand_made_log_have_their_known_longest_context(tmp_path):
+    steps, reqs = _hand_log(tmp_path)
+    assert decode_max_ctx(steps, reqs).tolist() == [0, 101, 0, 301, 302, 303, 54]
+    assert prefill_lengths(steps, reqs) == [[100], [], [50, 300], [], [], [], []]
+
+
+def test_a_decode_step_whose_rebuilt_batch_differs_from_its_row_is_left_unknown(tmp_path):
+    steps, reqs = _hand_log(tmp_path, sum5=357)  # step 5 logs one token more than B + C
+    assert decode_max_ctx(steps, reqs).tolist() == [0, 101, 0, 301, 302, 0, 54]
+    steps, reqs = _hand_log(tmp_path, preempted=1)  # a preemption: contexts not rebuilt
+    assert decode_max_ctx(steps, reqs).tolist() == [0] * 7
+
+
 def test_decode_levels_are_band_medians_over_the_batch_sizes_seen():
     seqs = np.array([3] * 40 + [12] * 40 + [20] * 10 + [100] * 40)
     ratio = np.where(seqs <= 4, 1.1, np.where(seqs <= 32, 0.9, 1.0))

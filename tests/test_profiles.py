@@ -8,11 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.l2flush import footprint, warm_ms
 from sim.profiles import (
     ANALYTIC,
     DERIVED,
-    ELEMENTWISE_BYTES,
     EXACT,
     EXTRAPOLATED,
     INTERPOLATED,
@@ -60,29 +58,73 @@ def h200():
 
 
 def test_exact_grid_points_return_the_measured_ms_tagged_exact(h200):
-    """The measured time less the flush's write-back (sim/l2flush.py: the H200 tables
-    were timed with the L2 flushed)."""
-    warm = _warm(h200)
-    gemm = next(r for r in rows("gemm") if r["M"] == r["K"] == r["N"] == "4096")
-    assert h200.gemm(4096, 4096, 4096) == (warm("gemm", gemm), EXACT)
-    pre = next(r for r in rows("attn_prefill")
-               if (r["impl"], r["batch"], r["seq"], r["hkv"]) == ("flash", "1", "4096", "8"))
-    assert h200.prefill_attn("flash", 1, 4096, 4096, *LLAMA3) == (warm("attn_prefill", pre), EXACT)
-    dec = next(r for r in rows("attn_decode")
-               if (r["impl"], r["batch"], r["ctx"], r["hkv"]) == ("paged_reference", "32", "2048", "8"))
-    assert h200.decode_attn("paged_reference", 32, 32 * 2048, *LLAMA3) == (warm("attn_decode", dec), EXACT)
-    ew = next(r for r in rows("elementwise") if (r["op"], r["M"]) == ("silu_mul", "2048"))
-    assert h200.elementwise("silu_mul", 2048, 14336) == (warm("elementwise", ew), EXACT)
+    """The measured time, less the flush's write-back where one was added (sim/l2flush.py;
+    the hand arithmetic of these rows is in the tests below)."""
+    # compute-bound: 2 * 4096^3 = 1.374e11 FLOP / 793e9 = 0.1733 ms > (X + D) / B = 0.0319 ms
+    assert h200.gemm(4096, 4096, 4096) == (0.18039999902248383, EXACT)  # gemm.csv
+    # flash, 2 * 32 * 128 * 4096^2 = 1.374e11 FLOP: 0.1733 ms > (83.9 MB + D) / B = 0.0283 ms
+    assert h200.prefill_attn("flash", 1, 4096, 4096, *LLAMA3) == (0.4983999878168106, EXACT)
+    # X = (65536 * 2 * 8 + 32 * 2 * 32) * 128 * 2 = 268,959,744 B > D: W = D; the dirty
+    # inputs A = 32 * (32 + 2 * 8) * 128 * 2 = 393,216 B: Δ = (45.6e6 - 393,216) / B
+    assert h200.decode_attn("paged_reference", 32, 32 * 2048, *LLAMA3) == \
+        (pytest.approx(0.43648000061511993 - 45_206_784 / H200_B, rel=1e-12), EXACT)
+    # A = 2048 * 14336 * 4 = 117 MB > D: the forward pass writes back D too, Δ = 0
+    assert h200.elementwise("silu_mul", 2048, 14336) == (0.16305600106716156, EXACT)
 
 
-def _warm(profile):
-    """A CSV row's time as the profile serves it at that exact point: without the
-    flush's write-back (no envelope or cap reaches the rows these tests use)."""
-    def warm(table: str, row: dict) -> float:
-        typed = {k: (v if k in ("impl", "op") else float(v)) for k, v in row.items()}
-        return warm_ms(profile.facts.timing, typed["ms"], *footprint(table, ELEMENTWISE_BYTES)(typed),
-                       profile.facts.peak_tflops * 1e9)
-    return warm
+# The H200 tables' write-back correction worked by hand from sim/l2flush.py's formula:
+#   t_warm = max(t - Δ, floor), Δ = max(C, (X + W) / B) - max(C, (X + W') / B),
+#   W = min(X, D), W' = min(A, X, D), floor = max(C, (X + W') / B), C = FLOPs / 793 TFLOP/s
+# with profile.yaml's D = 45.6 MB and B = 4.58 TB/s; t the CSV's measured ms.
+H200_B = 4.58e9  # write-back bytes per ms
+
+
+def test_small_memory_bound_decode_loses_its_own_bytes_less_its_dirty_inputs(h200):
+    # contiguous, batch 1, ctx 1024, hq 32, hkv 8, d 128: t = 0.011680000461637974 ms
+    # X = (1024 * 2 * 8 + 1 * 2 * 32) * 128 * 2 = 4,210,688 B < D  ->  W = X
+    # A = 1 * (32 + 2 * 8) * 128 * 2 = 12,288 B                     ->  W' = 12,288
+    # C = 4 * 1024 * 32 * 128 / 793e9 = 2.1e-5 ms, far below X / B = 9.2e-4 ms
+    # Δ = (2 * 4,210,688 - 4,222,976) / B = 4,198,400 / 4.58e9 = 9.1668e-4 ms
+    # t - Δ = 0.0107633 ms > floor = 4,222,976 / 4.58e9 = 9.22e-4 ms
+    ms, tag = h200.decode_attn("contiguous", 1, 1024, *LLAMA3)
+    assert tag == EXACT
+    assert ms == pytest.approx(0.011680000461637974 - 4_198_400 / H200_B, rel=1e-12)
+    assert ms == pytest.approx(0.01076331924, rel=1e-9)
+
+
+def test_decode_larger_than_the_dirty_l2_loses_d_less_its_dirty_inputs(h200):
+    # contiguous, batch 1, ctx 16384: t = 0.032607998698949814 ms
+    # X = (16384 * 2 * 8 + 64) * 128 * 2 = 67,125,248 B > D  ->  W = D = 45,600,000
+    # A = 12,288 B  ->  W' = 12,288;  C = 4 * 16384 * 32 * 128 / 793e9 = 3.4e-4 ms
+    # Δ = (67,125,248 + 45,600,000) / B - (67,125,248 + 12,288) / B
+    #   = 45,587,712 / 4.58e9 = 9.9536e-3 ms  ->  0.0226543 ms (floor 0.01466 ms)
+    ms, tag = h200.decode_attn("contiguous", 1, 16384, *LLAMA3)
+    assert tag == EXACT
+    assert ms == pytest.approx(0.032607998698949814 - 45_587_712 / H200_B, rel=1e-12)
+    assert ms == pytest.approx(0.02265434979, rel=1e-9)
+
+
+def test_compute_bound_gemm_keeps_its_measured_time(h200):
+    # 2048 x 4096 x 28672: C = 2 * 2048 * 4096 * 28672 / 793e9 = 0.6066 ms
+    # X = (2048 * 4096 + 4096 * 28672 + 2048 * 28672) * 2 = 369,098,752 B
+    # (X + D) / B = 414,698,752 / 4.58e9 = 0.0905 ms < C: both rooflines are C, Δ = 0.
+    # Its input A = 2048 * 4096 * 2 = 16,777,216 B < D, so without the compute term it
+    # would lose (D - A) / B = 6.3e-3 ms.
+    assert h200.gemm(2048, 4096, 28672) == (0.7105919718742371, EXACT)  # gemm.csv, unchanged
+    # 8192 x 4096 x 28672: C = 2.4266 ms > (771,751,936 + D) / B = 0.1785 ms
+    assert h200.gemm(8192, 4096, 28672) == (2.7635360956192017, EXACT)
+
+
+def test_elementwise_whose_inputs_fill_the_l2_keeps_its_time_and_a_small_one_loses_part(h200):
+    # silu_mul M = 8192, H = 14336: X = 8192 * 14336 * 6 = 704,643,072 B, A = 8192 * 14336
+    # * 4 = 469,762,048 B; both > D: W = W' = D, Δ = 0
+    assert h200.elementwise("silu_mul", 8192, 14336) == (0.6160799860954285, EXACT)
+    # M = 128: X = 128 * 14336 * 6 = 11,010,048 B < D -> W = X; A = 7,340,032 B -> W' = A
+    # Δ = (11,010,048 - 7,340,032) / B = 3,670,016 / 4.58e9 = 8.0131e-4 ms
+    ms, tag = h200.elementwise("silu_mul", 128, 14336)
+    assert tag == EXACT
+    assert ms == pytest.approx(0.018432000651955605 - 3_670_016 / H200_B, rel=1e-12)
+    assert ms == pytest.approx(0.01763068711, rel=1e-9)
 
 
 def test_gemm_between_two_measured_m_is_between_them_and_interpolated(h200):

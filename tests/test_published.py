@@ -61,6 +61,17 @@ def test_a_row_published_at_its_simulated_value_has_zero_error(rows):
     assert res.error == pytest.approx(0.0) and res.time_error == pytest.approx(0.0)
 
 
+def test_rows_published_at_a_quarter_above_the_simulation_have_known_errors(rows):
+    # a time published at 1.25x the simulated one: the simulator is 1 / 1.25 - 1 = -20 %
+    # (faster); a throughput published at 1.25x: -20 % in tokens/s, +25 % in time (slower)
+    time_row = next(r for r in rows if r.metric == "prefill_ms")
+    tput_row = next(r for r in rows if r.metric == "static_throughput_tok_s_gpu")
+    at = [dataclasses.replace(r, value=1.25 * pc.simulate(r)) for r in (time_row, tput_row)]
+    t, tput = pc.check(at)
+    assert (t.error, t.time_error) == (pytest.approx(-0.2), pytest.approx(-0.2))
+    assert (tput.error, tput.time_error) == (pytest.approx(-0.2), pytest.approx(0.25))
+
+
 def test_summary_of_known_errors():
     def result(err: float) -> pc.Result:
         row = pc.Row("x", "s", "s", "h100-sxm", "llama-2-7b", 1, "bf16", "bf16", 1, 128, 1,

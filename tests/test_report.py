@@ -78,11 +78,14 @@ def test_plan_report_renders_recommendation_and_pareto_plot(browser, tmp_path):
     assert (folder / "report_candidates.csv").is_file()
 
 
-def test_report_of_a_foreign_folder_is_one_line_error(tmp_path):
+def test_report_of_a_foreign_folder_is_one_line_error(tmp_path, capsys):
     from sim.cli import main
 
     (tmp_path / "x.txt").write_text("hi")
     assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"llmsim: error: {tmp_path}") and len(err.strip().splitlines()) == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.txt"]  # nothing written
 
 
 def test_perfetto_trace_is_trace_event_json_with_documented_events(run_dir, tmp_path):

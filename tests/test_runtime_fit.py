@@ -41,3 +41,41 @@ def test_shipped_grid_fits_the_known_runtime_searching_only_terms_with_rows(kind
     assert {k: getattr(spec, k) for k in EXPECTED[kinds]} == EXPECTED[kinds]
     assert dims[0] == SEARCHED[kinds]  # the shared host terms; then decode's own two
     assert len(table) == sum(r["kind"] in kinds for r in runtime_fit.read_grid(GRID))
+
+
+# the host terms a synthetic grid is made with (RuntimeSpec's names in the comments)
+TRUE = {"a": 1.5,    # host_ms_per_step
+        "b": 0.5,    # host_ms_per_layer
+        "c": 0.04,   # host_ms_per_prefill_seq_layer
+        "d": 0.2,    # host_ms_per_verify_seq_layer
+        "s": 1.1,    # gpu_scale
+        "e": 0.05,   # host_ms_per_layer_decode_extra
+        "sd": 1.2}   # gpu_scale_decode
+
+
+def test_fit_recovers_the_host_terms_a_synthetic_grid_was_made_with():
+    """The shipped grid's step shapes, timed by the docstring's formula written out here:
+    max(a + b L + e L [decode] + (c P + d V) L, scale x kernel time); on the 1B (16 layers)
+    and 8B (32 layers) models the host side binds on 50 of the 66 rows."""
+    from sim.models import load_model
+
+    rows = runtime_fit.read_grid(GRID)
+    kernel_ms = runtime_fit.gpu_times(rows, "h200-sxm")
+    t = TRUE
+    synthetic = []
+    for r, g in zip(rows, kernel_ms, strict=True):
+        layers = load_model(r["model"]).layers
+        decode = r["kind"] == "decode"
+        p = r["batch"] if r["kind"] == "prefill" else 0
+        v = r["batch"] if r["kind"] == "verify" else 0
+        host = t["a"] + t["b"] * layers + t["e"] * layers * decode + (t["c"] * p + t["d"] * v) * layers
+        synthetic.append({**r, "ms": max(host, (t["sd"] if decode else t["s"]) * g)})
+    spec, table = runtime_fit.fit(synthetic, "h200-sxm", "x")
+    assert spec.host_ms_per_step == pytest.approx(1.5, abs=0.02)
+    assert spec.host_ms_per_layer == pytest.approx(0.5, abs=0.005)
+    assert spec.host_ms_per_layer_decode_extra == pytest.approx(0.05, abs=0.002)
+    assert spec.host_ms_per_prefill_seq_layer == pytest.approx(0.04, abs=0.001)
+    assert spec.host_ms_per_verify_seq_layer == pytest.approx(0.2, abs=0.002)
+    assert spec.gpu_scale == pytest.approx(1.1, abs=0.01)
+    assert spec.gpu_scale_decode == pytest.approx(1.2, abs=0.01)
+    assert max(abs(row["err"]) for row in table) < 0.01
