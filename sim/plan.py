@@ -7,6 +7,7 @@ target_rate: 24                           # requests/s the fleet must serve
 slo: {ttft_p99_s: 1.0, tpot_p99_s: 0.06}  # also e2e_p99_s, goodput_min, min_throughput_ratio
 prices: null                              # default gpu_profiles/prices.yaml
 search: {seeds: 2, requests: 300}         # see SearchSpec
+router: {policy: random}                  # the fleet check's load balancer (default random)
 candidates:                               # a grid; short names or dotted scenario fields
   gpu: [a100-80gb, h100-sxm, h200-sxm]
   tensor: [1, 2, 4]                       # parallel.tensor
@@ -19,13 +20,24 @@ ceil(target / that rate), GPUs = replicas x TP, $/hour from the prices file, $/M
 tokens = $/hour / (target x mean output tokens x 3600) x 1e6, and p99 latencies of one
 replica at its share of the target (target / replicas). The binding constraint is read
 from the first probe that broke the SLOs (`binding`). The cheapest candidate (ties:
-lower p99 TTFT) is then checked as a fleet (`sim/fleet.py`: the cluster engine, random router) at the target rate: the
-replica count moves until the fleet meets the SLOs for every seed and one replica fewer
-does not; that validated count is the recommendation.
-"""
+lower p99 TTFT) is then checked as a fleet (`sim/fleet.py`: the cluster engine, behind
+`router`) at the target rate: the replica count moves until the fleet meets the SLOs
+for every seed and one replica fewer does not; that validated count is the
+recommendation.
+
+`router` is the mapping of a scenario's `cluster.router` (`sim/cluster.py` RouterSpec:
+`policy`, `staleness_s`, `affinity_slack`, checked the same way) for the load balancer
+the fleet will sit behind; only `policy` defaults differently: `random`. A random router
+is the blind, conservative choice (it neither smooths arrivals like round robin nor
+balances load like least outstanding on current counts; a router acting on stale
+reports can still do worse), and behind it each replica sees an unbiased random
+thinning of the fleet's arrivals, which is what the per-replica sizing at
+target / replicas assumes. Behind another router that sizing is an estimate and the
+fleet check, which moves the count either way, settles it."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -34,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from .capacity import SLO, Capacity, max_rate, rate_overrides, violations
+from .cluster import RouterSpec
 from .scenario import Scenario, load_scenario
 from .specload import ROOT, SpecError, build, load_yaml
 
@@ -65,12 +78,16 @@ class PlanSpec:
     name: str = "plan"
     prices: str | None = None
     search: SearchSpec = SearchSpec()
+    router: RouterSpec = RouterSpec(policy="random")  # the fleet check's router
     file: str = field(default="", init=False, compare=False)
 
 
 def load_plan(file: str | Path) -> PlanSpec:
     p = Path(file)
-    spec = build(PlanSpec, load_yaml(p), file=p)
+    data = load_yaml(p)
+    if isinstance(data.get("router"), dict):  # a plan's router is random unless it says otherwise
+        data = {**data, "router": {"policy": "random", **data["router"]}}
+    spec = build(PlanSpec, data, file=p)
     object.__setattr__(spec, "file", str(p))
     for k, values in spec.candidates.items():
         if not values:
@@ -210,8 +227,9 @@ def pareto(rows: list[dict]) -> list[str]:
 
 def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
     """Move the replica count until N meets the SLOs (all seeds) and N - 1 does not
-    (assumes more replicas never hurt: down by bisection from the estimate, else up)."""
-    from .fleet import simulate_fleet
+    (assumes more replicas never hurt: down by bisection from the estimate, else up),
+    each fleet behind the plan's router."""
+    from .fleet import router_label, simulate_fleet
 
     over = {k: v for k, v in cand.items() if tp_supported() or k != "parallel.tensor"}
     scen = str(_resolve(spec, spec.scenario))
@@ -225,7 +243,7 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
         if n not in checks:
             sc = load_scenario(scen, {"slo": spec.slo.as_scenario_slo(), **over, **rate_overrides(
                 base_sc.workload.arrival, spec.target_rate, spec.search.requests * n)})
-            runs = [simulate_fleet(sc, n, seed).summary for seed in seeds]
+            runs = [simulate_fleet(sc, n, seed, spec.router).summary for seed in seeds]
             broke = [v for s in runs for v in violations(s, spec.slo)]
             checks[n] = {"replicas": n, "passed": not broke, "broke": "; ".join(dict.fromkeys(broke)),
                          "ttft_p99_s": max(s["ttft_s"]["p99"] or math.inf for s in runs),
@@ -252,6 +270,7 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
     fewer = check(n - 1) if n > 1 else False
     return {"candidate": row["candidate"], "replicas": n, "estimated_replicas": row["replicas"],
             "holds": ok, "one_fewer_breaks": not fewer, "seeds": seeds,
+            "router": dataclasses.asdict(spec.router), "router_label": router_label(spec.router),
             "checks": [checks[k] for k in sorted(checks)]}
 
 

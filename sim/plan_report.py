@@ -35,6 +35,11 @@ def pareto_plot(rows: pd.DataFrame, best: str | None) -> Figure:
     return fig
 
 
+def _router(check: dict) -> str:
+    """The router the fleet check ran behind (plans written before `router:` used random)."""
+    return check.get("router_label") or "random router"
+
+
 def plan_sections(plan: dict) -> Report:
     rows = pd.DataFrame(plan["candidates"])
     for c in CANDIDATE_COLUMNS:
@@ -50,7 +55,7 @@ def plan_sections(plan: dict) -> Report:
         text = [f"Recommended: <b>{rec['candidate']}</b> x <b>{rec['replicas']}</b> replicas "
                 f"({rec['gpus']} GPUs), ${rec['usd_per_hour']:.2f}/hour, "
                 f"${rec['usd_per_m_output_tokens']:.3f} per million output tokens.",
-                f"Simulated as a fleet at {plan['target_rate']:g} req/s (random router, seeds "
+                f"Simulated as a fleet at {plan['target_rate']:g} req/s ({_router(check)}, seeds "
                 f"{check['seeds']}): the SLOs {verdict} with {check['replicas']} replicas; one replica "
                 f"fewer {fewer}. The per-replica estimate was {check['estimated_replicas']}."]
         secs.append(Section("recommendation", text, [("fleet check", pd.DataFrame(check["checks"]))]))

@@ -69,7 +69,8 @@ def cmd_plan(a) -> int:
         print(f"recommended: {rec['candidate']} x {rec['replicas']} replicas ({rec['gpus']} GPUs), "
               f"${rec['usd_per_hour']:.2f}/hour, ${rec['usd_per_m_output_tokens']:.3f}/M output tokens "
               f"(one replica alone sustains {rec['sustained_rate']:.2f} req/s within the SLOs)")
-        print(f"fleet check at {spec.target_rate:g} req/s: SLOs {'hold' if check['holds'] else 'DO NOT hold'}"
+        print(f"fleet check at {spec.target_rate:g} req/s, {check['router_label']}: "
+              f"SLOs {'hold' if check['holds'] else 'DO NOT hold'}"
               f" with {check['replicas']}; with {check['replicas'] - 1} they "
               f"{'break' if check['one_fewer_breaks'] else 'STILL HOLD'}")
     _maybe_report(a, out)
