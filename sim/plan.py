@@ -196,15 +196,19 @@ def _capacity_row(cap: Capacity, gpu: str) -> dict:
 def binding(summary: dict, gpu: str) -> str:
     """What ran out first at the first failing probe (derived from its summary):
     KV capacity when requests were preempted or rejected or the cache peaked >= 95 %;
-    else, when the GPU was busy >= 85 % of the time, compute or memory bandwidth by a
-    roofline test: mean tokens per iteration (~FLOPs per weight byte at bf16) against
-    the GPU's FLOP/byte ridge; else queueing (the GPU had idle time, requests waited)."""
+    else, when steps ran >= 85 % of the time: host overhead when under half of that was
+    GPU kernels (the serving loop's CPU work paced it), else compute or memory bandwidth
+    by a roofline test: mean tokens per iteration (~FLOPs per weight byte at bf16)
+    against the GPU's FLOP/byte ridge; else queueing (idle time, requests waited)."""
     from .profiles import load_profile
 
     kv = summary["kv"]
     if summary["preemptions"] or summary["requests"]["rejected"] or kv["util_peak"] >= 0.95:
         return "KV capacity"
-    if summary["gpu_busy_fraction"] >= 0.85:
+    busy = summary["gpu_busy_fraction"]
+    if busy >= 0.85:
+        if summary["gpu_kernel_fraction"] < 0.5 * busy:
+            return "host overhead"
         f = load_profile(gpu).facts
         ridge = (f.peak_tflops or f.datasheet_tflops) / (f.mem_bw_tbs or f.datasheet_mem_bw_tbs)
         iters = max(summary["iterations"]["total"], 1)

@@ -382,9 +382,8 @@ def _read_profile(folder: Path, watch: Callable[[Path], Path]) -> GPUProfile:
 
 def _tables(folder: Path, facts: GPUFacts, watch: Callable[[Path], Path]
             ) -> tuple[dict[str, list[dict]], dict[str, int], dict[str, int]]:
-    """The folder's kernel tables as the simulator uses them: the flush's write-back
-    removed (sim/l2flush.py), then rates above the GPU's ceilings capped
-    (sim/profile_sanity.py); with the rows lowered and capped per table."""
+    """The folder's tables, the flush's write-back removed (sim/l2flush.py), then rates
+    above the GPU's ceilings capped (sim/profile_sanity.py); rows lowered, rows capped."""
     tables = {t: read_table(folder / f"{t}.csv", cols, IMPLS.get(t, ()))
               for t, cols in TABLES.items() if watch(folder / f"{t}.csv").is_file()}
     ceiling = facts.peak_tflops or facts.datasheet_tflops
@@ -394,9 +393,8 @@ def _tables(folder: Path, facts: GPUFacts, watch: Callable[[Path], Path]
 
 
 def tables_as_used(name: str) -> tuple[GPUFacts, dict[str, list[dict]]]:
-    """A profile's facts and its kernel tables as lookups see them (before the loader
-    makes each grid monotone): what its roofline efficiencies are fitted to
-    (`python -m sim.profile_convert`)."""
+    """A profile's facts and tables as lookups see them, before the grids are made
+    monotone: what its roofline efficiencies are fitted to (sim/profile_convert.py)."""
     facts = load_profile(name).facts
     folder = PROFILES_DIR / name if name in known_profiles() else Path(name)
     return facts, _tables(folder.resolve(), facts, lambda p: p)[0]

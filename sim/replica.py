@@ -40,9 +40,7 @@ class Replica:
 
     def __init__(self, state: ReplicaState, policy, latency: StepLatency, kv_bytes_per_token: float,
                  pcie_bytes_per_s: float):
-        self.st = state
-        self.policy = policy
-        self.lat = latency
+        self.st, self.policy, self.lat = state, policy, latency
         self.kernels = getattr(latency, "base", latency)  # its unjittered model: kernel_s
         self.kernel_busy_s = 0.0  # GPU kernel seconds of the steps it ran (the rest: host)
         self.static = isinstance(policy, StaticPolicy)

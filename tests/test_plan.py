@@ -119,12 +119,26 @@ def test_continuous_batching_sustains_twice_static_at_equal_p99_latency():
 
 def test_binding_constraint_is_read_from_the_summary():
     s = {"preemptions": 0, "requests": {"rejected": 0}, "kv": {"util_peak": 0.5},
-         "gpu_busy_fraction": 0.4, "iterations": {"total": 100}, "total_token_throughput": 1000.0,
-         "duration_s": 10.0}
+         "gpu_busy_fraction": 0.4, "gpu_kernel_fraction": 0.4, "iterations": {"total": 100},
+         "total_token_throughput": 1000.0, "duration_s": 10.0}
     assert binding(s, "h200-sxm") == "queueing"
     assert binding({**s, "preemptions": 3}, "h200-sxm") == "KV capacity"
-    assert binding({**s, "gpu_busy_fraction": 0.99}, "h200-sxm") == "memory bandwidth"  # 100 tok/iter
-    assert binding({**s, "gpu_busy_fraction": 0.99, "total_token_throughput": 1e5}, "h200-sxm") == "compute"
+    busy = {**s, "gpu_busy_fraction": 0.99, "gpu_kernel_fraction": 0.9}
+    assert binding(busy, "h200-sxm") == "memory bandwidth"  # 100 tokens per iteration
+    assert binding({**busy, "total_token_throughput": 1e5}, "h200-sxm") == "compute"
+    assert binding({**busy, "gpu_kernel_fraction": 0.51}, "h200-sxm") == "memory bandwidth"
+    assert binding({**busy, "gpu_kernel_fraction": 0.49}, "h200-sxm") == "host overhead"
+
+
+def test_an_eager_stack_at_small_batch_is_bound_by_its_host_work():
+    # Llama-3.2-1B on the eager reference stack, one sequence at a time: a decode step
+    # takes 11.6 ms of which 3.3 ms are kernels (its fitted host terms: launches per layer)
+    sc = load_scenario(ROOT / "scenarios" / "quickstart.yaml", {
+        "model": "llama-3.2-1b", "runtime": "h200-eager-reference", "workload.num_requests": 60,
+        "workload.arrival.rate": 1.0, "scheduler.max_num_seqs": 1})
+    s = run(sc).summary
+    assert s["gpu_busy_fraction"] > 0.85
+    assert binding(s, "h200-sxm") == "host overhead"
 
 
 def test_candidate_short_names_expand_to_scenario_fields(tmp_path):
