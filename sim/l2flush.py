@@ -16,8 +16,8 @@ dirty_l2_mb: D, write_back_tbs: B}`), and every row of its tables is lowered at 
 the roofline difference, so a compute-bound kernel (which hides the traffic) keeps its
 time, and so does a memory-bound one whose inputs fill the L2 anyway (large elementwise):
 
-    t_warm = max(t − Δ, floor),   Δ = max(C, (X + W) / B) − max(C, (X + W') / B),
-    floor = max(C, (X + W') / B), C = FLOPs / the GPU's dense peak
+    t_warm = max(t − Δ, min(t, floor)),   Δ = max(C, (X + W) / B) − max(C, (X + W') / B),
+    floor = max(C, (X + W') / B), C = FLOPs / the GPU's dense peak (never above t)
 
 `python -m sim.l2flush gpu_profiles/h200-sxm` prints the fit of D and B.
 """
