@@ -17,7 +17,7 @@ the roofline difference, so a compute-bound kernel (which hides the traffic) kee
 time, and so does a memory-bound one whose inputs fill the L2 anyway (large elementwise):
 
     t_warm = max(t − Δ, min(t, floor)),   Δ = max(C, (X + W) / B) − max(C, (X + W') / B),
-    floor = max(C, (X + W') / B), C = FLOPs / the GPU's dense peak (never above t)
+    floor = max(C, (X + W') / B), C = FLOPs / the GPU's dense peak
 
 `python -m sim.l2flush gpu_profiles/h200-sxm` prints the fit of D and B.
 """
