@@ -243,6 +243,8 @@ class _Run:
 class _NoLatency:
     """The simulator's accounting asks for a step's latency up front; the real step is timed."""
 
+    kernel_s = 0.0  # no modelled kernel time: the real step is measured
+
     def prefill(self, chunks, seen=None) -> float:
         return 0.0
 
