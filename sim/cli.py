@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="requests and steps tables as CSV (default) or Parquet (pyarrow)")
 
     r = sub.add_parser("run", help="simulate one scenario and write its outputs")
-    r.add_argument("scenario", nargs="?", default=str(DEFAULT_SCENARIO))
+    r.add_argument("scenario", nargs="?", default=str(DEFAULT_SCENARIO),
+                   help="scenario YAML (default: the package's scenarios/quickstart.yaml)")
     common(r, "output folder (default runs/<scenario name>)")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--trace-out", metavar="TRACE.json", help="also write a Perfetto/Chrome trace")

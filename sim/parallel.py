@@ -40,7 +40,7 @@ class ParallelSpec:
     def check(self) -> tuple[str, str] | None:
         if self.pipeline != 1:
             return ("pipeline", f"{self.pipeline} is not modelled (allowed: 1; use tensor "
-                    "parallelism, or replicas once clusters exist)")
+                    "parallelism, or replicas in a cluster:)")
         return None
 
     @property
