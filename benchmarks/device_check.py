@@ -35,6 +35,7 @@ cannot run the check.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import os
@@ -46,6 +47,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import traceback
 from dataclasses import asdict
 from pathlib import Path
 
@@ -94,9 +96,10 @@ def probe_env() -> dict:
 
 def measure_iterations(models: list[str], out: Path, device: str, quick: bool,
                        budget_s: float) -> int:
-    """calibrate's iteration points alone, decode first (sim/calibrate/calibrate.py)."""
+    """calibrate's iteration points alone (decode first, coarse tier first), written as
+    `llmsim calibrate` writes them; stops between points when `budget_s` is spent."""
     from sim.calibrate import itergrid
-    from sim.calibrate.calibrate import Outcome, _measure, metadata
+    from sim.calibrate.calibrate import metadata
     from sim.calibrate.device import Device, pick_device, pick_dtype, quiet_gc, set_threads
     from sim.calibrate.grids import GRIDS
     from sim.calibrate.output import TableWriter, write_meta
@@ -114,34 +117,73 @@ def measure_iterations(models: list[str], out: Path, device: str, quick: bool,
     points = sorted(itergrid.iteration_points(specs, g, resident),
                     key=lambda p: (" decode step " not in p.label, p.tier))
     meta = metadata(dev, models, grid, [])
-    if dev.cuda:  # the Triton kernel's first run on a GPU: its numerics, before its timings
-        from sim.calibrate.bench import _check_triton
-        from sim.calibrate.device import DeviceError
-
-        try:
-            _check_triton(dev)
-            meta["triton_paged_check"] = f"passed, max error {dev.checked['triton_paged']:.3g}"
-        except DeviceError as e:  # timings are still worth having: recorded, measured on
-            meta["triton_paged_check"] = f"FAILED: {e}"
-        print(f"Triton paged kernel check: {meta['triton_paged_check']}", flush=True)
     meta["command"] = " ".join(["benchmarks/device_check.py", *sys.argv[1:]])
-    w, res = TableWriter(out), Outcome(out, total=len(points))
+    if dev.cuda:
+        meta["triton_paged_check"] = triton_check(dev)
+    w = TableWriter(out)
     try:
         with quiet_gc():
-            _measure(points, dev, w, res, t0, budget_s, False, resident)
+            counts, stopped = run_points(points, dev, w, t0, budget_s)
     finally:
         resident.release(dev)
         w.close()
-        meta.update(points={"measured": res.measured, "skipped": res.skipped,
-                            "out_of_memory": res.oom, "total": res.total},
-                    stopped=res.stopped or "complete", timing=dict(dev.timing),
-                    seconds=round(time.perf_counter() - t0, 1))
-        write_meta(w, meta)
+    meta.update(points=counts, stopped=stopped, timing=dict(dev.timing),
+                seconds=round(time.perf_counter() - t0, 1))
+    write_meta(w, meta)
     rows = {t: n for t, n in w.rows.items() if n}
     check = f"; Triton paged kernel check {meta['triton_paged_check']}" if dev.cuda else ""
-    print(f"measured {res.measured}/{res.total} iteration points in "
-          f"{time.perf_counter() - t0:.0f} s ({meta['stopped']}): {rows}{check}")
+    print(f"measured {counts['measured']}/{counts['total']} iteration points in "
+          f"{time.perf_counter() - t0:.0f} s ({stopped}): {rows}{check}")
     return 0
+
+
+def triton_check(dev) -> str:
+    """The Triton paged kernel against exact attention, before its first timings on a GPU
+    (a failure is recorded; the timings are still worth having)."""
+    from sim.calibrate.triton_paged import check_paged_attention
+
+    try:
+        result = f"passed, max error {check_paged_attention(dev.device, dev.dtype):.3g}"
+    except Exception as e:  # noqa: BLE001 - a mismatch, or a compile error: recorded
+        result = f"FAILED: {type(e).__name__}: {str(e)[:200]}"
+    print(f"Triton paged kernel check: {result}", flush=True)
+    return result
+
+
+def run_points(points: list, dev, w, t0: float, budget_s: float) -> tuple[dict, str]:
+    """Each point in turn; one that does not fit, runs out of memory or raises is recorded
+    in skipped.csv (its traceback in the log) and the next runs: on a device never tried
+    before, one failing shape (a graph capture, say) must not lose the others."""
+    from sim.calibrate.device import TooLarge, is_oom
+
+    counts = {"measured": 0, "skipped": 0, "errors": 0, "total": len(points)}
+    for p in points:
+        if time.perf_counter() - t0 > budget_s:
+            return counts, "budget"
+        try:
+            rows = p.run(dev)
+        except TooLarge as e:
+            reason = f"too large: {e}"
+        except Exception as e:  # noqa: BLE001 - recorded, see the docstring
+            first = (str(e).splitlines() or [""])[0][:200]
+            oom = is_oom(e)
+            reason = f"out of memory: {first}" if oom else f"error: {type(e).__name__}: {first}"
+            counts["errors"] += not oom
+            traceback.print_exc()
+            traceback.clear_frames(e.__traceback__)  # they hold the point's tensors
+            gc.collect()
+            dev.release()
+        else:
+            times = ", ".join(f"{r.get('_table', p.table)} {r['ms']:.3f} ms" for r in rows)
+            for row in rows:
+                w.add(p.table, row)
+            counts["measured"] += 1
+            print(f"{time.perf_counter() - t0:6.1f} s  {p.label}: {times}", flush=True)
+            continue
+        w.add("skipped", {"table": p.table, "what": p.label, "reason": reason})
+        counts["skipped"] += 1
+        print(f"{time.perf_counter() - t0:6.1f} s  {p.label}: skipped ({reason})", flush=True)
+    return counts, "complete"
 
 
 def publish(c: report.Check, out: Path, work: Path) -> None:

@@ -115,3 +115,47 @@ def test_a_cpu_dry_run_writes_every_section_with_error_tables(tmp_path):
     assert {"iter/iter_grid_eager.csv", "iter/calibration.json", "validate-tiny/report.md",
             "logs/iterations.out"} <= names
     assert (out / "iter_grid_eager.csv").is_file() and (out / "device_check.json").is_file()
+
+
+class _Dev:
+    released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_a_point_that_raises_is_recorded_and_the_next_one_still_runs(tmp_path):
+    pytest.importorskip("torch")
+    from sim.calibrate.bench import Point
+    from sim.calibrate.device import TooLarge
+    from sim.calibrate.output import TableWriter
+
+    def row(ms: float):
+        return lambda dev: [{"_table": "iter_grid_graphs", "model": "m", "kind": "decode",
+                             "batch": 1, "new_tokens": 1, "ctx": 8, "ms": ms}]
+
+    def fails(exc):
+        def run(dev):
+            raise exc
+        return run
+
+    points = [Point("iteration", 0, "a", row(1.0)),
+              Point("iteration", 0, "capture", fails(RuntimeError("graph capture failed"))),
+              Point("iteration", 0, "big", fails(TooLarge("needs 9 blocks"))),
+              Point("iteration", 0, "oom", fails(RuntimeError("CUDA out of memory. Tried"))),
+              Point("iteration", 1, "b", row(2.0))]
+    w, dev = TableWriter(tmp_path), _Dev()
+    counts, stopped = dc.run_points(points, dev, w, dc.time.perf_counter(), 60.0)
+    w.close()
+    assert stopped == "complete"
+    assert counts == {"measured": 2, "skipped": 3, "errors": 1, "total": 5}
+    assert (tmp_path / "iter_grid_graphs.csv").read_text().splitlines()[1:] == \
+        ["m,decode,1,1,8,1", "m,decode,1,1,8,2"]
+    reasons = (tmp_path / "skipped.csv").read_text()
+    assert "capture,error: RuntimeError: graph capture failed" in reasons
+    assert "big,too large: needs 9 blocks" in reasons and "oom,out of memory: CUDA" in reasons
+    assert dev.released == 2  # after each error, the allocator's cache is returned
+    # a spent budget stops before the next point
+    counts, stopped = dc.run_points(points, dev, TableWriter(tmp_path / "b"),
+                                    dc.time.perf_counter() - 10.0, 1.0)
+    assert (stopped, counts["measured"]) == ("budget", 0)
