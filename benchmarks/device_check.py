@@ -132,8 +132,10 @@ def measure_iterations(models: list[str], out: Path, device: str, quick: bool,
     write_meta(w, meta)
     rows = {t: n for t, n in w.rows.items() if n}
     check = f"; Triton paged kernel check {meta['triton_paged_check']}" if dev.cuda else ""
+    skipped = (f"; {counts['skipped']} skipped, {counts['errors']} of them errors "
+               "(iter/skipped.csv, the log)") if counts["skipped"] else ""
     print(f"measured {counts['measured']}/{counts['total']} iteration points in "
-          f"{time.perf_counter() - t0:.0f} s ({stopped}): {rows}{check}")
+          f"{time.perf_counter() - t0:.0f} s ({stopped}): {rows}{skipped}{check}")
     return 0
 
 

@@ -148,9 +148,10 @@ def _graphs_md(c: Check) -> list[str]:
     lines = ["## 1. CUDA-graph decode steps against the simulator (held out)", "",
              f"Measured: `iter_grid_graphs.csv`. Simulated: shipped `{PROFILE}`, runtime "
              "`cuda-graph` (kernels only) with the reference model's kernels (`elementwise: "
-             "unfused`, decode `paged_reference`). Error = simulated / measured − 1. The graph "
-             "rows include sampling, which the simulator does not charge. Issue 9's target: mean "
-             "error ≤ 5 % for both models (before: 5.7 % 8B, 16.8 % 1B).", ""]
+             "unfused`, decode `paged_reference`). Error = simulated / measured − 1. A graph row "
+             "is the wall time of one replay with its input copies and the sampled tokens read "
+             "back, sampling included, none of which the simulator charges. Issue 9's target: "
+             "mean error ≤ 5 % for both models (its 'today': 5.7 % 8B, 16.8 % 1B).", ""]
     if not g.get("rows"):
         return [*lines, g.get("note", "Not compared (see Steps)."), ""]
     lines += [*_error_table(g["summary"]), ""]
