@@ -74,6 +74,7 @@ RESERVE_S = 15.0     # kept for the comparisons, the summary and the archive
 MAX_FILE_BYTES = 4 << 20
 PACKAGES = ("numpy", "pandas", "yaml", "simpy", "tqdm", "torch", "triton")
 
+
 # ---- steps run in their own process ----------------------------------------------------
 def probe_env() -> dict:
     info: dict = {"python": platform.python_version(), "platform": platform.platform()}
