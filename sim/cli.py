@@ -135,7 +135,8 @@ def cmd_run(a) -> int:
     if out.summary.get("per_replica"):
         print("\n" + replica_table(out.summary["per_replica"]))
     print(f"\nwrote {dest}/ (requests.{a.format}, steps.{a.format}, summary.json"
-          + (", latency_cdf.png, timeline.png" if a.plots else "; --plots adds the plots") + ")")
+          + (", latency_cdf.png, timeline.png" if a.plots else "; --plots adds the plots") + ")"
+          + (f" and {a.trace_out}" if a.trace_out else ""))
     return 0
 
 
@@ -149,10 +150,11 @@ def _run_and_print(names: list[str], scenarios: list, a) -> int:
     if a.out:
         check_out_dir(a.out)
     outs = [run(sc) for sc in scenarios]
-    if a.out:
-        write_many(a.out, [(name, lambda folder, o=o: o.write(folder, a.plots, a.format))
-                           for name, o in zip(names, outs, strict=True)], {})
+    folders = write_many(a.out, [(name, lambda folder, o=o: o.write(folder, a.plots, a.format))
+                                 for name, o in zip(names, outs, strict=True)], {}) if a.out else []
     print(table(names, [o.summary for o in outs]))
+    if a.out:
+        print(f"\nwrote {a.out}/ ({', '.join(f + '/' for f in folders)})")
     return 0
 
 

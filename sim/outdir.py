@@ -8,7 +8,9 @@
   are then appended to that log in place; an existing folder is reused only when its
   manifest says the same kind. The finished folder replaces it through `write_output`.
 * `add_to_output(folder, writer)`: rewrite an llmsim folder with extra files (a report),
-  keeping its files and manifest fields, so the folder still lists all it holds.
+  keeping its files and manifest fields (the command, version and time that made its
+  results too), so the folder still lists all it holds; each addition is recorded in the
+  manifest's `reports` list (command, version, created).
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from .outputs import MANIFEST, OutputError, check_out_dir, write_atomically
+from .outputs import MANIFEST, OutputError, check_out_dir, output_kind, provenance, write_atomically
 
-_MANIFEST_OWN = ("tool", "version", "command", "created", "files")
+_MANIFEST_OWN = ("tool", "files")  # rewritten by every write; the rest is kept
 
 
 def manifest(folder: str | Path) -> dict | None:
@@ -32,9 +34,9 @@ def manifest(folder: str | Path) -> dict | None:
 
 
 def folder_kind(folder: str | Path) -> str | None:
-    """The planning kind in a folder's manifest (None for a run folder or no manifest)."""
+    """What wrote an llmsim folder (run, compare, sweep, curve, plan, ...; None: not llmsim's)."""
     m = manifest(folder)
-    return m.get("kind") if m else None
+    return output_kind(m) if m else None
 
 
 def write_output(dest: str | Path, kind: str, writer: Callable[[Path], None], meta: dict | None = None) -> Path:
@@ -69,4 +71,6 @@ def add_to_output(folder: str | Path, writer: Callable[[Path], None]) -> Path:
                 shutil.copy2(src / f, tmp / f)
         writer(tmp)
 
-    return write_atomically(src, copy_then_add, {k: v for k, v in m.items() if k not in _MANIFEST_OWN})
+    kept = {k: v for k, v in m.items() if k not in _MANIFEST_OWN}
+    reports = kept.get("reports") if isinstance(kept.get("reports"), list) else []
+    return write_atomically(src, copy_then_add, {**kept, "reports": [*reports, provenance()]})

@@ -13,8 +13,12 @@ interrupt at any moment leaves either the old or the new results, never a mix, a
 temp folder behind.
 
     check_out_dir(path)                 -> the folder, checked before a simulation starts
+    output_kind(manifest)               -> what wrote a folder: run, compare, sweep, ...
     write_atomically(dest, writer, manifest)   writer(folder) fills a fresh folder
     write_many(dest, [(name, writer), ...], manifest)   one subfolder per run
+
+Replacing an llmsim folder of another kind (a run by a sweep, ...) is allowed by the rule
+above, but says so in one line on stderr: `llmsim: replaced the run in X with a sweep`.
 
 Folder names made from scenario names and values: `sim/foldernames.py`.
 """
@@ -58,6 +62,28 @@ def invocation() -> str:
     if prog in ("llmsim", "__main__.py"):
         return shlex.join(["llmsim", *sys.argv[1:]])
     return shlex.join(["python", *sys.argv])
+
+
+KIND_NAMES = {"run": "run", "compare": "comparison", "validate": "validation"}  # else the kind
+
+
+def output_kind(manifest: dict) -> str:
+    """What wrote an llmsim folder: its manifest's `kind`; where none is recorded, a
+    compare (one subfolder per run), a validate (a measured profile) or a run folder."""
+    kind = manifest.get("kind")
+    if isinstance(kind, str) and kind:
+        return kind
+    if "runs" in manifest:
+        return "compare"
+    return "validate" if "profile" in manifest else "run"
+
+
+def provenance() -> dict:
+    """Who wrote a folder and when: llmsim's version, the command line, the time."""
+    from . import __version__
+
+    return {"version": __version__, "command": invocation(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
 # --- inspecting a location -------------------------------------------------------------
@@ -252,12 +278,10 @@ def _folder_mode() -> int:
 
 
 def _write_manifest(folder: Path, manifest: dict) -> None:
-    from . import __version__
-
+    """`manifest` may carry its own version, command and created (a folder rewritten with
+    a report keeps those of the command that made its results)."""
     files, _ = _entries(folder)
-    data = {"tool": "llmsim", "version": __version__, "command": invocation(),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **manifest,
-            "files": sorted(files)}
+    data = {"tool": "llmsim", **provenance(), **manifest, "files": sorted(files)}
     (folder / MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -321,6 +345,7 @@ def write_atomically(dest: str | Path, writer: Callable[[Path], None], manifest:
     while writing (a full disk, ...) becomes an OutputError; the temp folder is removed
     and the earlier results stay as they were, also on Ctrl-C or SIGTERM."""
     target, kind = _inspect(dest, flag)
+    old = _read_manifest(target) if kind in ("replace", "in_place") else None
     home = target if kind in ("empty", "in_place") else target.parent
     tmp: Path | None = None
     try:
@@ -344,6 +369,9 @@ def write_atomically(dest: str | Path, writer: Callable[[Path], None], manifest:
         if isinstance(e, OSError):
             raise OutputError(flag, dest, f"could not write: {_describe_oserror(e)}") from None
         raise
+    if old is not None and output_kind(old) != output_kind(manifest):
+        was, now = (KIND_NAMES.get(k, k) for k in (output_kind(old), output_kind(manifest)))
+        print(f"llmsim: replaced the {was} in {dest} with a {now}", file=sys.stderr)
     return Path(dest)
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from .outdir import add_to_output, folder_kind, write_output
+from .outdir import add_to_output, folder_kind, manifest, write_output
 from .specload import SpecError
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
@@ -123,8 +123,11 @@ def build_report(folder: str | Path) -> Report:
     p = Path(folder)
     kind = folder_kind(p) or ("run" if (p / "summary.json").is_file() else None)
     makers = {"run": run_report, "sweep": sweep_report, "curve": curve_report, "plan": plan_report}
+    allowed = "(allowed: a run, sweep, curve or plan folder)"
+    if kind is None:
+        raise SpecError(p, "", f"not an llmsim output folder {allowed}")
     if kind not in makers:
-        raise SpecError(p, "", "not an llmsim output folder (allowed: a run, sweep, curve or plan folder)")
+        raise SpecError(p, "", f"an llmsim {kind} folder has no report {allowed}")
     try:
         return makers[kind](p)
     except OSError as e:  # a file its manifest promises is missing or unreadable
@@ -154,7 +157,7 @@ def run_report(p: Path) -> Report:
 
 
 def sweep_report(p: Path) -> Report:
-    meta = json.loads((p / "llmsim.json").read_text())
+    meta = manifest(p) or {}  # the sweep's fields and scenario (sim/sweep.py)
     t = pd.read_csv(p / "results.csv")
     fields = [c for c in meta.get("fields", []) if c in t.columns]
     cols = fields + [c for c in ("request_throughput", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99",

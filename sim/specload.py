@@ -58,6 +58,17 @@ class SpecError(Exception):
         where = f"{self.file}: {self.path}: " if self.path else f"{self.file}: "
         super().__init__(where + self.message)
 
+    def __reduce__(self):
+        """Pickled by its parts (a worker process or Ray task raises it to the parent),
+        whatever arguments a subclass's constructor takes."""
+        return _rebuild_spec_error, (type(self), self.file, self.path, self.message), self.__dict__
+
+
+def _rebuild_spec_error(cls: type, file: str, path: str, message: str) -> SpecError:
+    err = cls.__new__(cls)
+    SpecError.__init__(err, file, path, message)
+    return err
+
 
 def _one_line(text: str, limit: int) -> str:
     """`text` with line breaks escaped, cut to `limit` characters."""

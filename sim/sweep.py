@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .outdir import open_progress, write_output
@@ -136,7 +137,13 @@ def _execute_ray(tasks: list[Task], workers: int | None, address: str | None):
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
-            yield refs[done[0]], ray.get(done[0])
+            try:
+                row = ray.get(done[0])
+            except ray.exceptions.RayTaskError as e:  # a task's SpecError: its one line
+                if isinstance(e.cause, SpecError):
+                    raise e.cause from None
+                raise
+            yield refs[done[0]], row
     finally:
         if started:
             ray.shutdown()
@@ -160,12 +167,9 @@ def run_sweep(scenario_file: str | Path, configs: list[dict], out_dir: str | Pat
               address: str | None = None, progress: bool = False,
               on_row: Callable[[str, dict], None] | None = None) -> pd.DataFrame:
     """Run every configuration not yet in `out_dir`, then write the results table."""
-    from .scenario import load_scenario
-
     base = dict(base or {})
     scenario_file = str(scenario_file)
-    for c in configs:  # validate every configuration before running any
-        load_scenario(scenario_file, {**base, **c})
+    check_configs(scenario_file, base, configs)  # before any run, before the folder is made
     keys = [config_key(scenario_file, base, c) for c in configs]
     meta = {"scenario": scenario_file, "base": base, "fields": sorted({k for c in configs for k in c})}
     out = open_progress(out_dir, "sweep", meta, "rows.jsonl")
@@ -193,6 +197,36 @@ def run_sweep(scenario_file: str | Path, configs: list[dict], out_dir: str | Pat
 
     write_output(out, "sweep", finish, {**meta, "complete": True})
     return table
+
+
+def check_configs(scenario_file: str, base: dict, configs: list[dict]) -> None:
+    """Refuse the sweep (SpecError naming the configuration) when any configuration is one
+    the scenario spec refuses: loaded, resolved into replicas (parallelism, memory fit) and
+    a fleet, its workload generated (once per distinct workload), but not simulated."""
+    from .build import build_fleet, replica_configs
+    from .scenario import load_scenario
+    from .workload import generate
+
+    workloads: dict[str, tuple] = {}
+    for c in configs:
+        try:
+            sc = load_scenario(scenario_file, {**base, **c})
+            replicas = replica_configs(sc)
+            wkey = repr((sc.workload, sc.seed, sc.file, sc.base_dir))
+            if wkey not in workloads:
+                wl = generate(sc.workload, np.random.default_rng(sc.seed), file=sc.file or None,
+                              path="workload", base_dir=Path(sc.base_dir) if sc.base_dir else None)
+                workloads[wkey] = (wl.acceptance, wl.block_tokens if wl.prefix_hashes is not None else None)
+            acceptance, prefix_tokens = workloads[wkey]
+            build_fleet(sc, replicas, np.random.default_rng(sc.seed), acceptance=acceptance,
+                        prefix_tokens=prefix_tokens)
+        except SpecError as e:
+            raise SpecError(f"sweep configuration {describe(c)}", "", str(e)) from None
+
+
+def describe(config: dict) -> str:
+    """`field=value, ...` as on the command line (values as YAML writes them)."""
+    return ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in config.items())
 
 
 def results_table(configs: list[dict], keys: list[str], rows: dict[str, dict]) -> pd.DataFrame:

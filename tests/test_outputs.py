@@ -403,3 +403,31 @@ def test_writing_into_the_current_llmsim_folder_removes_only_its_listed_files(tm
     assert (tmp_path / "Thumbs.db").read_bytes() == b"explorer"
     assert (tmp_path / "b.txt").exists() and not (tmp_path / "a.txt").exists()
     assert (other_run / "partial.csv").read_text() == "x"
+
+
+# --- what llmsim says when it writes --------------------------------------------------------
+
+def test_replacing_an_llmsim_folder_of_another_kind_says_so_in_one_line(work):
+    first = llmsim("run", "b.yaml", "--out", "res", cwd=work)
+    assert first.returncode == 0 and first.stderr == "", first.stderr
+    again = llmsim("run", "b.yaml", "--out", "res", "--set", "seed=2", cwd=work)
+    assert again.returncode == 0 and again.stderr == ""  # same kind: replaced without a word
+    sweep = llmsim("sweep", "b.yaml", "--grid", "seed=1,2", "--executor", "sequential", "--out", "res",
+                   cwd=work)
+    assert sweep.returncode == 0, sweep.stderr
+    assert sweep.stderr == "llmsim: replaced the run in res with a sweep\n"
+    assert (work / "res" / "results.csv").is_file() and not (work / "res" / "summary.json").exists()
+    cmp = llmsim("compare", "b.yaml", "--out", "res", cwd=work)
+    assert cmp.returncode == 0 and cmp.stderr == "llmsim: replaced the sweep in res with a comparison\n"
+    assert (work / "notes.txt").read_text() == "my work\n"
+
+
+def test_run_and_compare_name_everything_they_wrote(work):
+    run = llmsim("run", "b.yaml", "--out", "res", "--trace-out", "t.json", cwd=work)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1] == ("wrote res/ (requests.csv, steps.csv, summary.json; "
+                                           "--plots adds the plots) and t.json")
+    cmp = llmsim("compare", "b.yaml", "b.yaml", "--out", "cmp", cwd=work)
+    assert cmp.returncode == 0, cmp.stderr
+    assert cmp.stdout.splitlines()[-1] == "wrote cmp/ (base/, base-2/)"
+    assert sorted(p.name for p in (work / "cmp").iterdir() if p.name != MANIFEST) == ["base", "base-2"]

@@ -4,18 +4,24 @@ trace is valid trace-event JSON."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from sim.cli import main
+from sim.outputs import MANIFEST, write_atomically
 from sim.perfetto import EVENT_TYPES, write_trace
 from sim.report import build_report, write_report
 from sim.runner import run
 
 ROOT = Path(__file__).resolve().parent.parent
+QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
 
@@ -86,6 +92,77 @@ def test_report_of_a_foreign_folder_is_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"llmsim: error: {tmp_path}") and len(err.strip().splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.txt"]  # nothing written
+
+
+def _llmsim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's sim, from any cwd
+    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def _manifest(folder: Path) -> dict:
+    return json.loads((folder / MANIFEST).read_text())
+
+
+def test_report_of_a_sweep_folder_holds_its_results_table(tmp_path):
+    made = _llmsim("sweep", QUICK, "--grid", "scheduler.policy=continuous,chunked", "--set",
+                   "workload.num_requests=20", "--executor", "sequential", "--out", "sw", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+    rep = _llmsim("report", "sw", cwd=tmp_path)
+    assert rep.returncode == 0 and rep.stderr == "", rep.stderr
+    assert rep.stdout == "sw/report.html\n"
+    folder = tmp_path / "sw"
+    results = pd.read_csv(folder / "results.csv")
+    table = pd.read_csv(folder / "report_results.csv")
+    assert table["scheduler.policy"].tolist() == ["continuous", "chunked"]
+    assert table["ttft_s.p99"].tolist() == pytest.approx(results["ttft_s.p99"].tolist(), rel=1e-12)
+    html = (folder / "report.html").read_text()
+    assert "<table id='results'>" in html and f"2 configurations of <code>{QUICK}</code>" in html
+    assert (folder / "report.md").read_text().startswith("# llmsim sweep: sw")
+    assert {"report.html", "report.md", "report_results.csv", "results.csv"} <= set(_manifest(folder)["files"])
+
+
+def test_report_of_a_curve_or_plan_folder_holds_its_tables(tmp_path):
+    from sim.curve import run_curve
+    from sim.plan import write_plan
+
+    _, knees = run_curve([QUICK], [1, 2], tmp_path / "c", requests=20, executor="sequential")
+    assert main(["report", str(tmp_path / "c")]) == 0
+    assert pd.read_csv(tmp_path / "c" / "report_knees.csv").scenario.tolist() == knees.scenario.tolist()
+    assert "<table id='curve'>" in (tmp_path / "c" / "report.html").read_text()
+    plan = json.loads((ROOT / "tests" / "fixtures" / "plan_result.json").read_text())
+    folder = write_plan(plan, tmp_path / "p")
+    assert main(["report", str(folder)]) == 0
+    assert plan["recommended"]["candidate"] in (folder / "report.md").read_text()
+    assert (folder / "report_candidates.csv").is_file() and "report.html" in _manifest(folder)["files"]
+
+
+def test_report_keeps_the_provenance_of_the_results_and_records_itself(tmp_path):
+    assert _llmsim("run", QUICK, "--set", "workload.num_requests=20", "--out", "r", cwd=tmp_path).returncode == 0
+    before = _manifest(tmp_path / "r")
+    for _ in range(2):
+        rep = _llmsim("report", "r", cwd=tmp_path)
+        assert rep.returncode == 0, rep.stderr
+    after = _manifest(tmp_path / "r")
+    assert after["command"] == before["command"] == f"llmsim run {QUICK} --set workload.num_requests=20 --out r"
+    assert (after["created"], after["version"], after["scenario"]) == (
+        before["created"], before["version"], before["scenario"])
+    assert [r["command"] for r in after["reports"]] == ["llmsim report r"] * 2
+    assert all(r["created"] >= before["created"] and r["version"] for r in after["reports"])
+    assert set(before["files"]) < set(after["files"])
+
+
+def test_report_of_a_compare_or_validate_folder_says_they_have_none(tmp_path, capsys):
+    assert main(["compare", QUICK, "--set", "workload.num_requests=10", "--out", str(tmp_path / "cmp")]) == 0
+    write_atomically(tmp_path / "val", lambda f: (f / "report.json").write_text("{}"),
+                     {"scenario": "quickstart", "profile": "gpu_profiles/h200"})  # as validate writes
+    capsys.readouterr()
+    for folder, kind in (("cmp", "compare"), ("val", "validate")):
+        before = {p: p.read_bytes() for p in (tmp_path / folder).rglob("*") if p.is_file()}
+        assert main(["report", str(tmp_path / folder)]) == 2
+        assert capsys.readouterr().err == (f"llmsim: error: {tmp_path / folder}: an llmsim {kind} folder has "
+                                           "no report (allowed: a run, sweep, curve or plan folder)\n")
+        assert {p: p.read_bytes() for p in (tmp_path / folder).rglob("*") if p.is_file()} == before
 
 
 def test_perfetto_trace_is_trace_event_json_with_documented_events(run_dir, tmp_path):

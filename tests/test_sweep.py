@@ -4,14 +4,18 @@ an interrupt, and throughput-latency curves with their knee."""
 from __future__ import annotations
 
 import importlib.util
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from sim.curve import knee, run_curve
+from sim.outputs import OutputError
 from sim.specload import SpecError
-from sim.sweep import configurations, parse_axis, read_rows, run_sweep
+from sim.sweep import configurations, execute, parse_axis, read_rows, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
@@ -91,6 +95,53 @@ def test_sweep_refuses_a_folder_it_did_not_write(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(SpecError, match="notes.txt|not empty|llmsim"):
         run_sweep(QUICK, CONFIGS[:1], tmp_path, base=BASE, executor="sequential")
+
+
+def test_spec_errors_survive_pickling_with_file_path_and_message():
+    for err in (SpecError("a.yaml", "parallel.tensor", "3 does not divide heads=32 (allowed: 1, 2)"),
+                SpecError(None, "", "no file"), OutputError("--out", "/x/y", "not empty")):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err)
+        assert (back.file, back.path, back.message, str(back)) == (err.file, err.path, err.message, str(err))
+
+
+NO_RAY = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray extra not installed")
+
+
+@pytest.mark.parametrize("executor", ["process", "sequential", pytest.param("ray", marks=NO_RAY)])
+def test_a_worker_spec_error_reaches_the_parent_as_itself(executor):
+    bad = {**BASE, "parallel.tensor": 3}  # refused when resolved into replicas, in the worker
+    tasks = [("a", QUICK, bad), ("b", QUICK, {**BASE, "parallel.tensor": 3, "seed": 2})]
+    with pytest.raises(SpecError) as caught:
+        list(execute(tasks, executor, workers=2))
+    assert type(caught.value) is SpecError  # not a wrapper holding a traceback
+    assert str(caught.value) == (f"{QUICK}: parallel.tensor: 3 does not divide heads=32 of llama-3-8b "
+                                 "(allowed: 1, 2, 4, 8)")
+
+
+def _sweep_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sim", "sweep", QUICK, "--set",
+                           "workload.num_requests=20", *args], cwd=ROOT, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("executor", ["process", "sequential"])
+def test_a_refused_configuration_stops_the_sweep_before_it_writes(tmp_path, executor):
+    out = _sweep_cli("--grid", "parallel.tensor=1,3", "--out", str(tmp_path / "new"), "--executor", executor)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == ("llmsim: error: sweep configuration parallel.tensor=3: "
+                          f"{QUICK}: parallel.tensor: 3 does not divide heads=32 of llama-3-8b "
+                          "(allowed: 1, 2, 4, 8)\n")
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_refused_configuration_leaves_an_earlier_sweep_untouched(tmp_path):
+    dest = tmp_path / "s"
+    run_sweep(QUICK, [{"parallel.tensor": 1}], dest, base={"workload.num_requests": 20}, executor="sequential")
+    before = {f.name: f.read_bytes() for f in dest.iterdir()}
+    with pytest.raises(SpecError, match=r"^sweep configuration parallel.tensor=1, scheduler.policy=nope: .*unknown .nope."):
+        run_sweep(QUICK, configurations([("parallel.tensor", [1, 2])], [("scheduler.policy", ["continuous", "nope"])]),
+                  dest, base={"workload.num_requests": 20}, executor="process", workers=2)
+    assert {f.name: f.read_bytes() for f in dest.iterdir()} == before
 
 
 def test_knee_is_last_rate_before_ttft_bound_or_throughput_breaks():
