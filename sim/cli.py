@@ -149,8 +149,8 @@ def replica_table(rows: list[dict]) -> str:
                      f"{_fmt(r['tpot_s']['p50'], 'ms'):>11} {r['gpu_busy_fraction']:5.0%} "
                      f"{r['gpu_kernel_fraction']:7.0%} {r['kv_util_mean']:7.0%}")
     if any(r["role"] == "prefill" for r in rows):
-        lines.append("(prefill replicas: requests and req/s count the prefills they ran; "
-                     "the others: requests routed there and finished per second)")
+        lines.append("(prefill rows: requests and req/s count prefills run; "
+                     "other rows: requests routed there, finishes per second)")
     return "\n".join(lines)
 
 
