@@ -120,10 +120,11 @@ def prefix_caching(runs: Runs) -> str:
                 f"{s['ttft_s']['p50']:.2f} / {s['ttft_s']['p99']:.1f} s",
                 f"{ms(s['tpot_s']['p50'], 1)} ms"]
 
-    return table(["", "hit rate", "TTFT mean", "TTFT p50 / p99", "TPOT p50"], [
+    pc = on["prefix_cache"]
+    return table(["", "hit rate (prompt tokens)", "TTFT mean", "TTFT p50 / p99", "TPOT p50"], [
         row("no caching", "—", off),
-        row("prefix caching", f"{pct(on['prefix_cache']['hit_rate'], 1)} (trace: "
-            f"{pct(reuse.repeats / reuse.blocks, 1)} of blocks repeat)", on)])
+        row("prefix caching", f"{pct(pc['hit_rate'], 1)} (blocks: {pct(pc['block_hit_rate'], 1)}; "
+            f"trace: {pct(reuse.repeats / reuse.blocks, 1)} of blocks repeat)", on)])
 
 
 def prefix_caching_gpu_only(runs: Runs) -> str:

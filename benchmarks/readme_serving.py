@@ -33,7 +33,7 @@ def scenario_comparisons(runs: Runs) -> str:
          f"in flight, {paged['request_throughput']:.1f} req/s"],
         ["naive vs flash prefill (arXiv prompts up to 8k)",
          f"naive's 8k-token score matrix takes "
-         f"{naive['memory_gib']['attention_scratch_bytes']:.0f} GiB of scratch, cutting the KV "
+         f"{naive['memory_gib']['attention_scratch_gib']:.0f} GiB of scratch, cutting the KV "
          f"cache from {flash['kv']['capacity_tokens'] / 1e3:.0f}k to "
          f"{naive['kv']['capacity_tokens'] / 1e3:.0f}k tokens, and multiplies TTFT p50 by "
          f"{naive['ttft_s']['p50'] / flash['ttft_s']['p50']:.1f} "
@@ -120,7 +120,7 @@ def clusters(runs: Runs) -> str:
         f"{ms(tp4['tpot_s']['p50'], 1)} ms, {sig3(tp4['output_token_throughput'])} output "
         f"tokens/s. 2 × TP 2: TTFT p50/p99 {ms(tp2['ttft_s']['p50'])}/{ms(tp2['ttft_s']['p99'])} "
         f"ms, TPOT p50 {ms(tp2['tpot_s']['p50'], 1)} ms, {sig3(tp2['output_token_throughput'])}"
-        f" tokens/s — each TP-2 GPU holds {tp2['memory_gib']['weight_bytes']:.0f} GiB of "
+        f" tokens/s — each TP-2 GPU holds {tp2['memory_gib']['weights_gib']:.0f} GiB of "
         f"weights, leaving {tp2_kv / 1e3:.0f} k KV tokens per replica (TP 4: "
         f"{tp4['kv']['capacity_tokens'] / 1e3:.0f} k), so batches stay small and queues form")
     parts = []

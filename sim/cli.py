@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import math
+import numbers
 import os
 import signal
 import sys
 import threading
 from pathlib import Path
 from typing import NoReturn
+
+import numpy as np
 
 from .specload import SpecError, parse_cli_value
 
@@ -25,19 +29,53 @@ def _parse_sets(pairs: list[str]) -> dict[str, object]:
     return out
 
 
+def _num(v: float) -> str:
+    """A figure for the tables: thousands with commas (28,302), below 1,000 three
+    significant figures with their trailing zeros (9.00, 20.8, 0.0123); NaN is `-`."""
+    if math.isnan(v):
+        return "-"
+    if abs(v) >= 999.5:  # rounds to 4+ digits: no exponent, commas instead
+        return f"{v:,.0f}"
+    text = f"{v:#.3g}"
+    return text if "e" in text else text.rstrip(".")
+
+
 def _fmt(v, unit=""):
+    """One table cell: None/NaN `-`, booleans as YAML writes them, integers with commas,
+    other numbers as `_num` (`unit="ms"`: seconds shown in milliseconds)."""
     if v is None:
         return "-"
-    if isinstance(v, float):
-        if unit == "ms":
-            return f"{v * 1e3:.1f}"
-        return f"{v:.3g}" if abs(v) < 1e4 else f"{v:,.0f}"
+    if isinstance(v, bool | np.bool_):
+        return "true" if v else "false"
+    if isinstance(v, numbers.Integral):
+        return f"{int(v):,}"
+    if isinstance(v, numbers.Real):
+        return _num(float(v) * (1e3 if unit == "ms" else 1.0))
     return str(v)
 
 
+def _share(x: float) -> str:
+    """A percentage that never rounds a non-zero share to 0 % or a partial one to 100 %."""
+    if 0 < x < 0.005:
+        return "<1%"
+    if 0.995 <= x < 1:
+        return ">99%"
+    return f"{x:.0%}"
+
+
+# what a step time stands on: measured = an exact or interpolated measured point
+PROVENANCE_CLASSES = (("measured", ("exact", "interpolated")), ("derived", ("derived",)),
+                      ("extrapolated", ("extrapolated",)), ("analytic", ("analytic",)))
+
+
+def provenance_shares(p: dict[str, float]) -> str:
+    """Share of simulated step time by what it stands on, every class shown."""
+    return " / ".join(_share(sum(p.get(t, 0.0) for t in tags)) for _, tags in PROVENANCE_CLASSES)
+
+
 ROWS = [
-    ("requests finished", lambda s: f"{s['requests']['finished']}/{s['requests']['total']}"),
-    ("rejected", lambda s: s["requests"]["rejected"]),
+    ("requests finished", lambda s: f"{_fmt(s['requests']['finished'])}/{_fmt(s['requests']['total'])}"),
+    ("rejected", lambda s: _fmt(s["requests"]["rejected"])),
     ("duration (s)", lambda s: _fmt(s["duration_s"])),
     ("requests/s", lambda s: _fmt(s["request_throughput"])),
     ("output tokens/s", lambda s: _fmt(s["output_token_throughput"])),
@@ -50,18 +88,37 @@ ROWS = [
     ("KV capacity (tokens)", lambda s: f"{s['kv']['capacity_tokens']:,}"),
     ("KV used mean / peak", lambda s: f"{s['kv']['util_mean']:.0%} / {s['kv']['util_peak']:.0%}"),
     ("KV reserved but unused", lambda s: f"{s['kv']['reserved_unused_share']:.1%}"),
-    ("preemptions", lambda s: s["preemptions"]),
+    ("preemptions", lambda s: _fmt(s["preemptions"])),
     ("spec. tokens/round", lambda s: f"{s['speculative']['tokens_per_round']:.2f}" if s.get("speculative") else "-"),
     ("spec. speed-up vs decode", lambda s: f"{s['speculative']['speedup_vs_decode']:.2f}x" if s.get("speculative") else "-"),
-    ("prefix cache hit rate", lambda s: f"{s['prefix_cache']['hit_rate']:.1%}" if s.get("prefix_cache") else "-"),
+    ("prefix cache hit rate (tokens)", lambda s: f"{s['prefix_cache']['hit_rate']:.1%}" if s.get("prefix_cache") else "-"),
     ("goodput (req/s)", lambda s: _fmt(s["goodput"]["requests_per_s"]) if s.get("goodput") else "-"),
-    ("lookups measured", lambda s: f"{1 - s['lookup_provenance']['analytic']:.0%}"
-     + (f" ({s['lookup_provenance']['derived']:.0%} derived)"
-        if s["lookup_provenance"].get("derived") else "") + {
-        True: " (analytic GPU profile)", "partial": " (GPU profile partly analytic)"}.get(
-        s.get("gpu_analytic"), "")),
+    ("step time: measured/derived/extrap./analytic",
+     lambda s: provenance_shares(s["lookup_provenance"])),
     ("wall time (s)", lambda s: f"{s['wall_s']:.2f}"),
 ]
+
+
+def _yaml_scalar(v) -> str:
+    """An input value as a scenario YAML spells it (true, null, 0.5)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool | np.bool_):
+        return "true" if v else "false"
+    if isinstance(v, numbers.Integral):
+        return str(int(v))
+    if isinstance(v, numbers.Real):
+        return "-" if math.isnan(v) else f"{float(v):g}"
+    return str(v)
+
+
+def frame_text(frame, inputs: list[str]) -> str:
+    """A results frame (sweep, curve) as text: the `inputs` columns as the YAML spells
+    them, the other columns as the summary table's cells (`-` where there is no value)."""
+    import pandas as pd
+
+    cells = {c: [_yaml_scalar(v) if c in inputs else _fmt(v) for v in frame[c]] for c in frame.columns}
+    return pd.DataFrame(cells, columns=list(frame.columns)).to_string(index=False)
 
 
 def table(names: list[str], summaries: list[dict]) -> str:
@@ -77,17 +134,23 @@ def table(names: list[str], summaries: list[dict]) -> str:
 
 
 def replica_table(rows: list[dict]) -> str:
-    """One line per replica of a fleet: where its requests went and how it fared."""
+    """One line per replica of a fleet: where its requests went and how it fared. A
+    prefill replica's `requests` and `req/s` count the prefills it ran (none finish there)."""
     head = (f"{'replica':16} {'gpu':10} {'role':7} {'requests':>8} {'req/s':>6} "
             f"{'TTFT p50/p99 ms':>16} {'TPOT p50 ms':>11} {'busy':>5} {'kernels':>7} {'KV mean':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        n = r.get("prefills", r["requests"]) if r["role"] == "prefill" else r["requests"]
+        prefill = r["role"] == "prefill"
+        n = r.get("prefills", r["requests"]) if prefill else r["requests"]
+        rate = r.get("prefill_throughput", r["request_throughput"]) if prefill else r["request_throughput"]
         ttft = f"{_fmt(r['ttft_s']['p50'], 'ms')}/{_fmt(r['ttft_s']['p99'], 'ms')}"
         lines.append(f"{r['replica'][:16]:16} {r['gpu'][:10]:10} {r['role']:7} {n:8d} "
-                     f"{_fmt(r['request_throughput']):>6} {ttft:>16} "
+                     f"{_fmt(rate):>6} {ttft:>16} "
                      f"{_fmt(r['tpot_s']['p50'], 'ms'):>11} {r['gpu_busy_fraction']:5.0%} "
                      f"{r['gpu_kernel_fraction']:7.0%} {r['kv_util_mean']:7.0%}")
+    if any(r["role"] == "prefill" for r in rows):
+        lines.append("(prefill rows: requests and req/s count prefills run; "
+                     "other rows: requests routed there, finishes per second)")
     return "\n".join(lines)
 
 

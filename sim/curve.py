@@ -3,7 +3,7 @@
 Every point is a run of the scenario at a Poisson rate (trace arrivals become Poisson
 over the trace's lengths, as in `sim/capacity.py`), through the sweep executors.
 Columns: p50/p99 TTFT, TPOT and E2E, goodput (finished requests/s meeting the
-scenario's SLOs), achieved request rate, steady throughput ratio.
+scenario's SLOs; empty when it sets none), achieved request rate, steady throughput ratio.
 
 The saturation knee of a scenario is the highest offered rate r such that at r and at
 every lower rate of the curve
@@ -93,14 +93,33 @@ def knee_table(table: pd.DataFrame, bounds: dict[str, float | None]) -> pd.DataF
     return pd.DataFrame.from_records(recs, columns=["scenario", "knee_rate", "ttft_bound_s"])
 
 
+def rate_panel(table: pd.DataFrame) -> tuple[str, dict[str, str]]:
+    """The fourth panel's title and, per scenario, the column it plots: goodput (finished
+    requests/s meeting the scenario's SLOs) where the scenario sets SLOs, else plain
+    request throughput, and the title says which. The knee is not defined by goodput
+    (it is p99 TTFT against the bound, and throughput keeping up), so the panel does not
+    invent a goodput from `--ttft-bound`."""
+    column = {name: "goodput.requests_per_s" if pts["goodput.requests_per_s"].notna().any()
+              else "request_throughput" for name, pts in table.groupby("scenario", sort=False)}
+    kinds = set(column.values())
+    if kinds == {"request_throughput"}:
+        return "throughput (req/s; no SLO set)", column
+    if kinds == {"goodput.requests_per_s"}:
+        return "goodput (req/s meeting the SLOs)", column
+    return "goodput (req/s meeting the SLOs; throughput where none)", column
+
+
 def plot_curves(table: pd.DataFrame, knees: pd.DataFrame) -> Figure:
-    """Four panels against offered rate: TTFT, TPOT, E2E (p50 dashed, p99 solid), goodput."""
+    """Four panels against offered rate: TTFT, TPOT, E2E (p50 dashed, p99 solid), and
+    goodput or, for a scenario without SLOs, request throughput (`rate_panel`)."""
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     axes = fig.subplots(2, 2)
+    rate_title, rate_column = rate_panel(table)
     panels = (("TTFT (s)", "ttft_s"), ("TPOT (s)", "tpot_s"), ("E2E latency (s)", "e2e_s"),
-              ("goodput (req/s)", None))
+              (rate_title, None))
     colors = {n: f"C{i}" for i, n in enumerate(dict.fromkeys(table.scenario))}
     knee_at = dict(zip(knees.scenario, knees.knee_rate, strict=True))
+    mixed = len(set(rate_column.values())) > 1
     for ax, (title, key) in zip(np.ravel(axes), panels, strict=True):
         for name, pts in table.groupby("scenario", sort=False):
             c = colors[name]
@@ -109,8 +128,9 @@ def plot_curves(table: pd.DataFrame, knees: pd.DataFrame) -> Figure:
                 ax.plot(pts.rate, pts[f"{key}.p50"], "--", color=c, label=f"{name} p50")
                 ax.set_yscale("log")
             else:
-                ax.plot(pts.rate, pts["goodput.requests_per_s"].fillna(pts.request_throughput), "-o",
-                        color=c, ms=3, label=name)
+                col = rate_column[name]
+                label = f"{name} ({'goodput' if col.startswith('goodput') else 'throughput'})" if mixed else name
+                ax.plot(pts.rate, pts[col].astype(float), "-o", color=c, ms=3, label=label)
                 ax.plot(pts.rate, pts.rate, ":", color="grey", lw=0.8)
             k = knee_at.get(name)
             if k is not None and not (isinstance(k, float) and math.isnan(k)):
@@ -119,5 +139,7 @@ def plot_curves(table: pd.DataFrame, knees: pd.DataFrame) -> Figure:
         ax.set_xlabel("offered load (requests/s)")
         ax.grid(alpha=0.3)
     np.ravel(axes)[0].legend(fontsize=7)
+    if mixed:
+        np.ravel(axes)[3].legend(fontsize=7)
     fig.suptitle("throughput-latency curves (dotted vertical line: saturation knee)")
     return fig

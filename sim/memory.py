@@ -34,7 +34,15 @@ class MemoryBudget:
     kv_tokens: int
 
     def as_dict(self) -> dict[str, float]:
-        return {k: (v / GIB if k.endswith("_bytes") else v) for k, v in self.__dict__.items()}
+        """The budget as `summary.json` → `memory_gib` writes it: sizes in GiB, keys named so."""
+        return {SUMMARY_KEYS.get(k, k): (v / GIB if k in SUMMARY_KEYS else v)
+                for k, v in self.__dict__.items()}
+
+
+# MemoryBudget field (bytes) -> summary key (GiB)
+SUMMARY_KEYS = {"gpu_bytes": "gpu_gib", "usable_bytes": "usable_gib", "weight_bytes": "weights_gib",
+                "activation_bytes": "activations_gib",
+                "attention_scratch_bytes": "attention_scratch_gib", "kv_bytes": "kv_gib"}
 
 
 def memory_budget(sc: Scenario, model: ModelSpec, profile: GPUProfile,

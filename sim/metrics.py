@@ -305,7 +305,8 @@ def per_replica(req, steps, res: RunResult) -> list[dict]:
         out.append({
             "replica": r.name, "group": r.group, "role": r.role, "gpu": r.gpu,
             "requests": int(len(rows)), "finished": int(len(fin)),
-            **({"prefills": int(prefills[i])} if prefills is not None else {}),
+            **({"prefills": int(prefills[i]), "prefill_throughput": int(prefills[i]) / duration}
+               if prefills is not None else {}),
             "rejected": int(rejected[rows].sum()),
             "request_throughput": len(fin) / duration,
             "output_token_throughput": float(output[fin].sum()) / duration,

@@ -18,7 +18,7 @@ def _executor_args(p) -> None:
 
 
 def cmd_sweep(a) -> int:
-    from .cli import _parse_sets
+    from .cli import _parse_sets, frame_text
     from .sweep import configurations, iter_values, parse_axis, run_sweep
 
     grid, zipped = iter_values(a.grid, "--grid"), iter_values(a.zip, "--zip")
@@ -32,12 +32,13 @@ def cmd_sweep(a) -> int:
                       workers=a.workers, address=a.address, progress=sys.stderr.isatty())
     fields = [n for n, _ in grid + zipped]
     show = [c for c in fields + ["request_throughput", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99"] if c in table]
-    print(table[show].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(frame_text(table[show], fields))
     print(f"\nwrote {out}/ (results.csv, results.parquet, rows.jsonl)")
     return 0
 
 
 def cmd_curve(a) -> int:
+    from .cli import frame_text
     from .curve import run_curve
     from .sweep import parse_axis
 
@@ -47,9 +48,9 @@ def cmd_curve(a) -> int:
     out = Path(a.out) if a.out else Path("runs") / f"curve_{Path(a.scenarios[0]).stem}"
     table, knees = run_curve(a.scenarios, rates, out, requests=a.requests, seed=a.seed,
                              ttft_bound=a.ttft_bound, executor=a.executor, workers=a.workers)
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(frame_text(table, ["scenario", "rate", "seed"]))
     print()
-    print(knees.to_string(index=False))
+    print(frame_text(knees, ["scenario"]))
     _maybe_report(a, out)
     print(f"\nwrote {out}/ (curve.csv, knees.csv, curve.png)")
     return 0

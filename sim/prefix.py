@@ -17,6 +17,15 @@ conversations whose turns resend the history). One cache entry spans
 With `kv.prefix_cache_host_gib`, blocks evicted from the GPU move to a host-memory
 tier (LRU) and a hit there is copied back over PCIe, the copy time added to the step.
 
+Hit rate, as vLLM v1 counts it (`PrefixCacheStats`, `KVCacheManager.get_computed_blocks`):
+in tokens, over every request's first lookup, whether or not it carries a prefix hash:
+`hit_rate` = prompt tokens served from the cache / prompt tokens looked up (vLLM's
+`hits / queries`; it counts a preempted request's second lookup apart, and so do we, by
+not counting it). The block-level figure (`block_hit_rate`: cached / looked-up full
+prompt blocks that carry a hash) leaves out prompts without prefixes and the partial
+last block, so it reads higher whenever only part of a prompt has a hash
+(`workload.shared_prefix`, `multi_turn`).
+
 Accounting, with the KV manager's `free_blocks` counting evictable blocks as free:
 a hash block is allocated once, when it goes from evictable (or new) to
 referenced, and freed once, when its last reference goes; a request's logical
@@ -115,8 +124,10 @@ class PrefixCache:
         self.units = hash_tokens // kv.block_size
         self.refs: dict[int, int] = {}                        # hash -> live references
         self.evictable: OrderedDict[int, None] = OrderedDict()  # refcount 0, LRU first
-        self.lookups = 0      # full prompt blocks looked up at first admission
-        self.hits = 0         # ... of which were cached
+        self.query_tokens = 0  # prompt tokens looked up: every request, first admission
+        self.hit_tokens = 0    # ... of which were served from the cache
+        self.block_lookups = 0  # full prompt blocks carrying a hash, looked up at first admission
+        self.block_hits = 0     # ... of which were cached
         self.tokens_saved = 0  # prompt tokens not prefilled, all admissions
         self.evictions = 0
         self.extra_refs = 0   # references beyond the first (shared blocks counted once more)
@@ -162,8 +173,10 @@ class PrefixCache:
     def acquire(self, s: Seq, h: int, first: bool) -> int:
         """Reference the first `h` hash blocks of `s`; returns the tokens served from cache."""
         if first:
-            self.lookups += min(len(s.prefix or ()), s.prompt // self.hash_tokens)
-            self.hits += h
+            self.block_lookups += min(len(s.prefix or ()), s.prompt // self.hash_tokens)
+            self.block_hits += h
+            self.query_tokens += s.prompt
+            self.hit_tokens += h * self.hash_tokens
         refs, ev, host = self.refs, self.evictable, self.host
         held = []
         for x in s.prefix[:h] if h else ():
@@ -184,6 +197,11 @@ class PrefixCache:
         tokens = h * self.hash_tokens
         self.tokens_saved += tokens
         return tokens
+
+    def miss(self, s: Seq) -> None:
+        """The first lookup of a request without prefix hashes: nothing to find, but
+        its prompt tokens count as looked up (as vLLM counts every new request)."""
+        self.query_tokens += s.prompt
 
     def insert(self, s: Seq, tokens: int) -> None:
         """The request's first `tokens` tokens are computed: their full blocks join the cache."""
@@ -228,11 +246,32 @@ class PrefixCache:
     def summary(self) -> dict:
         return {
             "hash_block_tokens": self.hash_tokens,
-            "lookups": self.lookups,
-            "hits": self.hits,
-            "hit_rate": self.hits / self.lookups if self.lookups else 0.0,
+            **rates(self.query_tokens, self.hit_tokens, self.block_lookups, self.block_hits),
             "host_hits": self.host_hits,
             "host_blocks_loaded": self.loaded,
             "prompt_tokens_saved": self.tokens_saved,
             "evictions": self.evictions,
         }
+
+
+def rates(query_tokens: int, hit_tokens: int, block_lookups: int, block_hits: int) -> dict:
+    """The counters and the two hit rates they give (see the module docstring)."""
+    return {
+        "query_tokens": query_tokens,
+        "hit_tokens": hit_tokens,
+        "hit_rate": hit_tokens / query_tokens if query_tokens else 0.0,
+        "block_lookups": block_lookups,
+        "block_hits": block_hits,
+        "block_hit_rate": block_hits / block_lookups if block_lookups else 0.0,
+    }
+
+
+def combine_summaries(parts: list[dict | None]) -> dict | None:
+    """One summary for a fleet's prefix caches: counters summed, rates from the sums."""
+    parts = [p for p in parts if p is not None]
+    if not parts:
+        return None
+    out = {k: sum(p[k] for p in parts) for k in parts[0]}
+    out.update(rates(*(out[k] for k in ("query_tokens", "hit_tokens", "block_lookups", "block_hits"))))
+    out["hash_block_tokens"] = parts[0]["hash_block_tokens"]
+    return out

@@ -135,6 +135,8 @@ class Replica:
                 if first:
                     s.cached_tokens = s.prefilled
             else:
+                if prefix is not None and first:
+                    prefix.miss(s)
                 s.prefilled = 0
                 need += kv.blocks_for(a.chunk_tokens if chunked else s.tokens_to_prefill)
         self.alloc(need)

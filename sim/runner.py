@@ -27,6 +27,7 @@ from .engine import simulate
 from .latency import StepLatency
 from .metrics import itl_table, per_replica, request_table, step_tables, summarize
 from .outputs import write_atomically
+from .prefix import combine_summaries
 from .replica import RunResult
 from .scenario import Scenario, load_scenario
 from .speculative import summarize_speculators
@@ -139,7 +140,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
                   "kv_cache": first.scenario.dtype.kv_cache},
         **summarize(req, steps, res, sc.slo),
         "memory_gib": first.budget.as_dict(),
-        "prefix_cache": combine_counts([r.prefix_cache for r in res.replicas], "lookups", "hits"),
+        "prefix_cache": combine_summaries([r.prefix_cache for r in res.replicas]),
         "speculative": speculative_summary([r.speculator for r in res.replicas]),
         "lookup_provenance": merged_provenance(lats),
         "wall_s": time.perf_counter() - t0,
@@ -163,20 +164,6 @@ def merged_provenance(lats: list) -> dict[str, float]:
     weights = [lat.provenance_seconds() for lat in lats]
     total = sum(sum(w.values()) for w in weights) or 1.0
     return {k: sum(w[k] for w in weights) / total for k in weights[0]}
-
-
-def combine_counts(parts: list[dict | None], total_key: str, hit_key: str) -> dict | None:
-    """Sum per-replica counters (prefix cache); the hit rate follows from the sums."""
-    parts = [p for p in parts if p is not None]
-    if not parts:
-        return None
-    if len(parts) == 1:
-        return dict(parts[0])
-    out = {k: (sum(p[k] for p in parts) if isinstance(v, int | float) else v)
-           for k, v in parts[0].items()}
-    out["hit_rate"] = out[hit_key] / out[total_key] if out[total_key] else 0.0
-    out["hash_block_tokens"] = parts[0]["hash_block_tokens"]
-    return out
 
 
 def speculative_summary(specs: list) -> dict | None:

@@ -44,7 +44,8 @@ def test_second_request_reuses_the_cached_system_prompt():
     assert req.ttft_s[0] == pytest.approx(lat.prefill([(1224, 0)]), rel=1e-9)
     assert req.ttft_s[1] == pytest.approx(lat.prefill([(200, 1024)]), rel=1e-9)
     pc = out.summary["prefix_cache"]
-    assert pc["hits"] == 64 and pc["lookups"] == 2 * (1224 // 16)
+    assert pc["block_hits"] == 64 and pc["block_lookups"] == 2 * (1224 // 16)
+    assert pc["hit_tokens"] == 1024 and pc["query_tokens"] == 2 * 1224
 
 
 def test_fully_cached_prompt_still_computes_its_last_block():

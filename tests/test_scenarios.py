@@ -55,7 +55,7 @@ def test_paged_kv_wastes_under_4_percent_and_fits_several_times_more_requests():
 def test_naive_attention_costs_kv_memory_and_prefill_time_at_long_prompts():
     s = sweep("attention_flash_vs_naive", "attention.prefill", ["naive", "flash"])
     naive, flash = s["naive"], s["flash"]
-    assert naive["memory_gib"]["attention_scratch_bytes"] > 50 * flash["memory_gib"]["attention_scratch_bytes"]
+    assert naive["memory_gib"]["attention_scratch_gib"] > 50 * flash["memory_gib"]["attention_scratch_gib"]
     assert naive["kv"]["capacity_tokens"] < 0.9 * flash["kv"]["capacity_tokens"]
     assert naive["ttft_s"]["p50"] > 1.5 * flash["ttft_s"]["p50"]
 

@@ -82,8 +82,8 @@ def test_draft_model_takes_memory_from_the_kv_cache():
     spec = run(spec_scenario(n=1, output=8))
     assert spec.summary["kv"]["capacity_tokens"] < plain.summary["kv"]["capacity_tokens"]
     draft = load_model("llama-3.2-1b")
-    assert spec.summary["memory_gib"]["weight_bytes"] == pytest.approx(
-        plain.summary["memory_gib"]["weight_bytes"] + draft.weight_bytes / 2**30)
+    assert spec.summary["memory_gib"]["weights_gib"] == pytest.approx(
+        plain.summary["memory_gib"]["weights_gib"] + draft.weight_bytes / 2**30)
 
 
 def test_per_position_acceptance_of_one_accepts_every_draft():
