@@ -9,17 +9,25 @@ its pooled summary (the same keys as a run summary: `ttft_s.p99`, `goodput`, ...
 scenario may have is replaced: the plan sizes one kind of replica. (Before the cluster
 engine landed this was N independent single-replica runs on random 1/N thinnings of
 one workload — the same thing for a random router.)
+
+`validate_fleet(plan, row, candidate)` is a plan's fleet check: the smallest replica
+count of one candidate whose fleet meets the plan's SLOs at its target rate.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from .cluster import RouterSpec
 from .scenario import Scenario, scenario_from_dict
+
+if TYPE_CHECKING:
+    from .plan import PlanSpec
 
 RANDOM_ROUTER = RouterSpec(policy="random")
 
@@ -71,3 +79,58 @@ def scenario_dict(sc: Scenario) -> dict:
     for name in ("file", "base_dir"):
         data.pop(name, None)
     return data
+
+
+def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
+    """Move the replica count until N meets the SLOs (all seeds) and N - 1 does not
+    (assumes more replicas never hurt: down by bisection from the estimate, else up),
+    each fleet behind the plan's router. Each count's p99s are the worst seed's, its
+    output tokens per request the mean over seeds."""
+    from .capacity import rate_overrides, violations
+    from .plan import plan_scenario
+    from .scenario import load_scenario
+
+    scen = plan_scenario(spec)
+    base = {"slo": spec.slo.as_scenario_slo(), **cand}
+    base_sc = load_scenario(scen, base)
+    seeds = [base_sc.seed + 100 + i for i in range(spec.search.seeds)]
+    checks: dict[int, dict] = {}
+
+    def check(n: int) -> bool:
+        if n < 1:
+            return False
+        if n not in checks:
+            sc = load_scenario(scen, {**base, **rate_overrides(
+                base_sc.workload.arrival, spec.target_rate, spec.search.requests * n)})
+            runs = [simulate_fleet(sc, n, seed, spec.router).summary for seed in seeds]
+            broke = [v for s in runs for v in violations(s, spec.slo)]
+            checks[n] = {"replicas": n, "passed": not broke, "broke": "; ".join(dict.fromkeys(broke)),
+                         **{f"{k}_p99_s": max(s[f"{k}_s"]["p99"] or math.inf for s in runs)
+                            for k in ("ttft", "tpot", "e2e")},
+                         "goodput": min((s["goodput"] or {}).get("fraction_met", 1.0) for s in runs),
+                         "output_tokens_per_request": sum(
+                             s["output_token_throughput"] / max(s["request_throughput"], 1e-12)
+                             for s in runs) / len(runs)}
+        return checks[n]["passed"]
+
+    n = row["replicas"]
+    if check(n):  # bisect down to the smallest passing count (0 replicas always fail)
+        lo, hi = 0, n
+        guess = math.ceil(spec.target_rate / row["fail_rate"]) if row.get("fail_rate") else 1
+        for mid in (guess, guess - 1):  # the likely answer and its neighbour first
+            if lo < mid < hi:
+                lo, hi = (lo, mid) if check(mid) else (mid, hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if check(mid) else (mid, hi)
+        n = hi
+    else:
+        while n < spec.search.max_replicas and not check(n + 1):
+            n += 1
+        n += 1
+    ok = check(n)
+    fewer = check(n - 1) if n > 1 else False
+    return {"candidate": row["candidate"], "replicas": n, "estimated_replicas": row["replicas"],
+            "holds": ok, "one_fewer_breaks": not fewer, "seeds": seeds,
+            "router": dataclasses.asdict(spec.router), "router_label": router_label(spec.router),
+            "checks": [checks[k] for k in sorted(checks)]}

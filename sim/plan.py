@@ -6,7 +6,7 @@ scenario: ../scenarios/quickstart.yaml    # model, runtime, lengths (relative to
 target_rate: 24                           # requests/s the fleet must serve
 slo: {ttft_p99_s: 1.0, tpot_p99_s: 0.06}  # also e2e_p99_s, goodput_min, min_throughput_ratio
 prices: null                              # default gpu_profiles/prices.yaml
-search: {seeds: 2, requests: 300}         # see SearchSpec
+search: {seeds: 2, requests: 300}         # see SearchSpec (also fleet_checks: 3)
 router: {policy: random}                  # the fleet check's load balancer (default random)
 candidates:                               # a grid; short names or dotted scenario fields
   gpu: [a100-80gb, h100-sxm, h200-sxm]
@@ -19,11 +19,28 @@ sustains with every seed meeting the SLOs, by bisection; then replicas =
 ceil(target / that rate), GPUs = replicas x TP, $/hour from the prices file, $/M output
 tokens = $/hour / (target x mean output tokens x 3600) x 1e6, and p99 latencies of one
 replica at its share of the target (target / replicas). The binding constraint is read
-from the first probe that broke the SLOs (`binding`). The cheapest candidate (ties:
-lower p99 TTFT) is then checked as a fleet (`sim/fleet.py`: the cluster engine, behind
-`router`) at the target rate: the replica count moves until the fleet meets the SLOs
-for every seed and one replica fewer does not; that validated count is the
-recommendation.
+from the first probe that broke the SLOs (`binding`). That is the *estimate*.
+
+The candidates are then **checked as fleets** (`sim/fleet.py`: the cluster engine,
+behind `router`) at the target rate, cheapest estimate first (ties: lower p99 TTFT):
+a check moves the replica count until the fleet meets the SLOs for every seed and one
+replica fewer does not, and prices that count. A check can raise a candidate's cost
+above the next candidates' estimates, so the next candidate is checked too while its
+estimated cost is at most the cheapest validated cost so far, up to
+`search.fleet_checks` checks (default 3). The recommendation is the cheapest validated
+fleet (ties: lower p99 TTFT in its check); every figure in `recommended` is that
+fleet's (replicas, GPUs, $/hour, $/M output tokens from its runs' output tokens, p99s
+measured in its check), with the per-replica estimate kept apart under
+`recommended.estimate`. `fleet_checks` lists every check made, `fleet_check` the
+recommended one's, and `unchecked_within` how many candidates estimated at or below the
+recommended cost were left unchecked by the bound. The Pareto front is taken over each
+candidate's validated point where it was checked, else its estimate.
+
+Candidates are checked before any run (`sim/plan_candidates.py`): a key that is no
+scenario field or a value wrong on its own (an unknown GPU, model or runtime name, a
+wrong type) refuses the plan with one line; a combination of known values the
+scenario refuses (TP 3 for 32 heads, weights that do not fit) and a GPU with no price
+are listed as skipped with the reason, and the plan goes on with the rest.
 
 `router` is the mapping of a scenario's `cluster.router` (`sim/cluster.py` RouterSpec:
 `policy`, `staleness_s`, `affinity_slack`, checked the same way) for the load balancer
@@ -37,22 +54,22 @@ fleet check, which moves the count either way, settles it."""
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .capacity import SLO, Capacity, max_rate, rate_overrides, violations
+from .capacity import SLO, Capacity, max_rate, rate_overrides
 from .cluster import RouterSpec
+from .fleet import validate_fleet
+from .plan_candidates import ALIASES, check_candidates, label, resolve
+from .plan_candidates import candidate_grid as _grid
 from .scenario import Scenario, load_scenario
 from .specload import ROOT, SpecError, build, load_yaml
 
-ALIASES = {"gpu": "gpu", "tensor": "parallel.tensor", "policy": "scheduler.policy",
-           "chunk_tokens": "scheduler.max_num_batched_tokens", "block_size": "kv.block_size",
-           "max_num_seqs": "scheduler.max_num_seqs", "speculative": "speculative"}
+__all__ = ["ALIASES", "PlanSpec", "SearchSpec", "binding", "candidate_grid", "evaluate", "label",
+           "load_plan", "load_prices", "pareto", "run_plan", "validate_fleet", "write_plan"]
 DEFAULT_PRICES = ROOT / "gpu_profiles" / "prices.yaml"
 
 
@@ -67,6 +84,7 @@ class SearchSpec:
     rel_tol: float = field(default=0.1, metadata={"gt": 0})  # stop when hi/lo <= 1 + rel_tol
     max_probes: int = field(default=14, metadata={"ge": 2})
     max_replicas: int = field(default=256, metadata={"ge": 1})
+    fleet_checks: int = field(default=3, metadata={"ge": 1})  # candidates checked as fleets, at most
 
 
 @dataclass(frozen=True)
@@ -100,6 +118,11 @@ def _resolve(spec: PlanSpec, rel: str) -> Path:
     return q if q.is_absolute() else (Path(spec.file).resolve().parent / q)
 
 
+def plan_scenario(spec: PlanSpec) -> str:
+    """The plan's scenario file (a relative path is taken from the plan's folder)."""
+    return str(_resolve(spec, spec.scenario))
+
+
 def load_prices(path: str | Path | None) -> dict[str, float]:
     p = Path(path) if path else DEFAULT_PRICES
     gpus = load_yaml(p).get("gpus")
@@ -116,46 +139,48 @@ def load_prices(path: str | Path | None) -> dict[str, float]:
 
 def candidate_grid(spec: PlanSpec) -> list[dict]:
     """Every candidate as scenario overrides (short names expanded)."""
-    names = [ALIASES.get(k, k) for k in spec.candidates]
-    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*spec.candidates.values())]
+    return _grid(spec.candidates)
 
 
-def label(cand: dict) -> str:
-    short = {v: k for k, v in ALIASES.items()}
-    parts = []
-    for k, v in cand.items():
-        name = short.get(k, k.split(".")[-1])
-        parts.append(str(v) if name in ("gpu", "policy") else f"{'tp' if name == 'tensor' else name + '='}{v}")
-    return " ".join(parts) or "base"
+def _base(spec: PlanSpec) -> dict:
+    return {"slo": spec.slo.as_scenario_slo()}
 
 
-def tp_supported() -> bool:
-    return "parallel" in Scenario.__dataclass_fields__
+def screen(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict | None:
+    """The skipped row of a candidate the scenario refuses or that has no price (its
+    one-line reason in `note`); None for a candidate to evaluate."""
+    row: dict[str, Any] = {"candidate": label(cand), **cand, "status": "skipped"}
+    sc = resolve(plan_scenario(spec), {**_base(spec), **cand})
+    if isinstance(sc, SpecError):
+        return {**row, "note": f"refused by the scenario: {sc.path}: {sc.message}"}
+    if sc.gpu not in prices:
+        return {**row, "note": f"no price for GPU '{sc.gpu}' in the prices file"}
+    return None
 
 
 def evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
-    """One candidate: sustained rate, fleet size, cost, latency at its share, binding."""
+    """One candidate: sustained rate, fleet size, cost, latency at its share, binding.
+    Never raises SpecError (it runs in worker processes): a refusal is a skipped row."""
     row: dict[str, Any] = {"candidate": label(cand), **cand}
-    over = dict(cand)
-    if "parallel.tensor" in over and not tp_supported():
-        if over["parallel.tensor"] != 1:
-            return {**row, "status": "skipped", "note": "tensor parallelism is not in this build's scenario spec"}
-        over.pop("parallel.tensor")
-    scen = str(_resolve(spec, spec.scenario))
-    base = {"slo": spec.slo.as_scenario_slo(), **over}
     try:
-        sc = load_scenario(scen, base)
+        return {**row, **_evaluate(spec, cand, prices)}
     except SpecError as e:
-        return {**row, "status": "skipped", "note": f"invalid combination: {e.path}: {e.message}"}
-    gpu, tp = sc.gpu, sc.parallel.tensor if tp_supported() else 1
+        return {**row, "status": "skipped", "note": f"refused by the scenario: {e.path}: {e.message}"}
+
+
+def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
+    scen = plan_scenario(spec)
+    base = {**_base(spec), **cand}
+    sc = load_scenario(scen, base)
+    gpu, tp = sc.gpu, sc.parallel.tensor
     if gpu not in prices:
-        return {**row, "status": "skipped", "note": f"no price for GPU '{gpu}' in the prices file"}
+        return {"status": "skipped", "note": f"no price for GPU '{gpu}' in the prices file"}
     s = spec.search
     run_at = _runner(scen, base, sc, s.requests)
     seeds = [sc.seed + i for i in range(s.seeds)]
     cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
                    s.rel_tol, s.max_probes)
-    row.update(_capacity_row(cap, gpu))
+    row = _capacity_row(cap, gpu)
     if cap.rate <= 0:
         return {**row, "status": "infeasible", "note": "SLOs broken even at the lowest rate tried"}
     replicas = math.ceil(spec.target_rate / cap.rate - 1e-9)
@@ -165,11 +190,14 @@ def evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     out_per_req = at_share["output_token_throughput"] / max(at_share["request_throughput"], 1e-12)
     usd_h = replicas * tp * prices[gpu]
     return {**row, "status": "ok", "note": "", "tp": tp, "replicas": replicas, "gpus": replicas * tp,
-            "usd_per_hour": usd_h,
-            "usd_per_m_output_tokens": usd_h / (spec.target_rate * out_per_req * 3600) * 1e6,
+            "usd_per_hour": usd_h, "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate, out_per_req),
             "ttft_p99_at_target_s": at_share["ttft_s"]["p99"],
             "tpot_p99_at_target_s": at_share["tpot_s"]["p99"],
             "e2e_p99_at_target_s": at_share["e2e_s"]["p99"]}
+
+
+def _usd_per_m(usd_per_hour: float, rate: float, output_tokens_per_request: float) -> float:
+    return usd_per_hour / (rate * output_tokens_per_request * 3600) * 1e6
 
 
 def _runner(scen: str, base: dict, sc: Scenario, requests: int):
@@ -218,93 +246,101 @@ def binding(summary: dict, gpu: str) -> str:
 
 
 def pareto(rows: list[dict]) -> list[str]:
-    """Candidates no other beats on both $/hour and p99 TTFT at the target."""
-    ok = [r for r in rows if r.get("status") == "ok"]
-    front = []
-    for r in ok:
-        a = (r["usd_per_hour"], r["ttft_p99_at_target_s"])
-        if not any((o["usd_per_hour"], o["ttft_p99_at_target_s"]) != a and o["usd_per_hour"] <= a[0]
-                   and o["ttft_p99_at_target_s"] <= a[1] for o in ok):
-            front.append(r["candidate"])
-    return front
+    """Candidates no other beats on both $/hour and p99 TTFT at the target: each
+    candidate's validated point where it was checked as a fleet, else its estimate."""
+    ok = [(r["candidate"], point(r)) for r in rows if r.get("status") == "ok"]
+    return [name for name, a in ok
+            if not any(b != a and b[0] <= a[0] and b[1] <= a[1] for _, b in ok)]
 
 
-def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
-    """Move the replica count until N meets the SLOs (all seeds) and N - 1 does not
-    (assumes more replicas never hurt: down by bisection from the estimate, else up),
-    each fleet behind the plan's router."""
-    from .fleet import router_label, simulate_fleet
-
-    over = {k: v for k, v in cand.items() if tp_supported() or k != "parallel.tensor"}
-    scen = str(_resolve(spec, spec.scenario))
-    base_sc = load_scenario(scen, {"slo": spec.slo.as_scenario_slo(), **over})
-    seeds = [base_sc.seed + 100 + i for i in range(spec.search.seeds)]
-    checks: dict[int, dict] = {}
-
-    def check(n: int) -> bool:
-        if n < 1:
-            return False
-        if n not in checks:
-            sc = load_scenario(scen, {"slo": spec.slo.as_scenario_slo(), **over, **rate_overrides(
-                base_sc.workload.arrival, spec.target_rate, spec.search.requests * n)})
-            runs = [simulate_fleet(sc, n, seed, spec.router).summary for seed in seeds]
-            broke = [v for s in runs for v in violations(s, spec.slo)]
-            checks[n] = {"replicas": n, "passed": not broke, "broke": "; ".join(dict.fromkeys(broke)),
-                         "ttft_p99_s": max(s["ttft_s"]["p99"] or math.inf for s in runs),
-                         "tpot_p99_s": max(s["tpot_s"]["p99"] or math.inf for s in runs),
-                         "goodput": min((s["goodput"] or {}).get("fraction_met", 1.0) for s in runs)}
-        return checks[n]["passed"]
-
-    n = row["replicas"]
-    if check(n):  # bisect down to the smallest passing count (0 replicas always fail)
-        lo, hi = 0, n
-        guess = math.ceil(spec.target_rate / row["fail_rate"]) if row.get("fail_rate") else 1
-        for mid in (guess, guess - 1):  # the likely answer and its neighbour first
-            if lo < mid < hi:
-                lo, hi = (lo, mid) if check(mid) else (mid, hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if check(mid) else (mid, hi)
-        n = hi
-    else:
-        while n < spec.search.max_replicas and not check(n + 1):
-            n += 1
-        n += 1
-    ok = check(n)
-    fewer = check(n - 1) if n > 1 else False
-    return {"candidate": row["candidate"], "replicas": n, "estimated_replicas": row["replicas"],
-            "holds": ok, "one_fewer_breaks": not fewer, "seeds": seeds,
-            "router": dataclasses.asdict(spec.router), "router_label": router_label(spec.router),
-            "checks": [checks[k] for k in sorted(checks)]}
+def point(row: dict) -> tuple[float, float]:
+    """($/hour, p99 TTFT) of a candidate: its fleet check's where it has one, else the estimate."""
+    if row.get("fleet_usd_per_hour") is not None:
+        return row["fleet_usd_per_hour"], row["fleet_ttft_p99_s"]
+    return row["usd_per_hour"], row["ttft_p99_at_target_s"]
 
 
 def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int | None = None,
              progress: bool = False) -> dict:
-    """Evaluate every candidate (in parallel), pick and validate the cheapest."""
+    """Check every candidate, evaluate the runnable ones (in parallel), then check the
+    cheapest as fleets and recommend the cheapest validated one."""
     prices = load_prices(prices_path or (_resolve(spec, spec.prices) if spec.prices else None))
+    scen = plan_scenario(spec)
+    load_scenario(scen)  # a bad scenario fails before any run
+    check_candidates(spec.file, spec.candidates, scen, _base(spec))  # a typo fails before any run
     cands = candidate_grid(spec)
-    load_scenario(_resolve(spec, spec.scenario))  # a bad scenario fails before any run
-    rows = _map(spec, cands, prices, workers or os.cpu_count() or 1, progress)
-    if rows and all(r["status"] == "skipped" for r in rows):  # a typo, not a combination
-        raise SpecError(spec.file, "candidates", rows[0]["note"])
+    rows: list[dict | None] = [screen(spec, c, prices) for c in cands]
+    todo = [i for i, r in enumerate(rows) if r is None]
+    if not todo:
+        first = rows[0]
+        raise SpecError(spec.file, "candidates", f"every candidate is skipped, e.g. {first['candidate']}: "
+                        f"{first['note']}")
+    for i, r in zip(todo, _map(spec, [cands[i] for i in todo], prices,
+                               workers or os.cpu_count() or 1, progress), strict=True):
+        rows[i] = r
+    result = {"name": spec.name, "target_rate": spec.target_rate, "slo": spec.slo.__dict__,
+              "scenario": spec.scenario, "candidates": rows, "recommended": None, "fleet_check": None,
+              "fleet_checks": [], "unchecked_within": 0}
+    result.update(_fleet_checks(spec, rows, cands))
     front = set(pareto(rows))
     for r in rows:
         r["pareto"] = r["candidate"] in front
-    ok = sorted((r for r in rows if r["status"] == "ok"),
-                key=lambda r: (r["usd_per_hour"], r["ttft_p99_at_target_s"]))
-    result = {"name": spec.name, "target_rate": spec.target_rate, "slo": spec.slo.__dict__,
-              "scenario": spec.scenario, "candidates": rows, "recommended": None, "fleet_check": None}
-    if ok:
-        best = ok[0]
-        cand = cands[rows.index(best)]
-        check = validate_fleet(spec, best, cand)
-        tp = best["tp"]
-        price = prices[best["gpu_name"]] if "gpu_name" in best else best["usd_per_hour"] / best["gpus"]
-        n = check["replicas"]
-        result["recommended"] = {**best, "replicas": n, "gpus": n * tp, "usd_per_hour": n * tp * price,
-                                 "usd_per_m_output_tokens": best["usd_per_m_output_tokens"] * n / best["replicas"]}
-        result["fleet_check"] = check
     return result
+
+
+def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
+    """Check candidates as fleets, cheapest estimate first, while one's estimate is at most
+    the cheapest validated cost so far (at most `search.fleet_checks`); recommend the
+    cheapest validated fleet (ties: lower p99 TTFT in its check)."""
+    ranked = sorted((i for i, r in enumerate(rows) if r["status"] == "ok"),
+                    key=lambda i: (rows[i]["usd_per_hour"], rows[i]["ttft_p99_at_target_s"] or math.inf))
+    done: list[tuple[int, dict]] = []
+
+    def cheapest() -> float:
+        return min((c["usd_per_hour"] for _, c in done if c["holds"]), default=math.inf)
+
+    for i in ranked:
+        if rows[i]["usd_per_hour"] > cheapest() * (1 + 1e-9):
+            break
+        if len(done) == spec.search.fleet_checks:
+            break
+        row = rows[i]
+        check = validate_fleet(spec, row, cands[i])
+        at_n = next(c for c in check["checks"] if c["replicas"] == check["replicas"])
+        usd_h = check["replicas"] * row["tp"] * row["usd_per_hour"] / row["gpus"]  # the GPU's price
+        check.update({"tp": row["tp"], "gpus": check["replicas"] * row["tp"], "usd_per_hour": usd_h,
+                      "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate,
+                                                            at_n["output_tokens_per_request"]),
+                      **{k: at_n[k] for k in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")}})
+        row.update({"fleet_replicas": check["replicas"], "fleet_usd_per_hour": usd_h,
+                    "fleet_ttft_p99_s": at_n["ttft_p99_s"], "fleet_holds": check["holds"]})
+        done.append((i, check))
+    if not done:
+        return {}
+    held = [(i, c) for i, c in done if c["holds"]]
+    i, check = min(held, key=lambda ic: (ic[1]["usd_per_hour"], ic[1]["ttft_p99_s"])) if held else done[0]
+    checked = {j for j, _ in done}
+    unchecked = sum(1 for j in ranked if j not in checked
+                    and rows[j]["usd_per_hour"] <= check["usd_per_hour"] * (1 + 1e-9))
+    return {"recommended": _recommended(rows[i], cands[i], check, spec), "fleet_check": check,
+            "fleet_checks": [c for _, c in done], "unchecked_within": unchecked}
+
+
+def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec) -> dict:
+    """The recommended fleet, every figure from its fleet check; the per-replica
+    estimate apart under `estimate`."""
+    estimate = {k: row[k] for k in ("replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
+                                    "ttft_p99_at_target_s", "tpot_p99_at_target_s", "e2e_p99_at_target_s",
+                                    "sustained_rate", "binding")}
+    estimate["stands_on"] = ("per-replica sizing: one replica's sustained rate (bisection) and its p99s "
+                             "at target / replicas")
+    return {"candidate": row["candidate"], **cand, "tp": row["tp"],
+            **{k: check[k] for k in ("replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
+                                     "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")},
+            "holds": check["holds"],
+            "stands_on": f"fleet check: {check['replicas']} x {row['candidate']} behind a {check['router_label']} at "
+                         f"{spec.target_rate:g} req/s, seeds {check['seeds']} (p99s: the worst seed)",
+            "estimate": estimate}
 
 
 def _map(spec, cands, prices, workers, progress) -> list[dict]:
@@ -326,17 +362,21 @@ def _map(spec, cands, prices, workers, progress) -> list[dict]:
 
 
 def write_plan(result: dict, out_dir: str | Path) -> Path:
-    """plan.json (everything), candidates.csv and fleet_check.csv in an output folder."""
+    """plan.json (everything), candidates.csv and fleet_check.csv (every fleet checked,
+    one row per replica count tried) in an output folder."""
     import json
 
     import pandas as pd
 
     from .outdir import write_output
 
+    checks = result.get("fleet_checks") or ([result["fleet_check"]] if result["fleet_check"] else [])
+
     def write(folder: Path) -> None:
         (folder / "plan.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         pd.DataFrame(result["candidates"]).to_csv(folder / "candidates.csv", index=False)
-        if result["fleet_check"]:
-            pd.DataFrame(result["fleet_check"]["checks"]).to_csv(folder / "fleet_check.csv", index=False)
+        if checks:
+            pd.DataFrame([{"candidate": c["candidate"], **k} for c in checks for k in c["checks"]]).to_csv(
+                folder / "fleet_check.csv", index=False)
 
     return write_output(out_dir, "plan", write, {"name": result["name"]})

@@ -62,40 +62,66 @@ def cmd_plan(a) -> int:
     spec = load_plan(a.plan)
     result = run_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
     out = write_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
-    rec, check = result["recommended"], result["fleet_check"]
     print(candidate_table(result["candidates"]) + "\n")
-    if rec is None:
-        print("no candidate meets the SLOs")
-    else:
-        print(f"recommended: {rec['candidate']} x {rec['replicas']} replicas ({rec['gpus']} GPUs), "
-              f"${rec['usd_per_hour']:.2f}/hour, ${rec['usd_per_m_output_tokens']:.3f}/M output tokens "
-              f"(one replica alone sustains {rec['sustained_rate']:.2f} req/s within the SLOs)")
-        print(f"fleet check at {spec.target_rate:g} req/s, {check['router_label']}: "
-              f"SLOs {'hold' if check['holds'] else 'DO NOT hold'}"
-              f" with {check['replicas']}; with {check['replicas'] - 1} they "
-              f"{'break' if check['one_fewer_breaks'] else 'STILL HOLD'}")
+    print("\n".join(plan_verdict(result)))
     _maybe_report(a, out)
     print(f"wrote {out}/ (plan.json, candidates.csv, fleet_check.csv)")
     return 0
 
 
+def plan_verdict(result: dict) -> list[str]:
+    """The fleet checks made and the recommendation, in lines: every figure of the
+    recommended fleet from its check, the per-replica estimate labelled as such."""
+    rec, checks = result["recommended"], result.get("fleet_checks") or []
+    if rec is None:
+        return ["no candidate meets the SLOs"]
+    check = result["fleet_check"]
+    lines = [f"fleet checks at {result['target_rate']:g} req/s, {check['router_label']} "
+             f"({len(checks)} checked, cheapest estimate first):"]
+    for c in checks:
+        n = c["replicas"]
+        fewer = (f"; with {n - 1} they {'break' if c['one_fewer_breaks'] else 'STILL HOLD'}" if n > 1 else "")
+        lines.append(f"  {c['candidate']}: {_n(n, 'replica')} (estimate {c['estimated_replicas']}), "
+                     f"${c['usd_per_hour']:.2f}/hour, TTFT99 {c['ttft_p99_s']:.3f} s, TPOT99 "
+                     f"{c['tpot_p99_s']:.3f} s: SLOs {'hold' if c['holds'] else 'DO NOT hold'} with {n}{fewer}")
+    est = rec["estimate"]
+    lines += [f"recommended: {rec['candidate']} x {_n(rec['replicas'], 'replica')} ({_n(rec['gpus'], 'GPU')}), "
+              f"${rec['usd_per_hour']:.2f}/hour, ${rec['usd_per_m_output_tokens']:.3f}/M output tokens, "
+              f"TTFT99 {rec['ttft_p99_s']:.3f} s, TPOT99 {rec['tpot_p99_s']:.3f} s (its fleet check)",
+              f"  estimate before the check: {_n(est['replicas'], 'replica')}, ${est['usd_per_hour']:.2f}/hour, "
+              f"TTFT99 {est['ttft_p99_at_target_s']:.3f} s (one replica alone sustains "
+              f"{est['sustained_rate']:.2f} req/s within the SLOs)"]
+    if result.get("unchecked_within"):
+        lines.append(f"  {result['unchecked_within']} more candidate(s) estimated at <= "
+                     f"${rec['usd_per_hour']:.2f}/hour were not fleet-checked (search.fleet_checks)")
+    return lines
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def candidate_table(rows: list[dict]) -> str:
-    """One line per candidate, cheapest first: what one replica sustains, the fleet it
-    takes, its cost, its latency at its share of the target and what binds it."""
+    """One line per candidate, cheapest estimate first: what one replica sustains, the
+    fleet it takes, its cost, its latency at its share of the target and what binds it;
+    `fleet` is the fleet check's replicas and $/hour where the candidate was checked.
+    Then the candidates that did not run or meet the SLOs, with why."""
     head = (f"{'candidate':30} {'req/s':>7} {'repl':>4} {'GPUs':>4} {'$/h':>7} {'$/M tok':>8} "
-            f"{'TTFT99':>7} {'TPOT99':>7}  {'binding':17} pareto")
+            f"{'TTFT99':>7} {'TPOT99':>7}  {'binding':17} {'fleet':>11} pareto")
     lines = [head, "-" * len(head)]
     ok = [r for r in rows if r.get("status") == "ok" and r.get("replicas")]
     for r in sorted(ok, key=lambda r: (r["usd_per_hour"], r["ttft_p99_at_target_s"] or 0)):
         ttft, tpot = r.get("ttft_p99_at_target_s"), r.get("tpot_p99_at_target_s")
+        fleet = (f"{r['fleet_replicas']} ${r['fleet_usd_per_hour']:.2f}"
+                 if r.get("fleet_replicas") is not None else "-")
         lines.append(
             f"{r['candidate'][:30]:30} {r['sustained_rate']:7.2f} {r['replicas']:4d} {r['gpus']:4d} "
             f"{r['usd_per_hour']:7.2f} {r['usd_per_m_output_tokens']:8.3f} "
             f"{'-' if ttft is None else f'{ttft:.3f}':>7} {'-' if tpot is None else f'{tpot:.3f}':>7}  "
-            f"{str(r.get('binding') or '-')[:17]:17} {'*' if r.get('pareto') else ''}")
+            f"{str(r.get('binding') or '-')[:17]:17} {fleet:>11} {'*' if r.get('pareto') else ''}")
     for r in rows:
-        if r not in ok:
-            lines.append(f"{r['candidate'][:30]:30} skipped: {r.get('note') or r.get('status')}")
+        if not (r.get("status") == "ok" and r.get("replicas")):
+            lines.append(f"{r['candidate'][:30]:30} {r.get('status')}: {r.get('note') or '-'}")
     return "\n".join(lines)
 
 

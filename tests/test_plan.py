@@ -178,5 +178,5 @@ def test_plan_with_a_tensor_candidate_of_the_wrong_type_is_a_one_line_error(tmp_
                  f"slo: {{ttft_p99_s: 1}}\ncandidates: {{tensor: [{tensor}]}}\n")
     assert main(["plan", str(p), "--out", str(tmp_path / "o"), "--workers", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("llmsim: error: ") and "parallel.tensor" in err
+    assert err.startswith(f"llmsim: error: {p}: candidates.tensor[0]: expected an integer, got ")
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()

@@ -1,0 +1,111 @@
+"""After a fleet check changes a candidate's cost the plan re-ranks: it checks the next
+candidates whose estimate is at most the cheapest validated cost (up to
+`search.fleet_checks`) and recommends the cheapest validated fleet, every figure of it
+from its own fleet check. Known answers from stand-in estimates and fleet checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import sim.plan
+from sim.plan import load_plan, run_plan
+from sim.plan_report import plan_sections
+from sim.planning_cli import plan_verdict
+
+ROOT = Path(__file__).resolve().parent.parent
+H100 = 3.0  # gpu_profiles/prices.yaml, $ per GPU-hour
+
+
+def _plan(tmp_path: Path, fleet_checks: int = 3) -> Path:
+    p = tmp_path / "p.yaml"
+    p.write_text(f"scenario: {ROOT / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 10\n"
+                 f"slo: {{ttft_p99_s: 1.0}}\nsearch: {{seeds: 1, requests: 40, fleet_checks: {fleet_checks}}}\n"
+                 "candidates: {gpu: [h100-sxm], tensor: [1, 2, 4]}\n")
+    return p
+
+
+def _stand_ins(monkeypatch, estimate: dict[int, tuple[int, float]], fleet: dict[int, tuple[int, float]]):
+    """Per TP degree: the estimate (replicas, p99 TTFT) and the fleet check's
+    (replicas, p99 TTFT); records which TP degrees were fleet-checked."""
+    checked = []
+
+    def evaluate(spec, cand, prices):
+        tp = cand["parallel.tensor"]
+        n, ttft = estimate[tp]
+        return {"candidate": f"h100-sxm tp{tp}", **cand, "status": "ok", "note": "", "tp": tp,
+                "sustained_rate": 10 / n, "fail_rate": 11 / n, "binding": "compute", "replicas": n,
+                "gpus": n * tp, "usd_per_hour": n * tp * H100, "usd_per_m_output_tokens": 1.0,
+                "ttft_p99_at_target_s": ttft, "tpot_p99_at_target_s": 0.02, "e2e_p99_at_target_s": 5.0}
+
+    def validate_fleet(spec, row, cand):
+        tp = cand["parallel.tensor"]
+        checked.append(tp)
+        n, ttft = fleet[tp]
+        at = {"replicas": n, "passed": True, "broke": "", "ttft_p99_s": ttft, "tpot_p99_s": 0.03 * tp,
+              "e2e_p99_s": 6.0 + tp, "goodput": 0.99, "output_tokens_per_request": 250.0}
+        fewer = {**at, "replicas": n - 1, "passed": False, "broke": "p99 TTFT 2 s > 1 s"}
+        return {"candidate": row["candidate"], "replicas": n, "estimated_replicas": row["replicas"],
+                "holds": True, "one_fewer_breaks": True, "seeds": [101], "router": {"policy": "random"},
+                "router_label": "random router", "checks": [fewer, at] if n > 1 else [at]}
+
+    monkeypatch.setattr(sim.plan, "evaluate", evaluate)
+    monkeypatch.setattr(sim.plan, "validate_fleet", validate_fleet)
+    return checked
+
+
+def test_a_fleet_check_that_raises_the_first_pick_above_the_next_estimate_recommends_the_next(
+        tmp_path, monkeypatch):
+    # tp1: estimated 1 replica ($3/h) but its fleet needs 3 ($9/h); tp2: estimated and
+    # validated at 1 replica ($6/h); tp4's estimate ($12/h) is above $6/h: never checked
+    checked = _stand_ins(monkeypatch, estimate={1: (1, 0.5), 2: (1, 0.3), 4: (1, 0.2)},
+                         fleet={1: (3, 0.6), 2: (1, 0.35), 4: (1, 0.25)})
+    result = run_plan(load_plan(_plan(tmp_path)), workers=1)
+    assert checked == [1, 2]
+    rec, check = result["recommended"], result["fleet_check"]
+    assert rec["candidate"] == check["candidate"] == "h100-sxm tp2"
+    assert (rec["replicas"], rec["gpus"], rec["usd_per_hour"]) == (1, 2, 6.0)
+    assert (rec["ttft_p99_s"], rec["tpot_p99_s"], rec["e2e_p99_s"]) == (0.35, 0.06, 8.0)  # its check's
+    assert rec["usd_per_m_output_tokens"] == pytest.approx(6.0 / (10 * 250.0 * 3600) * 1e6)
+    assert rec["estimate"]["ttft_p99_at_target_s"] == 0.3 and "ttft_p99_at_target_s" not in rec
+    assert [c["usd_per_hour"] for c in result["fleet_checks"]] == [9.0, 6.0]
+    assert result["unchecked_within"] == 0
+    rows = {r["candidate"]: r for r in result["candidates"]}
+    assert rows["h100-sxm tp1"]["fleet_usd_per_hour"] == 9.0 and "fleet_replicas" not in rows["h100-sxm tp4"]
+    assert not rows["h100-sxm tp1"]["pareto"]  # $9/h validated, beaten by tp2's $6/h and 0.35 s
+    assert rows["h100-sxm tp2"]["pareto"] and rows["h100-sxm tp4"]["pareto"]
+    lines = plan_verdict(result)
+    assert lines[0] == "fleet checks at 10 req/s, random router (2 checked, cheapest estimate first):"
+    assert lines[3].startswith("recommended: h100-sxm tp2 x 1 replica (2 GPUs), $6.00/hour,")
+    text = " ".join(t for sec in plan_sections(result).sections for t in sec.text)
+    assert "2 candidate(s) checked as fleets" in text and "p99 TTFT 0.35 s" in text
+
+
+def test_a_tie_after_the_fleet_check_goes_to_the_lower_checked_p99_ttft(tmp_path, monkeypatch):
+    # tp1's fleet needs 2 replicas ($6/h), tying tp2's estimate: tp2 is checked too and,
+    # validated at $6/h with the lower p99 TTFT, recommended; tp4 ($12/h) is not checked
+    checked = _stand_ins(monkeypatch, estimate={1: (1, 0.5), 2: (1, 0.3), 4: (1, 0.2)},
+                         fleet={1: (2, 0.6), 2: (1, 0.35), 4: (1, 0.25)})
+    result = run_plan(load_plan(_plan(tmp_path)), workers=1)
+    assert checked == [1, 2]
+    assert result["recommended"]["candidate"] == "h100-sxm tp2"
+    assert result["recommended"]["usd_per_hour"] == 6.0
+
+
+def test_the_bound_on_fleet_checks_is_reported_with_what_it_left_unchecked(tmp_path, monkeypatch):
+    checked = _stand_ins(monkeypatch, estimate={1: (1, 0.5), 2: (1, 0.3), 4: (1, 0.2)},
+                         fleet={1: (3, 0.6), 2: (1, 0.35), 4: (1, 0.25)})
+    result = run_plan(load_plan(_plan(tmp_path, fleet_checks=1)), workers=1)
+    assert checked == [1]
+    assert result["recommended"]["usd_per_hour"] == 9.0 and result["unchecked_within"] == 1
+    assert plan_verdict(result)[-1] == ("  1 more candidate(s) estimated at <= $9.00/hour were not "
+                                        "fleet-checked (search.fleet_checks)")
+
+
+def test_a_fleet_check_that_confirms_the_estimate_checks_nothing_more_expensive(tmp_path, monkeypatch):
+    checked = _stand_ins(monkeypatch, estimate={1: (1, 0.5), 2: (1, 0.3), 4: (1, 0.2)},
+                         fleet={1: (1, 0.55), 2: (1, 0.35), 4: (1, 0.25)})
+    result = run_plan(load_plan(_plan(tmp_path)), workers=1)
+    assert checked == [1] and result["recommended"]["candidate"] == "h100-sxm tp1"
+    assert result["recommended"]["ttft_p99_s"] == 0.55
