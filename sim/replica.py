@@ -41,8 +41,8 @@ class Replica:
     def __init__(self, state: ReplicaState, policy, latency: StepLatency, kv_bytes_per_token: float,
                  pcie_bytes_per_s: float):
         self.st, self.policy, self.lat = state, policy, latency
-        self.kernels = getattr(latency, "base", latency)  # its unjittered model: kernel_s
-        self.kernel_busy_s = 0.0  # GPU kernel seconds of the steps it ran (the rest: host)
+        # the unjittered step model (its kernel_s), and the GPU kernel seconds of the steps run
+        self.kernels, self.kernel_busy_s = getattr(latency, "base", latency), 0.0
         self.static = isinstance(policy, StaticPolicy)
         self.contiguous = isinstance(state.kv, ContiguousKV)
         self.block_bytes = kv_bytes_per_token * state.kv.block_size
