@@ -19,9 +19,12 @@ workload: {...}              # see sim/workload.py
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+import yaml
 
 from .cluster import ClusterSpec, ReplicaGroupSpec
 from .parallel import DTypeSpec, ParallelSpec
@@ -34,6 +37,7 @@ from .specload import (
     SpecError,
     build,
     load_yaml,
+    show,
 )
 from .speculative import SpeculativeSpec
 from .workload import WorkloadSpec
@@ -116,6 +120,15 @@ class Scenario:
     # relative paths resolve)
     base_dir: str = field(default="", init=False, compare=False)
     file: str = field(default="", init=False, compare=False)
+    # set by the loader: each command-line override's path and how errors name it
+    override_labels: tuple[tuple[str, str], ...] = field(default=(), init=False, compare=False)
+
+    def relabel(self, error: SpecError) -> SpecError:
+        """`error` (raised later, naming this scenario's file) as the override it lies in."""
+        label = override_behind(error.path, dict(self.override_labels))
+        if label is None or error.file != SpecError(self.file or None, "", "").file:
+            return error
+        return SpecError(label, error.path, error.message)
 
     def check(self):
         if self.speculative.method != "none" and self.scheduler.policy != "continuous":
@@ -150,13 +163,51 @@ class Scenario:
 MERGED_SECTIONS = ("scheduler", "kv", "attention", "speculative", "parallel")  # by key
 
 
-def load_scenario(file: str | Path, overrides: dict[str, object] | None = None) -> Scenario:
-    """Load and validate a scenario file; `overrides` maps dotted paths to values."""
+def load_scenario(file: str | Path, overrides: dict[str, object] | None = None, *,
+                  origins: dict[str, str] | None = None) -> Scenario:
+    """Load and validate a scenario file; `overrides` maps dotted paths (a list item by its
+    index: `cluster.groups.1.gpu` or `cluster.groups[1].gpu`) to values. `origins` maps an
+    override's path to the flag it came from (`--set`): an error in that override then names
+    it (`--set workload.arival.rate=3: workload.arival: unknown key ...`), not the file."""
     p = Path(file)
-    data = load_yaml(p)
+    data = load_yaml(p, "scenario file")
+    labels = {k: f"{origins[k]} {k}={yaml_text(v)}" for k, v in (overrides or {}).items()
+              if origins and k in origins}
     for dotted, value in (overrides or {}).items():
-        set_dotted(data, dotted, value, file=p)
-    return scenario_from_dict(data, file=p, base_dir=p.resolve().parent)
+        set_dotted(data, dotted, value, file=labels.get(dotted, p))
+    try:
+        sc = scenario_from_dict(data, file=p, base_dir=p.resolve().parent)
+        object.__setattr__(sc, "override_labels", tuple(labels.items()))
+        return sc
+    except SpecError as e:
+        label = override_behind(e.path, labels)
+        if label is None:
+            raise
+        raise SpecError(label, e.path, e.message) from None
+
+
+def yaml_text(value: object) -> str:
+    """`value` as YAML flow text, as a user would type it (`true`, `h100-sxm`, `[1, 2]`)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text[:-3].strip() if text.endswith("\n...") or text == "..." else text
+
+
+def path_parts(dotted: str) -> list[str]:
+    """`cluster.groups[1].gpu` or `cluster.groups.1.gpu` -> ['cluster', 'groups', '1', 'gpu']
+    (an error path's `group: field` form counts as one more dot)."""
+    return [k for k in re.sub(r"\[(\d+)\]", r".\1", dotted.replace(": ", ".")).split(".") if k]
+
+
+def override_behind(error_path: str, labels: dict[str, str]) -> str | None:
+    """The label of the override an error at `error_path` lies in or above (the longest)."""
+    where = path_parts(error_path)
+    best, best_len = None, -1
+    for key, label in labels.items():
+        parts = path_parts(key)
+        n = min(len(parts), len(where))
+        if n and parts[:n] == where[:n] and len(parts) > best_len:
+            best, best_len = label, len(parts)
+    return best
 
 
 def scenario_from_dict(data: dict, *, file: str | Path | None = None,
@@ -199,7 +250,7 @@ def group_scenario(sc: Scenario, group: ReplicaGroupSpec, where: str) -> Scenari
 def replace_scenario(sc: Scenario, **changes) -> Scenario:
     """`dataclasses.replace` that keeps where the scenario came from (file, folder)."""
     out = dataclasses.replace(sc, **changes)
-    for attr in ("file", "base_dir"):
+    for attr in ("file", "base_dir", "override_labels"):
         object.__setattr__(out, attr, getattr(sc, attr))
     return out
 
@@ -211,14 +262,37 @@ def _plain(d: dict) -> dict:
 
 
 def set_dotted(data: dict, dotted: str, value: object, *, file=None) -> None:
-    """Set `a.b.c = value` in nested dicts, creating mappings on the way."""
-    keys = dotted.split(".")
-    node = data
-    for i, k in enumerate(keys[:-1]):
-        nxt = node.get(k)
-        if nxt is None:
-            nxt = node[k] = {}
-        if not isinstance(nxt, dict):
-            raise SpecError(file, ".".join(keys[: i + 1]), f"cannot set '{dotted}': not a mapping")
+    """Set `a.b.c = value` in nested dicts, creating mappings on the way; a list item is
+    reached by its index (`groups.1.gpu` or `groups[1].gpu`)."""
+    keys = path_parts(dotted)
+    if not keys:
+        raise SpecError(file, dotted, "empty field path (allowed: FIELD.PATH=VALUE)")
+    node: object = data
+    where = ""
+    for i, k in enumerate(keys):
+        last = i == len(keys) - 1
+        if isinstance(node, list):
+            if not k.isdigit() or int(k) >= len(node):
+                allowed = f"0 to {len(node) - 1}" if node else "none: the list is empty"
+                raise SpecError(file, f"{where}[{k}]" if k.isdigit() else f"{where}.{k}",
+                                f"{'index ' + k + ' is out of range' if k.isdigit() else 'not an index'} "
+                                f"of a list of {len(node)} (allowed: {allowed})")
+            where = f"{where}[{k}]"
+            if last:
+                node[int(k)] = value
+                return
+            nxt = node[int(k)]
+            if nxt is None:
+                nxt = node[int(k)] = {}
+        elif isinstance(node, dict):
+            where = f"{where}.{k}" if where else k
+            if last:
+                node[k] = value
+                return
+            nxt = node.get(k)
+            if nxt is None:
+                nxt = node[k] = {}
+        else:
+            raise SpecError(file, where, f"cannot set '{dotted}': {where} is {show(node)}, not a "
+                                         "mapping or a list (allowed: a path through mappings and lists)")
         node = nxt
-    node[keys[-1]] = value

@@ -165,7 +165,8 @@ def run_sweep(scenario_file: str | Path, configs: list[dict], out_dir: str | Pat
     base = dict(base or {})
     scenario_file = str(scenario_file)
     for c in configs:  # validate every configuration before running any
-        load_scenario(scenario_file, {**base, **c})
+        load_scenario(scenario_file, {**base, **c},
+                      origins={**dict.fromkeys(base, "--set"), **dict.fromkeys(c, "--grid/--zip")})
     keys = [config_key(scenario_file, base, c) for c in configs]
     meta = {"scenario": scenario_file, "base": base, "fields": sorted({k for c in configs for k in c})}
     out = open_progress(out_dir, "sweep", meta, "rows.jsonl")
