@@ -31,7 +31,7 @@ from .replica import Replica
 from .router import make_router
 from .runtime import RuntimeSpec, load_runtime
 from .scenario import Scenario, group_scenario
-from .scheduler import ContinuousPolicy, ReplicaState, StaticPolicy, check_step_budget
+from .scheduler import ContinuousPolicy, ReplicaState, StaticPolicy
 from .specload import ROOT, SpecError, load_yaml
 from .speculative import SpecBatch, Speculator
 
@@ -115,9 +115,7 @@ def _resolve(sc: Scenario, name: str, group: str, role: str, where: str,
     prefix = f"{where}." if where else ""
     profile = load_profile(sc.gpu, file=f, path=f"{prefix}gpu")
     model = with_dtypes(load_model(sc.model, file=f, path="model"), sc.dtype, profile, file=f)
-    window = context_window(model, sc.kv.max_model_len, file=f, path=f"{prefix}kv.max_model_len")  # vLLM refuses more
-    check_step_budget(sc.scheduler.policy, sc.scheduler.max_num_batched_tokens, window, file=f,
-                      path=f"{prefix}scheduler.max_num_batched_tokens")
+    context_window(model, sc.kv.max_model_len, file=f, path=f"{prefix}kv.max_model_len")  # vLLM refuses more
     if runtime is None:
         runtime = load_runtime(sc.runtime, file=f, path=f"{prefix}runtime",
                                base_dir=sc.base_dir or None)

@@ -27,6 +27,7 @@ from typing import Literal
 import yaml
 
 from .cluster import ClusterSpec, ReplicaGroupSpec
+from .models import context_window, load_model
 from .parallel import DTypeSpec, ParallelSpec
 from .specload import (
     MAX_BLOCK_SIZE,
@@ -215,10 +216,32 @@ def scenario_from_dict(data: dict, *, file: str | Path | None = None,
     sc = build(Scenario, data, file=file)
     object.__setattr__(sc, "file", str(file) if file else "")
     object.__setattr__(sc, "base_dir", str(base_dir) if base_dir else "")
-    if sc.cluster is not None:  # every group's merged settings are checked up front
+    if sc.cluster is None:
+        check_step_budget(sc)
+    else:  # every group's merged settings are checked up front
         for gi, group in enumerate(sc.cluster.groups):
-            group_scenario(sc, group, f"cluster.groups[{gi}]")
+            where = f"cluster.groups[{gi}]"
+            own = {*(group.scheduler or {}), *(group.kv or {})} & {"policy", "max_num_batched_tokens",
+                                                                  "max_model_len"}
+            check_step_budget(group_scenario(sc, group, where), f"{where}." if own else "")
     return sc
+
+
+def check_step_budget(sc: Scenario, where: str = "") -> None:
+    """Without chunked prefill (`continuous`) a prompt is prefilled in one step, so a step
+    budget below the context window would reject every longer prompt: vLLM refuses that
+    setting at start-up, and so does this. Static batching has no per-step budget, and
+    chunked prefill spreads a prompt over steps. `where` prefixes the field paths."""
+    if sc.scheduler.policy != "continuous":
+        return
+    file = sc.file or None
+    window = context_window(load_model(sc.model, file=file, path="model"), sc.kv.max_model_len,
+                            file=file, path=f"{where}kv.max_model_len")
+    budget = sc.scheduler.max_num_batched_tokens
+    if budget < window:
+        raise SpecError(file, f"{where}scheduler.max_num_batched_tokens",
+                        f"{budget} is below the context window {window} "
+                        "(allowed: >= max_model_len, or policy: chunked)")
 
 
 def group_scenario(sc: Scenario, group: ReplicaGroupSpec, where: str) -> Scenario:

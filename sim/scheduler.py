@@ -23,7 +23,6 @@ from .batch import RunningBatch, Seq
 from .kv import PagedKV
 from .prefix import PrefixCache
 from .scenario import SchedulerSpec
-from .specload import SpecError
 
 
 @dataclass
@@ -136,16 +135,6 @@ def never_fits(st: ReplicaState, s: Seq, step_budget: int | None = None, waterma
         return resumed(s, f"needs {need} KV slots/blocks, more than the {st.kv.num_blocks - watermark} "
                           f"the whole (empty) KV cache offers above its watermark")
     return ""
-
-
-def check_step_budget(policy: str, step_budget: int, max_model_len: int, *,
-                      file: object = None, path: str = "scheduler.max_num_batched_tokens") -> None:
-    """Without chunked prefill a prompt is prefilled in one step, so a step budget below the
-    context window would reject every longer prompt: vLLM refuses that setting at start-up,
-    and so does this (static batching has no per-step budget)."""
-    if policy == "continuous" and step_budget < max_model_len:
-        raise SpecError(file, path, f"{step_budget} is below the context window {max_model_len} "
-                                    f"(allowed: >= max_model_len, or policy: chunked)")
 
 
 def resumed(s: Seq, reason: str) -> str:

@@ -186,3 +186,23 @@ def test_sweep_grid_reaches_list_items():
     configs = configurations([axis], [])
     gpus = [load_scenario(FLEET, c).cluster.groups[1].gpu for c in configs]
     assert gpus == ["h100-sxm", "a100-80gb"]
+
+
+@pytest.mark.parametrize(("key", "path"), [
+    ("scheduler.max_num_batched_tokens", "scheduler.max_num_batched_tokens"),  # every group's
+    ("cluster.groups.1.scheduler.max_num_batched_tokens", "cluster.groups[1].scheduler.max_num_batched_tokens"),
+])
+def test_a_fleet_step_budget_below_the_window_names_where_it_is_set(key, path):
+    with pytest.raises(SpecError) as e:
+        load_scenario(FLEET, {key: 100}, origins={key: "--set"})
+    assert str(e.value) == (f"--set {key}=100: {path}: 100 is below the context window 8192 "
+                            "(allowed: >= max_model_len, or policy: chunked)")
+
+
+def test_validation_refuses_a_sweep_of_step_budgets_below_the_window_before_any_run(tmp_path):
+    from sim.sweep import run_sweep
+
+    with pytest.raises(SpecError, match="--grid/--zip scheduler.max_num_batched_tokens=512: "):
+        run_sweep(QUICK, [{"scheduler.max_num_batched_tokens": 8192},
+                          {"scheduler.max_num_batched_tokens": 512}], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
