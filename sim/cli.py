@@ -32,6 +32,17 @@ def _set_origins(sets: dict) -> dict[str, str]:
     return dict.fromkeys(sets, "--set")
 
 
+def _run_naming_sets(sc, sets: dict, **kw):
+    """`run(sc)`; a bad input found once the model and GPU are read names its --set."""
+    from .runner import run
+    from .scenario import override_labels, relabel
+
+    try:
+        return run(sc, **kw)
+    except SpecError as e:
+        raise relabel(e, sc.file, override_labels(sets, _set_origins(sets))) from None
+
+
 def _fmt(v, unit=""):
     if v is None:
         return "-"
@@ -121,7 +132,6 @@ def cmd_run(a) -> int:
     from .foldernames import safe_folder_name
     from .outfile import check_out_file
     from .outputs import check_out_dir
-    from .runner import run
     from .scenario import load_scenario
 
     _check_format(a)
@@ -131,10 +141,7 @@ def cmd_run(a) -> int:
     check_out_dir(dest)  # before the simulation, not after it
     if a.trace_out:
         check_out_file(a.trace_out, flag="--trace-out", ours=_is_llmsim_trace)
-    try:
-        out = run(sc, progress=not a.no_progress and sys.stderr.isatty())
-    except SpecError as e:  # found once the model and GPU are read: name the --set behind it
-        raise sc.relabel(e) from None
+    out = _run_naming_sets(sc, sets, progress=not a.no_progress and sys.stderr.isatty())
     out.write(dest, plots=a.plots, fmt=a.format)
     if a.trace_out:
         from .perfetto import replica_parts, write_trace
@@ -154,17 +161,11 @@ def _run_and_print(names: list[str], scenarios: list, a) -> int:
     """Run scenarios (all validated already), optionally write each into its own folder
     under --out, print one table."""
     from .outputs import check_out_dir, write_many
-    from .runner import run
 
     _check_format(a)
     if a.out:
         check_out_dir(a.out)
-    outs = []
-    for sc in scenarios:
-        try:
-            outs.append(run(sc))
-        except SpecError as e:  # name the --set behind it
-            raise sc.relabel(e) from None
+    outs = [_run_naming_sets(sc, _parse_sets(a.set)) for sc in scenarios]
     if a.out:
         write_many(a.out, [(name, lambda folder, o=o: o.write(folder, a.plots, a.format))
                            for name, o in zip(names, outs, strict=True)], {})

@@ -121,15 +121,6 @@ class Scenario:
     # relative paths resolve)
     base_dir: str = field(default="", init=False, compare=False)
     file: str = field(default="", init=False, compare=False)
-    # set by the loader: each command-line override's path and how errors name it
-    override_labels: tuple[tuple[str, str], ...] = field(default=(), init=False, compare=False)
-
-    def relabel(self, error: SpecError) -> SpecError:
-        """`error` (raised later, naming this scenario's file) as the override it lies in."""
-        label = override_behind(error.path, dict(self.override_labels))
-        if label is None or error.file != SpecError(self.file or None, "", "").file:
-            return error
-        return SpecError(label, error.path, error.message)
 
     def check(self):
         if self.speculative.method != "none" and self.scheduler.policy != "continuous":
@@ -172,19 +163,29 @@ def load_scenario(file: str | Path, overrides: dict[str, object] | None = None, 
     it (`--set workload.arival.rate=3: workload.arival: unknown key ...`), not the file."""
     p = Path(file)
     data = load_yaml(p, "scenario file")
-    labels = {k: f"{origins[k]} {k}={yaml_text(v)}" for k, v in (overrides or {}).items()
-              if origins and k in origins}
+    labels = override_labels(overrides, origins)
     for dotted, value in (overrides or {}).items():
         set_dotted(data, dotted, value, file=labels.get(dotted, p))
     try:
-        sc = scenario_from_dict(data, file=p, base_dir=p.resolve().parent)
-        object.__setattr__(sc, "override_labels", tuple(labels.items()))
-        return sc
+        return scenario_from_dict(data, file=p, base_dir=p.resolve().parent)
     except SpecError as e:
-        label = override_behind(e.path, labels)
-        if label is None:
-            raise
-        raise SpecError(label, e.path, e.message) from None
+        raise relabel(e, p, labels) from None
+
+
+def override_labels(overrides: dict[str, object] | None, origins: dict[str, str] | None) -> dict[str, str]:
+    """How errors name each override that has an origin: `--set workload.arrival.rate=3`."""
+    return {k: f"{origins[k]} {k}={yaml_text(v)}" for k, v in (overrides or {}).items()
+            if origins and k in origins}
+
+
+def relabel(error: SpecError, file: str | Path | None, labels: dict[str, str]) -> SpecError:
+    """`error`, when it names `file` at a path that an override set (or lies in), as that
+    override; otherwise `error` itself. Also for errors found later, once the model and
+    GPU are read (`llmsim run`)."""
+    label = override_behind(error.path, labels)
+    if label is None or not file or error.file != SpecError(file, "", "").file:
+        return error
+    return SpecError(label, error.path, error.message)
 
 
 def yaml_text(value: object) -> str:
@@ -273,7 +274,7 @@ def group_scenario(sc: Scenario, group: ReplicaGroupSpec, where: str) -> Scenari
 def replace_scenario(sc: Scenario, **changes) -> Scenario:
     """`dataclasses.replace` that keeps where the scenario came from (file, folder)."""
     out = dataclasses.replace(sc, **changes)
-    for attr in ("file", "base_dir", "override_labels"):
+    for attr in ("file", "base_dir"):
         object.__setattr__(out, attr, getattr(sc, attr))
     return out
 
