@@ -296,11 +296,12 @@ def set_dotted(data: dict, dotted: str, value: object, *, file=None) -> None:
     for i, k in enumerate(keys):
         last = i == len(keys) - 1
         if isinstance(node, list):
-            if not k.isdigit() or int(k) >= len(node):
-                allowed = f"0 to {len(node) - 1}" if node else "none: the list is empty"
-                raise SpecError(file, f"{where}[{k}]" if k.isdigit() else f"{where}.{k}",
-                                f"{'index ' + k + ' is out of range' if k.isdigit() else 'not an index'} "
-                                f"of a list of {len(node)} (allowed: {allowed})")
+            allowed = f"(allowed: 0 to {len(node) - 1})" if node else "(allowed: none, the list is empty)"
+            if not k.isdigit():
+                raise SpecError(file, f"{where}.{k}", f"not an index of a list of {len(node)} {allowed}")
+            if int(k) >= len(node):
+                raise SpecError(file, f"{where}[{k}]", f"index {k} is out of range of a list of "
+                                                       f"{len(node)} {allowed}")
             where = f"{where}[{k}]"
             if last:
                 node[int(k)] = value
