@@ -53,7 +53,7 @@ class ChunkedPolicy:
             free -= blocks
         seqs = len(batch) + len(st.prefilling) - len(gone)
         for s in st.waiting if not plan.preempt else ():
-            reason = never_fits(st, s, st.max_model_len) or self.first_chunk_never_fits(st, s)
+            reason = never_fits(st, s) or self.first_chunk_never_fits(st, s)
             if reason:
                 plan.reject.append(Rejection(s, reason))
                 continue

@@ -6,6 +6,7 @@ import argparse
 import math
 import numbers
 import os
+import re
 import signal
 import sys
 import threading
@@ -22,8 +23,9 @@ DEFAULT_SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "quick
 def _parse_sets(pairs: list[str]) -> dict[str, object]:
     out = {}
     for p in pairs or []:
-        if "=" not in p:
-            raise SpecError("--set", p, "expected FIELD.PATH=VALUE")
+        if "=" not in p or not p.split("=", 1)[0].strip():
+            raise SpecError("--set", p, "expected FIELD.PATH=VALUE (allowed: e.g. "
+                            "workload.arrival.rate=3, cluster.groups.1.gpu=h100-sxm)")
         k, v = p.split("=", 1)
         out[k.strip()] = parse_cli_value(v, f"--set {k.strip()}")
     return out
@@ -38,6 +40,22 @@ def _num(v: float) -> str:
         return f"{v:,.0f}"
     text = f"{v:#.3g}"
     return text if "e" in text else text.rstrip(".")
+
+
+def _set_origins(sets: dict) -> dict[str, str]:
+    """Errors in a `--set` override name it, not the scenario file."""
+    return dict.fromkeys(sets, "--set")
+
+
+def _run_naming_sets(sc, sets: dict, **kw):
+    """`run(sc)`; a bad input found once the model and GPU are read names its --set."""
+    from .runner import run
+    from .scenario import override_labels, relabel
+
+    try:
+        return run(sc, **kw)
+    except SpecError as e:
+        raise relabel(e, sc.file, override_labels(sets, _set_origins(sets))) from None
 
 
 def _fmt(v, unit=""):
@@ -177,16 +195,16 @@ def cmd_run(a) -> int:
     from .foldernames import safe_folder_name
     from .outfile import check_out_file
     from .outputs import check_out_dir
-    from .runner import run
     from .scenario import load_scenario
 
     _check_format(a)
-    sc = load_scenario(a.scenario, _parse_sets(a.set))
+    sets = _parse_sets(a.set)
+    sc = load_scenario(a.scenario, sets, origins=_set_origins(sets))
     dest = Path(a.out) if a.out else Path("runs") / safe_folder_name(sc.name)
     check_out_dir(dest)  # before the simulation, not after it
     if a.trace_out:
         check_out_file(a.trace_out, flag="--trace-out", ours=_is_llmsim_trace)
-    out = run(sc, progress=not a.no_progress and sys.stderr.isatty())
+    out = _run_naming_sets(sc, sets, progress=not a.no_progress and sys.stderr.isatty())
     out.write(dest, plots=a.plots, fmt=a.format)
     if a.trace_out:
         from .perfetto import replica_parts, write_trace
@@ -207,12 +225,11 @@ def _run_and_print(names: list[str], scenarios: list, a) -> int:
     """Run scenarios (all validated already), optionally write each into its own folder
     under --out, print one table."""
     from .outputs import check_out_dir, write_many
-    from .runner import run
 
     _check_format(a)
     if a.out:
         check_out_dir(a.out)
-    outs = [run(sc) for sc in scenarios]
+    outs = [_run_naming_sets(sc, _parse_sets(a.set)) for sc in scenarios]
     folders = write_many(a.out, [(name, lambda folder, o=o: o.write(folder, a.plots, a.format))
                                  for name, o in zip(names, outs, strict=True)], {}) if a.out else []
     print(table(names, [o.summary for o in outs]))
@@ -224,7 +241,8 @@ def _run_and_print(names: list[str], scenarios: list, a) -> int:
 def cmd_compare(a) -> int:
     from .scenario import load_scenario
 
-    scs = [load_scenario(f, _parse_sets(a.set)) for f in a.scenarios]  # validate all first
+    sets = _parse_sets(a.set)
+    scs = [load_scenario(f, sets, origins=_set_origins(sets)) for f in a.scenarios]  # validate all first
     return _run_and_print([sc.name for sc in scs], scs, a)
 
 
@@ -306,8 +324,23 @@ def _terminated(signum, frame):  # SIGTERM ends a run the way Ctrl-C does
     raise KeyboardInterrupt
 
 
+def _attach_negative_lists(argv: list[str]) -> list[str]:
+    """`--rates -1,2` as `--rates=-1,2`: argparse takes `-1,2` for a flag, and the value's
+    own check then says what is allowed."""
+    out, i = [], 0
+    while i < len(argv):
+        if (argv[i] in ("--rates", "--values") and i + 1 < len(argv)
+                and re.fullmatch(r"-[\d.][\d.,eE+-]*", argv[i + 1])):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(_attach_negative_lists(sys.argv[1:] if argv is None else argv))
     main_thread = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:

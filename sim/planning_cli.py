@@ -44,7 +44,7 @@ def cmd_curve(a) -> int:
 
     _, rates = parse_axis(f"rates={a.rates}", "--rates")
     if any(not isinstance(r, int | float) or r <= 0 for r in rates):
-        raise SpecError("--rates", a.rates, "expected positive numbers, e.g. 1,2,4,8")
+        raise SpecError("--rates", a.rates, "a rate is not positive (allowed: numbers > 0, e.g. 1,2,4,8)")
     out = Path(a.out) if a.out else Path("runs") / f"curve_{Path(a.scenarios[0]).stem}"
     table, knees = run_curve(a.scenarios, rates, out, requests=a.requests, seed=a.seed,
                              ttft_bound=a.ttft_bound, executor=a.executor, workers=a.workers)

@@ -19,11 +19,15 @@ workload: {...}              # see sim/workload.py
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import yaml
+
 from .cluster import ClusterSpec, ReplicaGroupSpec
+from .models import context_window, load_model
 from .parallel import DTypeSpec, ParallelSpec
 from .specload import (
     MAX_BLOCK_SIZE,
@@ -34,6 +38,7 @@ from .specload import (
     SpecError,
     build,
     load_yaml,
+    show,
 )
 from .speculative import SpeculativeSpec
 from .workload import WorkloadSpec
@@ -150,13 +155,61 @@ class Scenario:
 MERGED_SECTIONS = ("scheduler", "kv", "attention", "speculative", "parallel")  # by key
 
 
-def load_scenario(file: str | Path, overrides: dict[str, object] | None = None) -> Scenario:
-    """Load and validate a scenario file; `overrides` maps dotted paths to values."""
+def load_scenario(file: str | Path, overrides: dict[str, object] | None = None, *,
+                  origins: dict[str, str] | None = None) -> Scenario:
+    """Load and validate a scenario file; `overrides` maps dotted paths (a list item by its
+    index: `cluster.groups.1.gpu` or `cluster.groups[1].gpu`) to values. `origins` maps an
+    override's path to the flag it came from (`--set`): an error in that override then names
+    it (`--set workload.arival.rate=3: workload.arival: unknown key ...`), not the file."""
     p = Path(file)
-    data = load_yaml(p)
+    data = load_yaml(p, "scenario file")
+    labels = override_labels(overrides, origins)
     for dotted, value in (overrides or {}).items():
-        set_dotted(data, dotted, value, file=p)
-    return scenario_from_dict(data, file=p, base_dir=p.resolve().parent)
+        set_dotted(data, dotted, value, file=labels.get(dotted, p))
+    try:
+        return scenario_from_dict(data, file=p, base_dir=p.resolve().parent)
+    except SpecError as e:
+        raise relabel(e, p, labels) from None
+
+
+def override_labels(overrides: dict[str, object] | None, origins: dict[str, str] | None) -> dict[str, str]:
+    """How errors name each override that has an origin: `--set workload.arrival.rate=3`."""
+    return {k: f"{origins[k]} {k}={yaml_text(v)}" for k, v in (overrides or {}).items()
+            if origins and k in origins}
+
+
+def relabel(error: SpecError, file: str | Path | None, labels: dict[str, str]) -> SpecError:
+    """`error`, when it names `file` at a path that an override set (or lies in), as that
+    override; otherwise `error` itself. Also for errors found later, once the model and
+    GPU are read (`llmsim run`)."""
+    label = override_behind(error.path, labels)
+    if label is None or not file or error.file != SpecError(file, "", "").file:
+        return error
+    return SpecError(label, error.path, error.message)
+
+
+def yaml_text(value: object) -> str:
+    """`value` as YAML flow text, as a user would type it (`true`, `h100-sxm`, `[1, 2]`)."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    return text[:-3].strip() if text.endswith("\n...") or text == "..." else text
+
+
+def path_parts(dotted: str) -> list[str]:
+    """`cluster.groups[1].gpu` or `cluster.groups.1.gpu` -> ['cluster', 'groups', '1', 'gpu']
+    (an error path's `group: field` form counts as one more dot)."""
+    return [k for k in re.sub(r"\[(\d+)\]", r".\1", dotted.replace(": ", ".")).split(".") if k]
+
+
+def override_behind(error_path: str, labels: dict[str, str]) -> str | None:
+    """The label of the override an error at `error_path` lies in or above (the longest)."""
+    where = path_parts(error_path)
+    best, best_len = None, -1
+    for key, label in labels.items():
+        parts = path_parts(key)
+        n = min(len(parts), len(where))
+        if n and parts[:n] == where[:n] and len(parts) > best_len:
+            best, best_len = label, len(parts)
+    return best
 
 
 def scenario_from_dict(data: dict, *, file: str | Path | None = None,
@@ -164,10 +217,32 @@ def scenario_from_dict(data: dict, *, file: str | Path | None = None,
     sc = build(Scenario, data, file=file)
     object.__setattr__(sc, "file", str(file) if file else "")
     object.__setattr__(sc, "base_dir", str(base_dir) if base_dir else "")
-    if sc.cluster is not None:  # every group's merged settings are checked up front
+    if sc.cluster is None:
+        check_step_budget(sc)
+    else:  # every group's merged settings are checked up front
         for gi, group in enumerate(sc.cluster.groups):
-            group_scenario(sc, group, f"cluster.groups[{gi}]")
+            where = f"cluster.groups[{gi}]"
+            own = {*(group.scheduler or {}), *(group.kv or {})} & {"policy", "max_num_batched_tokens",
+                                                                  "max_model_len"}
+            check_step_budget(group_scenario(sc, group, where), f"{where}." if own else "")
     return sc
+
+
+def check_step_budget(sc: Scenario, where: str = "") -> None:
+    """Without chunked prefill (`continuous`) a prompt is prefilled in one step, so a step
+    budget below the context window would reject every longer prompt: vLLM refuses that
+    setting at start-up, and so does this. Static batching has no per-step budget, and
+    chunked prefill spreads a prompt over steps. `where` prefixes the field paths."""
+    if sc.scheduler.policy != "continuous":
+        return
+    file = sc.file or None
+    window = context_window(load_model(sc.model, file=file, path="model"), sc.kv.max_model_len,
+                            file=file, path=f"{where}kv.max_model_len")
+    budget = sc.scheduler.max_num_batched_tokens
+    if budget < window:
+        raise SpecError(file, f"{where}scheduler.max_num_batched_tokens",
+                        f"{budget} is below the context window {window} "
+                        "(allowed: >= max_model_len, or policy: chunked)")
 
 
 def group_scenario(sc: Scenario, group: ReplicaGroupSpec, where: str) -> Scenario:
@@ -211,14 +286,38 @@ def _plain(d: dict) -> dict:
 
 
 def set_dotted(data: dict, dotted: str, value: object, *, file=None) -> None:
-    """Set `a.b.c = value` in nested dicts, creating mappings on the way."""
-    keys = dotted.split(".")
-    node = data
-    for i, k in enumerate(keys[:-1]):
-        nxt = node.get(k)
-        if nxt is None:
-            nxt = node[k] = {}
-        if not isinstance(nxt, dict):
-            raise SpecError(file, ".".join(keys[: i + 1]), f"cannot set '{dotted}': not a mapping")
+    """Set `a.b.c = value` in nested dicts, creating mappings on the way; a list item is
+    reached by its index (`groups.1.gpu` or `groups[1].gpu`)."""
+    keys = path_parts(dotted)
+    if not keys:
+        raise SpecError(file, dotted, "empty field path (allowed: FIELD.PATH=VALUE)")
+    node: object = data
+    where = ""
+    for i, k in enumerate(keys):
+        last = i == len(keys) - 1
+        if isinstance(node, list):
+            allowed = f"(allowed: 0 to {len(node) - 1})" if node else "(allowed: none, the list is empty)"
+            if not k.isdigit():
+                raise SpecError(file, f"{where}.{k}", f"not an index of a list of {len(node)} {allowed}")
+            if int(k) >= len(node):
+                raise SpecError(file, f"{where}[{k}]", f"index {k} is out of range of a list of "
+                                                       f"{len(node)} {allowed}")
+            where = f"{where}[{k}]"
+            if last:
+                node[int(k)] = value
+                return
+            nxt = node[int(k)]
+            if nxt is None:
+                nxt = node[int(k)] = {}
+        elif isinstance(node, dict):
+            where = f"{where}.{k}" if where else k
+            if last:
+                node[k] = value
+                return
+            nxt = node.get(k)
+            if nxt is None:
+                nxt = node[k] = {}
+        else:
+            raise SpecError(file, where, f"cannot set '{dotted}': {where} is {show(node)}, not a "
+                                         "mapping or a list (allowed: a path through mappings and lists)")
         node = nxt
-    node[keys[-1]] = value

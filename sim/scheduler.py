@@ -118,15 +118,22 @@ class StepPlan:
         return [a.seq for a in self.admit]
 
 
-def never_fits(st: ReplicaState, s: Seq, cap_tokens: int, watermark: int = 0) -> str:
-    """Why `s` can never be admitted, even into an empty replica ("" if it can)."""
+def never_fits(st: ReplicaState, s: Seq, step_budget: int | None = None, watermark: int = 0) -> str:
+    """Why `s` can never be admitted, even into an empty replica ("" if it can), naming the
+    limit that binds: the context window (max_model_len, as vLLM says), then the per-step
+    token budget (`step_budget`: continuous batching prefills a prompt in one step; None
+    where a prompt may span steps or the budget does not apply), then the whole KV cache."""
     n = s.tokens_to_prefill
-    if n > cap_tokens:
-        return resumed(s, f"prompt of {n} tokens exceeds the per-step limit of {cap_tokens}")
+    if n > st.max_model_len:
+        return resumed(s, f"prompt of {n} tokens exceeds max_model_len {st.max_model_len} "
+                          f"(the context window)")
+    if step_budget is not None and n > step_budget:
+        return resumed(s, f"prompt of {n} tokens exceeds the per-step token budget {step_budget} "
+                          f"(scheduler.max_num_batched_tokens)")
     need = st.admission_need(s)
     if need > st.kv.num_blocks - watermark:
         return resumed(s, f"needs {need} KV slots/blocks, more than the {st.kv.num_blocks - watermark} "
-                          f"an empty cache offers above its watermark")
+                          f"the whole (empty) KV cache offers above its watermark")
     return ""
 
 
@@ -157,10 +164,9 @@ class ContinuousPolicy:
     def admit(self, st: ReplicaState) -> StepPlan:
         spec, kv = self.spec, st.kv
         plan = StepPlan("prefill")
-        cap = min(spec.max_num_batched_tokens, st.max_model_len)
         tokens, seqs, blocks = 0, len(st.batch), 0
         for s in st.waiting:
-            reason = never_fits(st, s, cap, self.watermark)
+            reason = never_fits(st, s, spec.max_num_batched_tokens, self.watermark)
             if reason:
                 plan.reject.append(Rejection(s, reason))
                 continue
@@ -237,7 +243,7 @@ class StaticPolicy:
         plan = StepPlan("prefill")
         chosen: list[Seq] = []
         for s in st.waiting:
-            reason = never_fits(st, s, st.max_model_len)
+            reason = never_fits(st, s)
             if not reason and self.batch_reservation(st, [s]) > st.kv.num_blocks:
                 reason = resumed(s, f"its prompt and output cap need "
                                     f"{self.batch_reservation(st, [s])} KV slots/blocks, more "

@@ -82,7 +82,10 @@ _REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict = 3, 6, 6, 6
 
 
 def show(value: Any) -> str:
-    """A short repr of `value` for an error message (bounded time, ~80 characters)."""
+    """A short repr of `value` for an error message (bounded time, ~80 characters); YAML's
+    own words for true, false and null, as the user wrote them."""
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
     text = _REPR.repr(value)
     return text if len(text) <= _SHOW_CHARS else text[: _SHOW_CHARS - 3] + "..."
 
@@ -91,6 +94,14 @@ def is_file(p: str | Path) -> bool:
     """Path.is_file that says False, not OSError, for a name too long or otherwise unusable."""
     try:
         return Path(p).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def is_dir(p: str | Path) -> bool:
+    """Path.is_dir that says False, not OSError, for a name too long or otherwise unusable."""
+    try:
+        return Path(p).is_dir()
     except (OSError, ValueError):
         return False
 
@@ -117,10 +128,13 @@ def read_text(file: str | Path, *, max_bytes: int | None = None) -> str:
         raise SpecError(p, f"line {line}", f"byte {raw[e.start]:#04x} is not UTF-8 (allowed: UTF-8 text)") from None
 
 
-def load_yaml(file: str | Path) -> dict:
-    """Read a YAML mapping; a missing or malformed file is a SpecError."""
+def load_yaml(file: str | Path, what: str = "YAML file") -> dict:
+    """Read a YAML mapping; a missing or malformed file is a SpecError (`what` names the
+    kind of file a folder given in its place is not)."""
     p = Path(file)
     if not is_file(p):
+        if is_dir(p):
+            raise SpecError(p, "", f"is a folder, not a {what} (allowed: a YAML file)")
         raise SpecError(p, "", "file not found")
     data = parse_yaml(read_text(p, max_bytes=MAX_SPEC_BYTES), p)
     if data is None:
@@ -234,6 +248,17 @@ def _type_name(tp: Any) -> str:
     )
 
 
+def _allowed(tp: Any, meta: typing.Mapping) -> str:
+    """What a scalar field takes, with its range: `an integer > 0`, `a finite number >= 0`."""
+    what = _type_name(tp)
+    if tp is float and meta.get("finite", True):
+        what = "a finite number"
+    bounds = [f"{word} {meta[key]:,}" if isinstance(meta[key], int) and abs(meta[key]) >= 10**5
+              else f"{word} {meta[key]}"
+              for key, word in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")) if key in meta]
+    return f"(allowed: {what}{' ' + ' and '.join(bounds) if bounds else ''})"
+
+
 def _convert(tp: Any, value: Any, file: Any, path: str, meta: typing.Mapping = types.MappingProxyType({})) -> Any:
     """`value` as type `tp`; `meta` is the field's metadata ("finite": False lets a float be inf)."""
     origin = get_origin(tp)
@@ -253,7 +278,7 @@ def _convert(tp: Any, value: Any, file: Any, path: str, meta: typing.Mapping = t
                 errors.append(e)
         if len(errors) == 1:
             raise errors[0]
-        raise SpecError(file, path, f"expected {_type_name(tp)}, got {show(value)}")
+        raise SpecError(file, path, f"expected {_type_name(tp)}, got {show(value)} (allowed: {_type_name(tp)})")
     if origin is Literal:
         allowed = get_args(tp)
         if isinstance(value, bool | int | float | str) and value in allowed:
@@ -261,12 +286,12 @@ def _convert(tp: Any, value: Any, file: Any, path: str, meta: typing.Mapping = t
         raise SpecError(file, path, f"unknown {show(value)} (allowed: {', '.join(str(a) for a in allowed)})")
     if origin in (tuple, list):
         if not isinstance(value, list | tuple):
-            raise SpecError(file, path, f"expected {_type_name(tp)}, got {show(value)}")
+            raise SpecError(file, path, f"expected {_type_name(tp)}, got {show(value)} (allowed: a YAML list, [a, b, ...])")
         (item,) = get_args(tp)[:1]
         return tuple(_convert(item, v, file, f"{path}[{i}]", meta) for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
-            raise SpecError(file, path, f"expected {_type_name(tp)}, got {show(value)}")
+            raise SpecError(file, path, f"expected {_type_name(tp)}, got {show(value)} (allowed: a YAML mapping, {{key: value, ...}})")
         _, vt = get_args(tp)
         return {str(k): _convert(vt, v, file, f"{path}.{k}", meta) for k, v in value.items()}
     if dataclasses.is_dataclass(tp):
@@ -278,19 +303,19 @@ def _scalar(tp: Any, value: Any, file: Any, path: str, meta: typing.Mapping) -> 
     """`value` as bool, int (64-bit unless the field bounds it), finite float, or str."""
     if tp is bool:
         if not isinstance(value, bool):
-            raise SpecError(file, path, f"expected true or false, got {show(value)}")
+            raise SpecError(file, path, f"expected true or false, got {show(value)} (allowed: true, false)")
         return value
     if tp is int:
         if isinstance(value, float) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
-            raise SpecError(file, path, f"expected an integer, got {show(value)}")
+            raise SpecError(file, path, f"expected an integer, got {show(value)} {_allowed(tp, meta)}")
         if abs(value) > MAX_INT and "le" not in meta and "lt" not in meta:
             raise SpecError(file, path, f"{show(value)} is too large (allowed: at most {MAX_INT:,} in size)")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise SpecError(file, path, f"expected a number, got {show(value)}")
+            raise SpecError(file, path, f"expected a number, got {show(value)} {_allowed(tp, meta)}")
         try:
             number = float(value)
         except OverflowError:  # an integer too large for a float
@@ -300,7 +325,7 @@ def _scalar(tp: Any, value: Any, file: Any, path: str, meta: typing.Mapping) -> 
         return number
     if tp is str:
         if not isinstance(value, str):
-            raise SpecError(file, path, f"expected a string, got {show(value)}")
+            raise SpecError(file, path, f"expected a string, got {show(value)} (allowed: text)")
         return value
     raise TypeError(f"specload: unsupported field type {tp!r}")
 

@@ -210,7 +210,8 @@ def check_configs(scenario_file: str, base: dict, configs: list[dict]) -> None:
     workloads: dict[str, tuple] = {}
     for c in configs:
         try:
-            sc = load_scenario(scenario_file, {**base, **c})
+            sc = load_scenario(scenario_file, {**base, **c}, origins={
+                **dict.fromkeys(base, "--set"), **dict.fromkeys(c, "--grid/--zip")})
             replicas = replica_configs(sc)
             wkey = repr((sc.workload, sc.seed, sc.file, sc.base_dir))
             if wkey not in workloads:

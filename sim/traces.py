@@ -3,7 +3,8 @@
 Each file is parsed once while unchanged (see sim/filecache.py); columns come back as
 read-only arrays, and a bad value is a SpecError naming the file and its line. Trace
 time is seconds since the trace's first request (mooncake's milliseconds converted,
-azure's date-times subtracted), rows sorted by it (ties keep file order).
+azure's date-times subtracted): the first row arrives at t = 0. Rows must be in time
+order (ties allowed); a row earlier than the one before it is refused, naming its line.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ _TRACE_COLUMNS = {  # format -> (time, prompt, output) column or key names
 
 
 class Trace(NamedTuple):
-    t: np.ndarray  # float64, seconds since the first request, sorted
+    t: np.ndarray  # float64, seconds since the first request, non-decreasing
     prompt: np.ndarray  # int64
     output: np.ndarray  # int64
     hashes: tuple[tuple[int, ...], ...] | None
@@ -158,13 +159,15 @@ def _parse_trace(p: Path, fmt: str) -> Trace:
         t = _numbers(p, cols[tcol], linenos, tcol, integer=False, lo=0, hi=MAX_TIME_S * per_s) / per_s
     prompt = _numbers(p, cols[pcol], linenos, pcol, integer=True, lo=1, hi=MAX_TOKENS)
     output = _numbers(p, cols[ocol], linenos, ocol, integer=True, lo=1, hi=MAX_TOKENS)
-    order = np.argsort(t, kind="stable")  # time order; ties keep file order
-    hashes = tuple(hashes[i] for i in order) if hashes is not None else None
-    arrays = [t[order] - t[order[0]], prompt[order], output[order]]
+    back = np.flatnonzero(np.diff(t) < 0)
+    if back.size:  # replayed in file order (as vLLM's benchmark does), so refused, not sorted
+        i = int(back[0]) + 1
+        raise SpecError(p, f"line {linenos[i]}", f"{tcol} {str(cols[tcol][i])[:40]} is before the previous "
+                        f"row's {str(cols[tcol][i - 1])[:40]} (allowed: non-decreasing arrival times)")
+    arrays = [t - t[0], prompt, output]
     acc = None
     if "acceptance" in cols:  # speculative decoding: per-request draft acceptance rate
         acc = _numbers(p, cols["acceptance"], linenos, "acceptance", integer=False, lo=0, hi=1)
-        acc = acc[order]
         acc.flags.writeable = False
     for a in arrays:
         a.flags.writeable = False

@@ -69,7 +69,33 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
     # command-line values
     "--set unclosed list": ({"b.yaml": B}, ["--set", "name=[1,"], ["--set: name: malformed value"]),
     "--set alias bomb": ({"b.yaml": B}, ["--set", "description=[*a]"], ["--set: description: malformed value"]),
-    "--set of an empty field name": ({"b.yaml": B}, ["--set", "=5"], ["b.yaml: '': unknown key"]),
+    "--set of an empty field name": ({"b.yaml": B}, ["--set", "=5"], ["--set: =5: expected FIELD.PATH=VALUE"]),
+    "--set misspelt key": ({"b.yaml": B}, ["--set", "workload.arival.rate=3"],
+                           ["--set workload.arival.rate=3: workload.arival: unknown key (allowed: arrival, "]),
+    "--set list index out of range": ({"b.yaml": B + "cluster: {groups: [{count: 1}]}\n"},
+                                      ["--set", "cluster.groups[1].gpu=h100-sxm"],
+                                      ["--set cluster.groups[1].gpu=h100-sxm: cluster.groups[1]: index 1 is out "
+                                       "of range of a list of 1 (allowed: 0 to 0)"]),
+    "--set unknown gpu of a group": ({"b.yaml": B + "cluster: {groups: [{count: 1}]}\n"},
+                                     ["--set", "cluster.groups.0.gpu=h10"],
+                                     ["--set cluster.groups.0.gpu=h10: cluster.groups[0].gpu: unknown 'h10' (known: "]),
+    "--set not an integer": ({"b.yaml": B}, ["--set", "scheduler.max_num_seqs=lots"],
+                             ["--set scheduler.max_num_seqs=lots: scheduler.max_num_seqs: expected an integer, "
+                              "got 'lots' (allowed: an integer > 0)"]),
+    "--set a YAML bool for a number": ({"b.yaml": B}, ["--set", "workload.arrival.rate=true"],
+                                       ["workload.arrival.rate: expected a number, got true (allowed: a finite number > 0)"]),
+    "--set rate inf": ({"b.yaml": B}, ["--set", "workload.arrival.rate=inf"],
+                       ["workload.arrival.rate: expected a number, got 'inf' (allowed: a finite number > 0)"]),
+    "--set step budget below the window": ({"b.yaml": B}, ["--set", "scheduler.max_num_batched_tokens=100"],
+                                           ["--set scheduler.max_num_batched_tokens=100: scheduler.max_num_batched_tokens: "
+                                            "100 is below the context window 8192 (allowed: >= max_model_len, or policy: chunked)"]),
+    "sweep grid list index out of range": ({"b.yaml": B + "cluster: {groups: [{count: 1}]}\n"},
+                                           ["sweep", "b.yaml", "--grid", "cluster.groups.3.gpu=a,b", "--out", "out"],
+                                           ["--grid/--zip cluster.groups.3.gpu=a: cluster.groups[3]: index 3 is out of range"]),
+    "curve negative rate": ({"b.yaml": B}, ["curve", "b.yaml", "--rates", "-1,2", "--out", "out"],
+                            ["--rates: -1,2: a rate is not positive (allowed: numbers > 0"]),
+    "scenario that is a folder": ({}, ["run", ".", "--out", "out"],
+                                  [".: is a folder, not a scenario file (allowed: a YAML file)"]),
     "sweep unclosed list": ({"b.yaml": B}, ["sweep", "b.yaml", "--field", "workload.arrival.rate",
                                             "--values", "[a", "--out", "out"],
                             ["--values: workload.arrival.rate: malformed value"]),
@@ -81,7 +107,10 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
     "num_requests 1e30": ({"b.yaml": _b("num_requests: 20", "num_requests: 1.0e+30")}, [],
                           ["b.yaml: workload.num_requests: ", "out of range"]),
     "num_requests 1e10 via --set": ({"b.yaml": B}, ["--set", "workload.num_requests=10000000000"],
-                                    ["b.yaml: workload.num_requests: ", "out of range"]),
+                                    ["--set workload.num_requests=10000000000: workload.num_requests: ", "out of range"]),
+    "continuous step budget below the window": ({"b.yaml": B + "scheduler: {max_num_batched_tokens: 100}\n"}, [],
+                                                ["b.yaml: scheduler.max_num_batched_tokens: 100 is below the context "
+                                                 "window 8192 (allowed: >= max_model_len, or policy: chunked)"]),
     "duration inf": ({"b.yaml": B + "  duration_s: .inf\n"}, [], ["b.yaml: workload.duration_s: inf is not finite"]),
     "duration nan": ({"b.yaml": B + "  duration_s: .nan\n"}, [], ["b.yaml: workload.duration_s: nan is not finite"]),
     "rate inf": ({"b.yaml": _b("rate: 5", "rate: .inf")}, [], ["b.yaml: workload.arrival.rate: inf is not finite"]),
@@ -119,6 +148,12 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
     "int over 64 bits": ({"b.yaml": B + f"scheduler: {{max_num_seqs: {2**70}}}\n"}, [],
                          ["b.yaml: scheduler.max_num_seqs: ", "too large"]),
     # traces
+    "trace out of time order": ({"b.yaml": TRACE, "t.csv": "arrival_s,prompt_tokens,output_tokens\n5,100,10\n1,100,20\n"},
+                                [], ["t.csv: line 3: arrival_s 1 is before the previous row's 5 (allowed: non-decreasing "
+                                     "arrival times)"]),
+    "mooncake out of time order": ({"b.yaml": MOONCAKE, "m.jsonl": json.dumps({**GOOD_ROW, "timestamp": 9}) + "\n"
+                                    + json.dumps(GOOD_ROW) + "\n"}, [],
+                                   ["m.jsonl: line 2: timestamp 0 is before the previous row's 9"]),
     "trace cell 1e19": (_trace("1e19"), [], ["t.csv: line 3: prompt_tokens: '1e19' is out of range"]),
     "trace cell 1e30": (_trace("1e30"), [], ["t.csv: line 3: prompt_tokens: '1e30' is out of range"]),
     "trace cell 1e400": (_trace("1e400"), [], ["t.csv: line 3: prompt_tokens: '1e400' is out of range"]),
@@ -129,9 +164,9 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
                          ["t.csv: line 2: ", "NUL"]),
     "trace time_scale 1e308": ({**_trace("10"), "b.yaml": TRACE.replace("t.csv}", "t.csv, time_scale: 1.0e+308}")}, [],
                                ["b.yaml: workload.trace.time_scale: arrivals reach 1e+308 s"]),
-    "mooncake input_length true": (_mooncake(input_length=True), [], ["m.jsonl: line 2: input_length: True is a JSON bool"]),
+    "mooncake input_length true": (_mooncake(input_length=True), [], ["m.jsonl: line 2: input_length: true is a JSON bool"]),
     "mooncake input_length string": (_mooncake(input_length="5"), [], ["m.jsonl: line 2: input_length: '5' is a JSON str"]),
-    "mooncake timestamp null": (_mooncake(timestamp=None), [], ["m.jsonl: line 2: timestamp: None"]),
+    "mooncake timestamp null": (_mooncake(timestamp=None), [], ["m.jsonl: line 2: timestamp: null"]),
     "mooncake output 1e30": (_mooncake(output_length=1e30), [], ["m.jsonl: line 2: output_length: ", "out of range"]),
     "mooncake huge integer": (_mooncake(input_length=10**400), [], ["m.jsonl: line 2: input_length: 1000"]),
     "mooncake hash_ids strings": (_mooncake(hash_ids=["a"]), [], ["m.jsonl: line 2: hash_ids: "]),
@@ -153,7 +188,7 @@ def test_malformed_input_is_one_line_exit_2_and_writes_nothing(tmp_path, monkeyp
         else:
             target.write_text(content, encoding="utf-8")
     monkeypatch.chdir(tmp_path)
-    argv = argv if argv[:1] in (["run"], ["sweep"], ["compare"]) else RUN + argv
+    argv = argv if argv[:1] in (["run"], ["sweep"], ["compare"], ["curve"]) else RUN + argv
     code = main(argv)  # an exception here is the traceback the contract forbids
     err = capsys.readouterr().err
     lines = err.splitlines()

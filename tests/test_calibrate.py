@@ -186,10 +186,11 @@ def _plans_match(sc_over: dict) -> None:
     prompt, output = rng.integers(20, 90, n), rng.integers(5, 40, n)
     wl = Workload(np.zeros(n), prompt, output, np.full(n, int(output.max())))
     kv_tokens = sc.kv.num_blocks * sc.kv.block_size
+    max_len = sc.kv.max_model_len or 2048  # tiny-llama's window
     dev = Device(torch.device("cpu"), torch.float32)
-    real, _ = ReferenceEngine(sc, Llama(load_model("tiny-llama"), dev), kv_tokens, 2048).run(wl)
+    real, _ = ReferenceEngine(sc, Llama(load_model("tiny-llama"), dev), kv_tokens, max_len).run(wl)
     sim, _ = simulate_with(sc, wl, ROOT / "gpu_profiles" / "h200-sxm", RuntimeSpec(name="k"),
-                           kv_tokens, 2048)
+                           kv_tokens, max_len)
     cols = ("kind", "num_seqs", "num_tokens", "kv_blocks_used")
     assert [tuple(getattr(real.steps, c)) for c in cols] == \
         [tuple(getattr(sim.steps, c)) for c in cols]
@@ -199,7 +200,7 @@ def _plans_match(sc_over: dict) -> None:
 
 def test_reference_engine_takes_the_simulators_steps_through_preemptions():
     _plans_match({"scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 256},
-                  "kv": {"num_blocks": 24, "block_size": 16}})  # small: forces recompute
+                  "kv": {"num_blocks": 24, "block_size": 16, "max_model_len": 256}})  # small: forces recompute
 
 
 def test_reference_engine_takes_the_simulators_steps_under_static_batching():

@@ -110,7 +110,8 @@ def test_chunked_and_cached_runs_conserve_requests_and_blocks(seed, n, rate, blo
     sc = scenario(seed=seed,
                   scheduler={"policy": policy, "max_num_batched_tokens": max(budget, 2048 if policy == "continuous" else budget),
                              "max_num_seqs": 32},
-                  kv={"num_blocks": blocks, "prefix_caching": caching}, workload=wl)
+                  kv={"num_blocks": blocks, "prefix_caching": caching,
+                      **({"max_model_len": 2048} if policy == "continuous" else {})}, workload=wl)
     out = run(sc)
     req = out.requests
     assert set(req.status) <= {"finished", "rejected"}
@@ -158,7 +159,7 @@ def test_prefill_step_with_cache_hits_stays_within_the_token_budget_when_admissi
     # a later admission of the same step planned to reuse
     out = run(scenario(
         seed=20, scheduler={"max_num_batched_tokens": 256, "watermark": 0.0, "max_num_seqs": 8},
-        kv={"num_blocks": 18, "block_size": 16, "prefix_caching": True},
+        kv={"num_blocks": 18, "block_size": 16, "prefix_caching": True, "max_model_len": 256},
         workload={"num_requests": 9, "arrival": {"kind": "constant", "rate": 1000},
                   "prompt": {"kind": "uniform", "low": 1, "high": 100},
                   "output": {"kind": "uniform", "low": 1, "high": 30}, "multi_turn": {"turns": 3}}))

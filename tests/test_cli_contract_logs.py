@@ -108,3 +108,11 @@ def test_fit_log_with_an_impossible_count_or_time_is_a_one_line_error(user_cwd, 
     argv = ["fit-log", str(steps), "--requests", str(reqs), "--model", "llama-3.2-1b", "--gpu",
             "h200-sxm", "--base-runtime", "vllm", "--out", "rt.yaml"]
     assert message in _one_line_nothing_written(argv, user_cwd, capsys)
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--model", "llama-3-8x"), ("--gpu", "h10"),
+                                             ("--base-runtime", "vlm")])
+def test_fit_log_unknown_name_names_the_flag_not_a_file(user_cwd, capsys, flag, value):
+    argv = [value if prev == flag else a for prev, a in zip([None, *FIT[:-1]], FIT, strict=True)]
+    err = _one_line_nothing_written(argv + ["rt.yaml"], user_cwd, capsys)
+    assert err.startswith(f"llmsim: error: {flag}: unknown '{value}' (known: "), err

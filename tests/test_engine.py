@@ -181,12 +181,13 @@ def test_contiguous_kv_wastes_most_of_its_reservation_and_paged_almost_none():
     assert contig.summary["kv"]["reserved_unused_share"] > 0.5
 
 
-def test_prompt_longer_than_the_step_budget_is_rejected_and_reported():
-    sc = scenario(scheduler={"max_num_batched_tokens": 1000},
+def test_prompt_longer_than_the_context_window_is_rejected_and_reported():
+    sc = scenario(scheduler={"max_num_batched_tokens": 1000}, kv={"max_model_len": 1000},
                   workload={"num_requests": 3, "prompt": {"kind": "fixed", "value": 2000}})
     out = run(sc)
     assert (out.requests.status == "rejected").all()
-    assert out.requests.reject_reason.str.contains("exceeds").all()
+    assert (out.requests.reject_reason
+            == "prompt of 2000 tokens exceeds max_model_len 1000 (the context window)").all()
     assert out.summary["requests"]["rejected"] == 3
 
 
@@ -225,7 +226,8 @@ def test_every_request_is_accounted_for_and_every_kv_block_returns(seed, n, rate
     sc = scenario(
         seed=seed,
         scheduler={**policy, "max_num_seqs": max_seqs, "max_num_batched_tokens": 2048},
-        kv={"manager": manager, "num_blocks": blocks * (16 // bs), "block_size": 16},
+        kv={"manager": manager, "num_blocks": blocks * (16 // bs), "block_size": 16,
+            "max_model_len": 2048},
         workload={"num_requests": n, "arrival": {"kind": "poisson", "rate": rate},
                   "prompt": {"kind": "lognormal", "mean": 300, "sigma": 1.0, "max": 3000},
                   "output": {"kind": "lognormal", "mean": 80, "sigma": 1.0, "max": 400}},
@@ -270,29 +272,30 @@ def test_static_contiguous_batch_whose_rows_all_end_at_prefill_gives_its_slots_b
 
 
 def test_request_whose_re_prefill_no_longer_fits_after_preemption_is_rejected_as_preempted():
-    # two 100-token prompts fit the 16 blocks of 16 tokens; growing to 150 tokens each they
-    # do not, so the newer one is preempted after its first tokens, and its re-prefill
-    # (prompt + generated) is over the 110-token step limit
+    # a 100-token prompt fits the 8 blocks of 16 tokens (128 tokens); growing past 128
+    # tokens it does not, so it is preempted after 28 output tokens, and its re-prefill of
+    # 129 tokens needs 9 blocks, more than the whole cache
     out = run(scenario(
-        scheduler={"max_num_batched_tokens": 110, "watermark": 0.0},
-        kv={"num_blocks": 16, "block_size": 16},
-        workload={"num_requests": 2, "arrival": {"kind": "constant", "rate": 1000},
-                  "prompt": {"kind": "fixed", "value": 100}, "output": {"kind": "fixed", "value": 50}}))
+        scheduler={"watermark": 0.0},
+        kv={"num_blocks": 8, "block_size": 16},
+        workload={"num_requests": 1, "prompt": {"kind": "fixed", "value": 100},
+                  "output": {"kind": "fixed", "value": 50}}))
     req = out.requests
-    assert list(req.status) == ["finished", "rejected"]
-    dropped = req.iloc[1]
+    assert list(req.status) == ["rejected"]
+    dropped = req.iloc[0]
     assert dropped.preemptions == 1 and dropped.first_token_s > 0
-    assert dropped.reject_reason.startswith(
-        f"preempted after {dropped.generated_tokens} output tokens, and its re-prefill of "
-        f"{100 + dropped.generated_tokens} tokens no longer fits")
-    assert out.result.kv.free_blocks == 16
+    assert dropped.reject_reason == (
+        "preempted after 29 output tokens, and its re-prefill of 129 tokens no longer fits: "
+        "needs 9 KV slots/blocks, more than the 8 the whole (empty) KV cache offers above "
+        "its watermark")
+    assert out.result.kv.free_blocks == 8
 
 
 def test_rejections_from_a_long_queue_keep_the_rest_in_arrival_order():
     # prompts alternate between too long and fine, all queued at once: the fine ones are
     # served first come, first served, the long ones each rejected once
     out = run(scenario(
-        scheduler={"max_num_batched_tokens": 1000, "max_num_seqs": 4},
+        scheduler={"max_num_batched_tokens": 1000, "max_num_seqs": 4}, kv={"max_model_len": 1000},
         workload={"num_requests": 40, "arrival": {"kind": "constant", "rate": 1e6},
                   "prompt": {"kind": "uniform", "low": 500, "high": 1500}}))
     req = out.requests

@@ -86,6 +86,8 @@ def scenarios(draw) -> dict:
             {"kind": "fixed", "alpha": 1.0}, {"kind": "per_request", "mean": 0.6, "std": 0.2}]))
         if method == "draft_model":
             speculative["draft_model"] = "llama-3.2-1b"
+    if policy == "continuous":  # as vLLM without chunked prefill: budget >= context window
+        kv["max_model_len"] = min(kv["max_model_len"] or 8192, scheduler["max_num_batched_tokens"])
     return {
         "name": "fuzz", "seed": draw(st.integers(0, 2**16)), "model": "llama-3-8b",
         "kv": {k: v for k, v in kv.items() if v is not None}, "scheduler": scheduler,

@@ -145,7 +145,7 @@ def test_round_after_preemption_keeps_the_lookahead_its_blocks_were_planned_at()
     sc = scenario(
         model="llama-3.2-1b",
         scheduler={"max_num_seqs": 16, "watermark": 0.0},
-        kv={"block_size": 32, "num_blocks": 8},
+        kv={"block_size": 32, "num_blocks": 8, "max_model_len": 8192},  # within the step budget
         speculative={"method": "ngram", "k": 1, "disable_above_batch": 7},
         workload={"num_requests": 33, "arrival": {"kind": "constant", "rate": 500},
                   "prompt": {"kind": "fixed", "value": 4}, "output": {"kind": "fixed", "value": 43}})

@@ -209,12 +209,20 @@ def test_synthetic_arrivals_over_a_trace_take_its_rows_in_order_wrapping_around(
     np.testing.assert_array_equal(w.arrival_s, np.arange(7.0))
 
 
-def test_csv_trace_is_sorted_and_rebased_to_its_first_request(tmp_path):
-    write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n12.5,10,1\n10,20,2\n\n11,30,3\n")
+def test_csv_trace_is_rebased_to_its_first_request_in_file_order(tmp_path):
+    write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n10,20,2\n\n11,30,3\n12.5,10,1\n")
     w = make({"trace": {"path": "t.csv"}}, base_dir=tmp_path)
     np.testing.assert_array_equal(w.arrival_s, [0.0, 1.0, 2.5])
     np.testing.assert_array_equal(w.prompt_tokens, [20, 30, 10])
     np.testing.assert_array_equal(w.max_tokens, [3, 3, 3])
+
+
+def test_csv_trace_out_of_time_order_is_refused_at_its_line(tmp_path):
+    write(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n12.5,10,1\n\n10,20,2\n")
+    with pytest.raises(SpecError) as e:
+        make({"trace": {"path": "t.csv"}}, base_dir=tmp_path)
+    assert str(e.value) == (f"{tmp_path / 't.csv'}: line 4: arrival_s 10 is before the previous "
+                            "row's 12.5 (allowed: non-decreasing arrival times)")
 
 
 def test_relative_paths_resolve_against_the_scenario_folder_before_the_root(tmp_path):

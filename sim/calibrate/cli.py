@@ -160,8 +160,9 @@ def cmd_fit_log(a) -> int:
 
     out = check_out_file(a.out, flag="--out", ours=_is_fitted_runtime)  # before fitting
     name = a.name or out.stem
-    fit = fit_log(a.steps, a.requests, load_model(a.model, path="--model"),
-                  load_profile(a.gpu, path="--gpu"), load_runtime(a.base_runtime, path="--base-runtime"),
+    fit = fit_log(a.steps, a.requests, load_model(a.model, file="--model", path=""),
+                  load_profile(a.gpu, file="--gpu", path=""),
+                  load_runtime(a.base_runtime, file="--base-runtime", path=""),
                   name, a.prefill_attention, a.decode_attention)
     report = format_fit(fit)
     print(report)
