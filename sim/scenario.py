@@ -242,7 +242,7 @@ def check_step_budget(sc: Scenario, where: str = "") -> None:
     if budget < window:
         raise SpecError(file, f"{where}scheduler.max_num_batched_tokens",
                         f"{budget} is below the context window {window} "
-                        "(allowed: >= max_model_len, or policy: chunked)")
+                        "(allowed: >= the context window, a smaller kv.max_model_len, or policy: chunked)")
 
 
 def group_scenario(sc: Scenario, group: ReplicaGroupSpec, where: str) -> Scenario:

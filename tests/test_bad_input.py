@@ -88,7 +88,7 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
                        ["workload.arrival.rate: expected a number, got 'inf' (allowed: a finite number > 0)"]),
     "--set step budget below the window": ({"b.yaml": B}, ["--set", "scheduler.max_num_batched_tokens=100"],
                                            ["--set scheduler.max_num_batched_tokens=100: scheduler.max_num_batched_tokens: "
-                                            "100 is below the context window 8192 (allowed: >= max_model_len, or policy: chunked)"]),
+                                            "100 is below the context window 8192 (allowed: >= the context window, a smaller kv.max_model_len, or policy: chunked)"]),
     "sweep grid list index out of range": ({"b.yaml": B + "cluster: {groups: [{count: 1}]}\n"},
                                            ["sweep", "b.yaml", "--grid", "cluster.groups.3.gpu=a,b", "--out", "out"],
                                            ["--grid/--zip cluster.groups.3.gpu=a: cluster.groups[3]: index 3 is out of range"]),
@@ -110,7 +110,7 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
                                     ["--set workload.num_requests=10000000000: workload.num_requests: ", "out of range"]),
     "continuous step budget below the window": ({"b.yaml": B + "scheduler: {max_num_batched_tokens: 100}\n"}, [],
                                                 ["b.yaml: scheduler.max_num_batched_tokens: 100 is below the context "
-                                                 "window 8192 (allowed: >= max_model_len, or policy: chunked)"]),
+                                                 "window 8192 (allowed: >= the context window, a smaller kv.max_model_len, or policy: chunked)"]),
     "duration inf": ({"b.yaml": B + "  duration_s: .inf\n"}, [], ["b.yaml: workload.duration_s: inf is not finite"]),
     "duration nan": ({"b.yaml": B + "  duration_s: .nan\n"}, [], ["b.yaml: workload.duration_s: nan is not finite"]),
     "rate inf": ({"b.yaml": _b("rate: 5", "rate: .inf")}, [], ["b.yaml: workload.arrival.rate: inf is not finite"]),

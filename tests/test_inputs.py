@@ -77,7 +77,7 @@ def test_continuous_batching_refuses_a_step_budget_below_the_context_window():
     with pytest.raises(SpecError) as e:
         run(scenario(scheduler={"max_num_batched_tokens": 100}))
     assert str(e.value) == ("<input>: scheduler.max_num_batched_tokens: 100 is below the context "
-                            "window 8192 (allowed: >= max_model_len, or policy: chunked)")
+                            "window 8192 (allowed: >= the context window, a smaller kv.max_model_len, or policy: chunked)")
 
 
 def test_step_budget_is_checked_against_kv_max_model_len_when_set():
@@ -196,7 +196,7 @@ def test_a_fleet_step_budget_below_the_window_names_where_it_is_set(key, path):
     with pytest.raises(SpecError) as e:
         load_scenario(FLEET, {key: 100}, origins={key: "--set"})
     assert str(e.value) == (f"--set {key}=100: {path}: 100 is below the context window 8192 "
-                            "(allowed: >= max_model_len, or policy: chunked)")
+                            "(allowed: >= the context window, a smaller kv.max_model_len, or policy: chunked)")
 
 
 def test_validation_refuses_a_sweep_of_step_budgets_below_the_window_before_any_run(tmp_path):
