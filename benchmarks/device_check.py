@@ -347,9 +347,29 @@ def env_step(c: report.Check, device: str, clock: Clock, work: Path) -> None:
               f"device {c.env.get('device_name', '-')}")
 
 
+OUT_FILES = {"device_check.md", "device_check.json", "device_check.tar.gz",
+             "device_check.tar.gz.part", "iter_grid_graphs.csv", "iter_grid_eager.csv"}
+
+
+def foreign(folder: Path, ours: set[str] | None) -> list[str]:
+    """What in `folder` this script did not write (`ours`: the names it writes there;
+    None: it must be empty or absent). Nothing of a user's is overwritten."""
+    if not folder.exists():
+        return []
+    if not folder.is_dir():
+        return [str(folder)]
+    return sorted(p.name for p in folder.iterdir() if ours is None or p.name not in ours)
+
+
 def orchestrate(a, argv: list[str]) -> int:
     clock = Clock(a.budget_s)
     out = Path(a.out)
+    for flag, folder, ours in (("--out", out, OUT_FILES), ("--work", Path(a.work or ""), None)):
+        if (flag == "--out" or a.work) and foreign(folder, ours):
+            print(f"device_check: error: {flag} {folder}: holds files this script did not write "
+                  f"({', '.join(foreign(folder, ours)[:3])}) (allowed: an empty or new folder)",
+                  file=sys.stderr)
+            return 2
     work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="device_check-"))
     work.mkdir(parents=True, exist_ok=True)
     plan = PLANS[a.device]

@@ -159,3 +159,18 @@ def test_a_point_that_raises_is_recorded_and_the_next_one_still_runs(tmp_path):
     counts, stopped = dc.run_points(points, dev, TableWriter(tmp_path / "b"),
                                     dc.time.perf_counter() - 10.0, 1.0)
     assert (stopped, counts["measured"]) == ("budget", 0)
+
+
+def test_it_never_writes_over_a_users_files(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert dc.main(["--out", str(out), "--device", "cpu", "--quick"]) == 2
+    assert "--out" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "data.csv").write_text("mine")
+    assert dc.main(["--out", str(tmp_path / "o2"), "--device", "cpu", "--quick",
+                    "--work", str(work)]) == 2
+    assert [p.name for p in work.iterdir()] == ["data.csv"] and not (tmp_path / "o2").exists()
