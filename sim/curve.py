@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 from .capacity import rate_overrides
 from .outdir import write_output
 from .scenario import load_scenario
-from .sweep import config_key, execute
+from .sweep import check_configs, config_key, execute
 
 KNEE_THROUGHPUT_RATIO = 0.9
 COLUMNS = ["scenario", "rate", "seed", "ttft_s.p50", "ttft_s.p99", "tpot_s.p50", "tpot_s.p99",
@@ -39,9 +39,11 @@ def curve_tasks(files: list[str], rates: list[float], requests: int | None, seed
     for f in files:
         sc = load_scenario(f)
         n = requests or sc.workload.num_requests or 500
-        for r in rates:
-            over = {**rate_overrides(sc.workload.arrival, r, n), **({"seed": seed} if seed is not None else {})}
-            load_scenario(f, over)  # validate before running
+        overs = [{**rate_overrides(sc.workload.arrival, r, n), **({"seed": seed} if seed is not None else {})}
+                 for r in rates]
+        check_configs(f, {}, overs, names=[f"curve point {r:g} req/s" for r in rates],
+                      origin="--rates")  # every point, before any run
+        for r, over in zip(rates, overs, strict=True):
             tasks.append((config_key(f, {}, over), f, over))
             meta.append((sc.name, r, sc.seed if seed is None else seed, sc.slo.ttft_s))
     return tasks, meta

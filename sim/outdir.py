@@ -57,8 +57,10 @@ def open_progress(dest: str | Path, kind: str, meta: dict, log: str) -> Path:
     return out
 
 
-def add_to_output(folder: str | Path, writer: Callable[[Path], None]) -> Path:
-    """Rewrite an llmsim output folder with `writer`'s files added to what it holds."""
+def add_to_output(folder: str | Path, writer: Callable[[Path], None],
+                  replaces: Callable[[str], bool] = lambda name: False) -> Path:
+    """Rewrite an llmsim output folder with `writer`'s files added to what it holds;
+    the files `replaces` names (an earlier report's) are left out, `writer` rewrites them."""
     src = Path(folder)
     m = manifest(src)
     if m is None:
@@ -66,7 +68,7 @@ def add_to_output(folder: str | Path, writer: Callable[[Path], None]) -> Path:
 
     def copy_then_add(tmp: Path) -> None:
         for f in m["files"]:
-            if (src / f).is_file():
+            if (src / f).is_file() and not replaces(f):
                 (tmp / f).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src / f, tmp / f)
         writer(tmp)

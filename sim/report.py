@@ -108,13 +108,18 @@ def report_files(rep: Report, out: Path) -> None:
     (out / "report.html").write_text(to_html(rep))
 
 
+def is_report_file(name: str) -> bool:
+    """A file `report_files` writes (an earlier report's, replaced by the next one)."""
+    return name in ("report.html", "report.md") or name.startswith("report_")
+
+
 def write_report(rep: Report, folder: str | Path, out: str | Path | None = None) -> Path:
     """Add the report to the llmsim folder it describes (rewritten atomically, its
     manifest listing the report too), or write it to its own folder `out`."""
     if out is not None and Path(out).resolve() != Path(folder).resolve():
         write_output(out, "report", lambda f: report_files(rep, f), {"of": str(folder)})
         return Path(out) / "report.html"
-    add_to_output(folder, lambda f: report_files(rep, f))
+    add_to_output(folder, lambda f: report_files(rep, f), is_report_file)
     return Path(folder) / "report.html"
 
 

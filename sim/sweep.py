@@ -199,19 +199,22 @@ def run_sweep(scenario_file: str | Path, configs: list[dict], out_dir: str | Pat
     return table
 
 
-def check_configs(scenario_file: str, base: dict, configs: list[dict]) -> None:
-    """Refuse the sweep (SpecError naming the configuration) when any configuration is one
-    the scenario spec refuses: loaded, resolved into replicas (parallelism, memory fit) and
-    a fleet, its workload generated (once per distinct workload), but not simulated."""
+def check_configs(scenario_file: str, base: dict, configs: list[dict], *,
+                  names: list[str] | None = None, origin: str = "--grid/--zip") -> None:
+    """Refuse the sweep (SpecError naming the configuration: `names`, else
+    `sweep configuration FIELD=VALUE, ...`) when any configuration is one the scenario
+    spec refuses: loaded, resolved into replicas (parallelism, memory fit) and a fleet,
+    its workload generated (once per distinct workload), but not simulated. `origin`:
+    the flag the configurations came from."""
     from .build import build_fleet, replica_configs
     from .scenario import load_scenario
     from .workload import generate
 
     workloads: dict[str, tuple] = {}
-    for c in configs:
+    for i, c in enumerate(configs):
         try:
             sc = load_scenario(scenario_file, {**base, **c}, origins={
-                **dict.fromkeys(base, "--set"), **dict.fromkeys(c, "--grid/--zip")})
+                **dict.fromkeys(base, "--set"), **dict.fromkeys(c, origin)})
             replicas = replica_configs(sc)
             wkey = repr((sc.workload, sc.seed, sc.file, sc.base_dir))
             if wkey not in workloads:
@@ -222,7 +225,8 @@ def check_configs(scenario_file: str, base: dict, configs: list[dict]) -> None:
             build_fleet(sc, replicas, np.random.default_rng(sc.seed), acceptance=acceptance,
                         prefix_tokens=prefix_tokens)
         except SpecError as e:
-            raise SpecError(f"sweep configuration {describe(c)}", "", str(e)) from None
+            name = names[i] if names else f"sweep configuration {describe(c)}"
+            raise SpecError(name, "", str(e)) from None
 
 
 def describe(config: dict) -> str:

@@ -152,6 +152,20 @@ def test_report_keeps_the_provenance_of_the_results_and_records_itself(tmp_path)
     assert set(before["files"]) < set(after["files"])
 
 
+def test_a_new_report_replaces_the_files_of_the_last_one(tmp_path):
+    run(QUICK, {"workload.num_requests": 20}).write(tmp_path / "r")
+    write_report(build_report(tmp_path / "r"), tmp_path / "r")
+    # a table the earlier report had and the next one does not write
+    (tmp_path / "r" / "report_gone.csv").write_text("a\n1\n")
+    manifest = _manifest(tmp_path / "r")
+    manifest["files"].append("report_gone.csv")
+    (tmp_path / "r" / MANIFEST).write_text(json.dumps(manifest))
+    write_report(build_report(tmp_path / "r"), tmp_path / "r")
+    files = _manifest(tmp_path / "r")["files"]
+    assert not (tmp_path / "r" / "report_gone.csv").exists() and "report_gone.csv" not in files
+    assert {"requests.csv", "steps.csv", "summary.json", "report.html", "report.md"} <= set(files)
+
+
 def test_report_of_a_compare_or_validate_folder_says_they_have_none(tmp_path, capsys):
     assert main(["compare", QUICK, "--set", "workload.num_requests=10", "--out", str(tmp_path / "cmp")]) == 0
     write_atomically(tmp_path / "val", lambda f: (f / "report.json").write_text("{}"),

@@ -164,3 +164,13 @@ def test_curve_marks_static_batching_knee_below_continuous(tmp_path):
     assert len(table) == 10 and (tmp_path / "c" / "curve.png").stat().st_size > 0
     assert k["batching"] >= 1.0
     assert pd.isna(k["static"]) or k["static"] < k["batching"]
+
+
+def test_a_curve_checks_every_point_before_it_runs_one(tmp_path):
+    # TP 3 loads as a scenario but no Llama-3-8B replica can be built: refused at the
+    # up-front check, named by its curve point, before any simulation or folder
+    sc = tmp_path / "tp3.yaml"
+    sc.write_text(Path(QUICK).read_text().replace("gpu: h200-sxm", "gpu: h200-sxm\nparallel: {tensor: 3}", 1))
+    with pytest.raises(SpecError, match=r"^curve point 1 req/s: .*tp3.yaml: parallel.tensor: 3 does not divide"):
+        run_curve([str(sc)], [1, 2], tmp_path / "out", requests=20, executor="sequential")
+    assert not (tmp_path / "out").exists()
