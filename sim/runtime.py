@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from .filecache import FileCache
 from .jitter import JitterSpec
 from .specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
 
@@ -64,9 +65,12 @@ def load_runtime(name: str, *, file=None, path: str = "runtime",
             f = Path(base_dir) / f
         if not is_file(f):
             raise SpecError(file, path, f"file not found: {show(name)}")
-        return build(RuntimeSpec, load_yaml(f), file=f)
+        return _LOADED.get(f.resolve(), lambda watch: build(RuntimeSpec, load_yaml(watch(f)), file=f))
     known = known_names(RUNTIMES_DIR)
     if name not in known:
         raise SpecError(file, path, f"unknown {show(name)} (known: {', '.join(known)})")
     f = RUNTIMES_DIR / f"{name}.yaml"
-    return build(RuntimeSpec, load_yaml(f), file=f)
+    return _LOADED.get(f.resolve(), lambda watch: build(RuntimeSpec, load_yaml(watch(f)), file=f))
+
+
+_LOADED: FileCache[RuntimeSpec] = FileCache()  # by path, while the file is unchanged

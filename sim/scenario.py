@@ -18,6 +18,7 @@ workload: {...}              # see sim/workload.py
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from typing import Literal
 import yaml
 
 from .cluster import ClusterSpec, ReplicaGroupSpec
+from .filecache import FileCache
 from .models import context_window, load_model
 from .parallel import DTypeSpec, ParallelSpec
 from .specload import (
@@ -162,7 +164,7 @@ def load_scenario(file: str | Path, overrides: dict[str, object] | None = None, 
     override's path to the flag it came from (`--set`): an error in that override then names
     it (`--set workload.arival.rate=3: workload.arival: unknown key ...`), not the file."""
     p = Path(file)
-    data = load_yaml(p, "scenario file")
+    data = copy.deepcopy(_PARSED.get(p.resolve(), lambda watch: load_yaml(watch(p), "scenario file")))
     labels = override_labels(overrides, origins)
     for dotted, value in (overrides or {}).items():
         set_dotted(data, dotted, value, file=labels.get(dotted, p))
@@ -170,6 +172,10 @@ def load_scenario(file: str | Path, overrides: dict[str, object] | None = None, 
         return scenario_from_dict(data, file=p, base_dir=p.resolve().parent)
     except SpecError as e:
         raise relabel(e, p, labels) from None
+
+
+_PARSED: FileCache[dict] = FileCache()  # a scenario file's YAML, while the file is unchanged
+# (each load takes a deep copy: overrides are set into it)
 
 
 def override_labels(overrides: dict[str, object] | None, origins: dict[str, str] | None) -> dict[str, str]:

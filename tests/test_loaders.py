@@ -75,6 +75,26 @@ def test_editing_a_model_file_in_one_process_reloads_it(tmp_path):
     assert load_model(str(p)).layers == first.layers + 10
 
 
+def test_editing_a_runtime_file_in_one_process_reloads_it(tmp_path):
+    p = tmp_path / "rt.yaml"
+    p.write_text("name: rt\nhost_ms_per_step: 1.0\n")
+    first = load_runtime(str(p))
+    assert load_runtime(str(p)) is first
+    p.write_text("name: rt\nhost_ms_per_step: 2.5\n")
+    assert load_runtime(str(p)).host_ms_per_step == 2.5
+
+
+def test_a_scenario_file_is_parsed_once_and_overrides_never_reach_the_cache(tmp_path):
+    from sim.scenario import load_scenario
+
+    p = tmp_path / "s.yaml"
+    shutil.copy(ROOT / "scenarios" / "quickstart.yaml", p)
+    assert load_scenario(p, {"scheduler.max_num_seqs": 7}).scheduler.max_num_seqs == 7
+    assert load_scenario(p).scheduler.max_num_seqs == 256  # the file's, not the last override's
+    p.write_text(p.read_text().replace("max_num_seqs: 256", "max_num_seqs: 64"))
+    assert load_scenario(p).scheduler.max_num_seqs == 64
+
+
 def test_a_rewritten_length_file_replaces_its_cached_columns(tmp_path):
     src = tmp_path / "lengths.csv"
     seen = []
