@@ -31,6 +31,11 @@ def _parse_sets(pairs: list[str]) -> dict[str, object]:
     return out
 
 
+def _share(v: float | None) -> str:
+    """A fraction as a percentage; `-` where it is not modelled (None)."""
+    return "-" if v is None else f"{v:.0%}"
+
+
 def _num(v: float) -> str:
     """A figure for the tables: thousands with commas (28,302), below 1,000 three
     significant figures with their trailing zeros (9.00, 20.8, 0.0123); NaN is `-`."""
@@ -102,7 +107,7 @@ ROWS = [
     ("ITL p50 / p99 (ms)", lambda s: f"{_fmt(s['itl_s']['p50'], 'ms')} / {_fmt(s['itl_s']['p99'], 'ms')}"),
     ("E2E p50 / p99 (s)", lambda s: f"{_fmt(s['e2e_s']['p50'])} / {_fmt(s['e2e_s']['p99'])}"),
     ("mean batch size", lambda s: _fmt(s["mean_batch_size"])),
-    ("busy: steps / GPU kernels", lambda s: f"{s['gpu_busy_fraction']:.0%} / {s['gpu_kernel_fraction']:.0%}"),
+    ("busy: steps / GPU kernels", lambda s: f"{s['gpu_busy_fraction']:.0%} / {_share(s['gpu_kernel_fraction'])}"),
     ("KV capacity (tokens)", lambda s: f"{s['kv']['capacity_tokens']:,}"),
     ("KV used mean / peak", lambda s: f"{s['kv']['util_mean']:.0%} / {s['kv']['util_peak']:.0%}"),
     ("KV reserved but unused", lambda s: f"{s['kv']['reserved_unused_share']:.1%}"),
@@ -165,7 +170,7 @@ def replica_table(rows: list[dict]) -> str:
         lines.append(f"{r['replica'][:16]:16} {r['gpu'][:10]:10} {r['role']:7} {n:8d} "
                      f"{_fmt(rate):>6} {ttft:>16} "
                      f"{_fmt(r['tpot_s']['p50'], 'ms'):>11} {r['gpu_busy_fraction']:5.0%} "
-                     f"{r['gpu_kernel_fraction']:7.0%} {r['kv_util_mean']:7.0%}")
+                     f"{_share(r['gpu_kernel_fraction']):>7} {r['kv_util_mean']:7.0%}")
     if any(r["role"] == "prefill" for r in rows):
         lines.append("(prefill rows: requests and req/s count prefills run; "
                      "other rows: requests routed there, finishes per second)")

@@ -124,10 +124,10 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if check(mid) else (mid, hi)
         n = hi
-    else:
+    else:  # up, never past search.max_replicas (where no count holds, `holds` is False)
         while n < spec.search.max_replicas and not check(n + 1):
             n += 1
-        n += 1
+        n = min(n + 1, spec.search.max_replicas)
     ok = check(n)
     fewer = check(n - 1) if n > 1 else False
     return {"candidate": row["candidate"], "replicas": n, "estimated_replicas": row["replicas"],

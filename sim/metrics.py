@@ -21,6 +21,7 @@ or masked per replica. `requests_frame` / `steps_frame` give pandas frames.
 
 from __future__ import annotations
 
+import math
 from operator import attrgetter
 
 import numpy as np
@@ -235,8 +236,8 @@ def summarize(req, steps, res: RunResult, slo=None) -> dict:
         "e2e_s": _stats(_col(req, "e2e_s")[done]),
         "queue_s": _stats(_col(req, "queue_s")[done]),
         "gpu_busy_fraction": min(1.0, busy / duration / len(res.replicas)),
-        "gpu_kernel_fraction": min(1.0, sum(r.kernel_busy_s for r in res.replicas)
-                                   / duration / len(res.replicas)),
+        "gpu_kernel_fraction": _fraction(sum(r.kernel_busy_s for r in res.replicas)
+                                         / duration / len(res.replicas)),
         "iterations": {
             "total": sum(s.n for s in sums),
             **{KIND_NAMES[k]: int(by_kind[k]) for k in sorted(range(len(KIND_NAMES)),
@@ -314,7 +315,7 @@ def per_replica(req, steps, res: RunResult) -> list[dict]:
             "tpot_s": _stats(cols["tpot_s"][fin]),
             "e2e_s": _stats(cols["e2e_s"][fin]),
             "gpu_busy_fraction": min(1.0, busy / duration),
-            "gpu_kernel_fraction": min(1.0, r.kernel_busy_s / duration),
+            "gpu_kernel_fraction": _fraction(r.kernel_busy_s / duration),
             "mean_batch_size": steps_i.seqs_dur / busy if busy else 0.0,
             "iterations": steps_i.n,
             "preemptions": int(preempt[rows].sum()),
@@ -323,6 +324,12 @@ def per_replica(req, steps, res: RunResult) -> list[dict]:
             "kv_capacity_tokens": int(r.kv.capacity_tokens),
         })
     return out
+
+
+def _fraction(x: float) -> float | None:
+    """A share of the run's time, at most 1; None when not modelled (NaN: a measured run's
+    reference engine has no kernel time of its own)."""
+    return None if math.isnan(x) else min(1.0, x)
 
 
 def goodput(fin, duration: float, slo) -> dict | None:

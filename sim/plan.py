@@ -235,7 +235,8 @@ def binding(summary: dict, gpu: str) -> str:
         return "KV capacity"
     busy = summary["gpu_busy_fraction"]
     if busy >= 0.85:
-        if summary["gpu_kernel_fraction"] < 0.5 * busy:
+        kernels = summary["gpu_kernel_fraction"]  # None: not modelled (a measured run)
+        if kernels is not None and kernels < 0.5 * busy:
             return "host overhead"
         f = load_profile(gpu).facts
         ridge = (f.peak_tflops or f.datasheet_tflops) / (f.mem_bw_tbs or f.datasheet_mem_bw_tbs)
@@ -279,6 +280,7 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
                                workers or os.cpu_count() or 1, progress), strict=True):
         rows[i] = r
     result = {"name": spec.name, "target_rate": spec.target_rate, "slo": spec.slo.__dict__,
+              "max_replicas": spec.search.max_replicas,
               "scenario": spec.scenario, "candidates": rows, "recommended": None, "fleet_check": None,
               "fleet_checks": [], "unchecked_within": 0}
     result.update(_fleet_checks(spec, rows, cands))
@@ -318,7 +320,10 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
     if not done:
         return {}
     held = [(i, c) for i, c in done if c["holds"]]
-    i, check = min(held, key=lambda ic: (ic[1]["usd_per_hour"], ic[1]["ttft_p99_s"])) if held else done[0]
+    if not held:  # no fleet checked met the SLOs: nothing is recommended
+        return {"recommended": None, "fleet_check": done[0][1], "fleet_checks": [c for _, c in done],
+                "unchecked_within": 0}
+    i, check = min(held, key=lambda ic: (ic[1]["usd_per_hour"], ic[1]["ttft_p99_s"]))
     checked = {j for j, _ in done}
     unchecked = sum(1 for j in ranked if j not in checked
                     and rows[j]["usd_per_hour"] <= check["usd_per_hour"] * (1 + 1e-9))

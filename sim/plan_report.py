@@ -110,7 +110,12 @@ def plan_sections(plan: dict) -> Report:
     if rec:
         secs = [_recommendation(plan, rec, check)]
     else:
-        secs = [Section("recommendation", ["<span class='bad'>No candidate meets the SLOs.</span>"])]
+        checks = plan.get("fleet_checks") or ([check] if check else [])
+        secs = [Section("recommendation", ["<span class='bad'>No candidate meets the SLOs"
+                                           + (" as a fleet (the fleet checks below)" if checks else "")
+                                           + ".</span>"],
+                        [("fleet checks", pd.DataFrame([{k: c.get(k) for k in CHECK_COLUMNS}
+                                                        for c in checks]))] if checks else [])]
     ok = rows[rows.status == "ok"]
     imgs = [("pareto", png(pareto_plot(rows, rec["candidate"] if rec else None)))] if len(ok) else []
     secs.append(Section("candidates", [

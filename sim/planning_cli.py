@@ -73,7 +73,7 @@ def plan_verdict(result: dict) -> list[str]:
     """The fleet checks made and the recommendation, in lines: every figure of the
     recommended fleet from its check, the per-replica estimate labelled as such."""
     rec, checks = result["recommended"], result.get("fleet_checks") or []
-    if rec is None:
+    if rec is None and not checks:
         return ["no candidate meets the SLOs"]
     check = result["fleet_check"]
     lines = [f"fleet checks at {result['target_rate']:g} req/s, {check['router_label']} "
@@ -84,6 +84,10 @@ def plan_verdict(result: dict) -> list[str]:
         lines.append(f"  {c['candidate']}: {_n(n, 'replica')} (estimate {c['estimated_replicas']}), "
                      f"${c['usd_per_hour']:.2f}/hour, TTFT99 {c['ttft_p99_s']:.3f} s, TPOT99 "
                      f"{c['tpot_p99_s']:.3f} s: SLOs {'hold' if c['holds'] else 'DO NOT hold'} with {n}{fewer}")
+    if rec is None:
+        return [*lines, f"recommended: none: no fleet checked meets the SLOs at "
+                        f"{result['target_rate']:g} req/s with up to {result['max_replicas']} "
+                        "replicas (search.max_replicas)"]
     est = rec["estimate"]
     lines += [f"recommended: {rec['candidate']} x {_n(rec['replicas'], 'replica')} ({_n(rec['gpus'], 'GPU')}), "
               f"${rec['usd_per_hour']:.2f}/hour, ${rec['usd_per_m_output_tokens']:.3f}/M output tokens, "

@@ -64,7 +64,10 @@ class SchedulerSpec:
     # continuous (vLLM v0) and chunked prefill: admission limits per step (for chunked,
     # max_num_batched_tokens is the per-step token budget shared by decodes and chunks)
     max_num_seqs: int = field(default=256, metadata={"gt": 0})
-    max_num_batched_tokens: int = field(default=8192, metadata={"gt": 0})
+    # default (None): 8192, raised under `continuous` to the context window (a prompt is
+    # prefilled in one step; vLLM v0 raises its default the same way, from 2048); a value
+    # set below the window is refused under `continuous`, as vLLM refuses it
+    max_num_batched_tokens: int | None = field(default=None, metadata={"gt": 0})
     watermark: float = field(default=0.01, metadata={"ge": 0, "lt": 1})
     preemption: Literal["recompute", "swap"] = "recompute"
     # static (request-level): collect up to max_batch_size, waiting at most max_wait_s
@@ -224,6 +227,7 @@ def scenario_from_dict(data: dict, *, file: str | Path | None = None,
     object.__setattr__(sc, "file", str(file) if file else "")
     object.__setattr__(sc, "base_dir", str(base_dir) if base_dir else "")
     if sc.cluster is None:
+        sc = with_step_budget(sc)
         check_step_budget(sc)
     else:  # every group's merged settings are checked up front
         for gi, group in enumerate(sc.cluster.groups):
@@ -232,6 +236,21 @@ def scenario_from_dict(data: dict, *, file: str | Path | None = None,
                                                                   "max_model_len"}
             check_step_budget(group_scenario(sc, group, where), f"{where}." if own else "")
     return sc
+
+
+DEFAULT_STEP_TOKENS = 8192
+
+
+def with_step_budget(sc: Scenario) -> Scenario:
+    """`sc` with its default step budget resolved (SchedulerSpec.max_num_batched_tokens)."""
+    if sc.scheduler.max_num_batched_tokens is not None:
+        return sc
+    budget = DEFAULT_STEP_TOKENS
+    if sc.scheduler.policy == "continuous":
+        file = sc.file or None
+        budget = max(budget, context_window(load_model(sc.model, file=file, path="model"),
+                                            sc.kv.max_model_len, file=file, path="kv.max_model_len"))
+    return replace_scenario(sc, scheduler=dataclasses.replace(sc.scheduler, max_num_batched_tokens=budget))
 
 
 def check_step_budget(sc: Scenario, where: str = "") -> None:
@@ -269,7 +288,7 @@ def group_scenario(sc: Scenario, group: ReplicaGroupSpec, where: str) -> Scenari
         base = {f.name: getattr(current, f.name) for f in dataclasses.fields(current) if f.init}
         changes[name] = build(type(current), {**_plain(base), **patch}, file=file,
                               path=f"{where}.{name}")
-    out = replace_scenario(sc, **changes)
+    out = with_step_budget(replace_scenario(sc, **changes))
     problem = out.check()
     if problem:
         field_name, message = problem
@@ -289,6 +308,14 @@ def _plain(d: dict) -> dict:
     """Nested specs back to mappings, so a group's patch can be merged over them."""
     return {k: (_plain(dataclasses.asdict(v)) if dataclasses.is_dataclass(v) else
                 list(v) if isinstance(v, tuple) else v) for k, v in d.items()}
+
+
+def _own_copy(node: object) -> object:
+    """A node on an override's path as its own copy: a YAML alias (`*x`, a `<<:` merge)
+    shares one object between places, and an override sets only the place it names."""
+    if node is None:
+        return {}
+    return dict(node) if isinstance(node, dict) else list(node) if isinstance(node, list) else node
 
 
 def set_dotted(data: dict, dotted: str, value: object, *, file=None) -> None:
@@ -312,17 +339,13 @@ def set_dotted(data: dict, dotted: str, value: object, *, file=None) -> None:
             if last:
                 node[int(k)] = value
                 return
-            nxt = node[int(k)]
-            if nxt is None:
-                nxt = node[int(k)] = {}
+            nxt = node[int(k)] = _own_copy(node[int(k)])
         elif isinstance(node, dict):
             where = f"{where}.{k}" if where else k
             if last:
                 node[k] = value
                 return
-            nxt = node.get(k)
-            if nxt is None:
-                nxt = node[k] = {}
+            nxt = node[k] = _own_copy(node.get(k))
         else:
             raise SpecError(file, where, f"cannot set '{dotted}': {where} is {show(node)}, not a "
                                          "mapping or a list (allowed: a path through mappings and lists)")

@@ -154,6 +154,9 @@ def test_validate_writes_the_report_and_both_real_runs_in_the_simulators_formats
         assert list(req.columns) == REQUEST_COLUMNS
         assert (req.status == "finished").all()
         assert list(pd.read_csv(out / run / "steps.csv").columns) == STEP_COLUMNS
+        summary = json.loads((out / run / "summary.json").read_text())
+        # a measured run has no modelled kernel time: not a number, not 0 %
+        assert (summary["gpu_kernel_fraction"] is None) == run.startswith("real")
     metrics = [row["metric"] for row in r["metrics"]]
     assert {f"{k} p{p} (ms)" for k in ("TTFT", "TPOT", "ITL", "E2E") for p in (50, 90, 99)} \
         <= set(metrics)

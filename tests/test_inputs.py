@@ -206,3 +206,32 @@ def test_validation_refuses_a_sweep_of_step_budgets_below_the_window_before_any_
         run_sweep(QUICK, [{"scheduler.max_num_batched_tokens": 8192},
                           {"scheduler.max_num_batched_tokens": 512}], tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("policy, max_model_len, budget", [
+    ("continuous", None, 131072),   # raised to Llama-3.2-1B's window: one-step prefill
+    ("continuous", 4096, 8192),     # a shorter window keeps the default
+    ("chunked", None, 8192),        # chunks spread a prompt over steps
+    ("static", None, 8192),
+])
+def test_an_unset_step_budget_defaults_to_what_the_policy_needs(policy, max_model_len, budget):
+    sc = scenario(model="llama-3.2-1b", scheduler={"policy": policy}, kv={"max_model_len": max_model_len})
+    assert sc.scheduler.max_num_batched_tokens == budget
+
+
+def test_a_clusters_groups_resolve_their_own_default_step_budget():
+    from sim.scenario import group_scenario
+
+    sc = scenario(model="llama-3.2-1b", cluster={"groups": [
+        {"name": "a", "count": 1}, {"name": "b", "count": 1, "scheduler": {"policy": "chunked"}}]})
+    a, b = (group_scenario(sc, g, f"cluster.groups[{i}]") for i, g in enumerate(sc.cluster.groups))
+    assert (a.scheduler.max_num_batched_tokens, b.scheduler.max_num_batched_tokens) == (131072, 8192)
+
+
+def test_a_set_through_a_yaml_alias_changes_only_the_place_it_names(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(QUICK.read_text() + "\ncluster:\n  groups:\n"
+                 "    - {name: a, count: 1, scheduler: &s {max_num_seqs: 64}}\n"
+                 "    - {name: b, count: 1, scheduler: *s}\n")
+    sc = load_scenario(p, {"cluster.groups.0.scheduler.max_num_seqs": 8})
+    assert [g.scheduler["max_num_seqs"] for g in sc.cluster.groups] == [8, 64]

@@ -109,3 +109,32 @@ def test_a_fleet_check_that_confirms_the_estimate_checks_nothing_more_expensive(
     result = run_plan(load_plan(_plan(tmp_path)), workers=1)
     assert checked == [1] and result["recommended"]["candidate"] == "h100-sxm tp1"
     assert result["recommended"]["ttft_p99_s"] == 0.55
+
+
+def test_when_no_fleet_check_holds_nothing_is_recommended(tmp_path, monkeypatch):
+    _stand_ins(monkeypatch, {1: (1, 0.5), 2: (1, 0.4), 4: (1, 0.3)}, {1: (2, 3.0), 2: (2, 3.0), 4: (2, 3.0)})
+    failing = sim.plan.validate_fleet
+
+    def never_holds(spec, row, cand):
+        return {**failing(spec, row, cand), "holds": False}
+
+    monkeypatch.setattr(sim.plan, "validate_fleet", never_holds)
+    result = run_plan(load_plan(_plan(tmp_path)), workers=1)
+    assert result["recommended"] is None and result["fleet_checks"]
+    assert plan_verdict(result)[-1] == ("recommended: none: no fleet checked meets the SLOs at 10 req/s "
+                                        "with up to 256 replicas (search.max_replicas)")
+    assert "No candidate meets the SLOs as a fleet" in str(plan_sections(result).sections[0].text)
+
+
+def test_the_fleet_check_never_grows_a_fleet_past_max_replicas(tmp_path):
+    from sim.fleet import validate_fleet
+
+    p = tmp_path / "p.yaml"  # an SLO no fleet meets: the upward search stops at the limit
+    p.write_text(f"scenario: {ROOT / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 4\n"
+                 "slo: {ttft_p99_s: 0.000001}\nsearch: {seeds: 1, requests: 20, max_replicas: 2}\n"
+                 "candidates: {gpu: [h200-sxm]}\n")
+    spec = load_plan(p)
+    row = {"candidate": "h200-sxm", "replicas": 1, "fail_rate": 4.0}
+    check = validate_fleet(spec, row, {"gpu": "h200-sxm"})
+    assert (check["replicas"], check["holds"]) == (2, False)
+    assert [c["replicas"] for c in check["checks"]] == [1, 2]

@@ -26,6 +26,7 @@ the tokens being back on the host).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -243,7 +244,7 @@ class _Run:
 class _NoLatency:
     """The simulator's accounting asks for a step's latency up front; the real step is timed."""
 
-    kernel_s = 0.0  # no modelled kernel time: the real step is measured
+    kernel_s = math.nan  # no modelled kernel time: the real step is measured
 
     def prefill(self, chunks, seen=None) -> float:
         return 0.0
