@@ -361,9 +361,18 @@ def foreign(folder: Path, ours: set[str] | None) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if ours is None or p.name not in ours)
 
 
+def _nested(a: Path, b: Path) -> bool:
+    a, b = a.resolve(), b.resolve()
+    return a == b or a in b.parents or b in a.parents
+
+
 def orchestrate(a, argv: list[str]) -> int:
     clock = Clock(a.budget_s)
     out = Path(a.out)
+    if a.work and _nested(Path(a.work), out):
+        print(f"device_check: error: --work {a.work}: is --out or inside it, or holds it "
+              "(allowed: a folder apart from --out)", file=sys.stderr)
+        return 2
     for flag, folder, ours in (("--out", out, OUT_FILES), ("--work", Path(a.work or ""), None)):
         if (flag == "--out" or a.work) and foreign(folder, ours):
             print(f"device_check: error: {flag} {folder}: holds files this script did not write "

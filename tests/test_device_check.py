@@ -174,3 +174,11 @@ def test_it_never_writes_over_a_users_files(tmp_path, capsys):
     assert dc.main(["--out", str(tmp_path / "o2"), "--device", "cpu", "--quick",
                     "--work", str(work)]) == 2
     assert [p.name for p in work.iterdir()] == ["data.csv"] and not (tmp_path / "o2").exists()
+
+
+def test_its_work_folder_must_be_apart_from_out(tmp_path, capsys):
+    for work in (tmp_path / "out", tmp_path / "out" / "w", tmp_path):
+        assert dc.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--quick",
+                        "--work", str(work)]) == 2
+        assert "--work" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
