@@ -64,7 +64,7 @@ def invocation() -> str:
     return shlex.join(["python", *sys.argv])
 
 
-KIND_NAMES = {"run": "run", "compare": "comparison", "validate": "validation"}  # else the kind
+OUTPUT_KIND_WORDS = {"run": "run", "compare": "comparison", "validate": "validation"}  # else the kind
 
 
 def output_kind(manifest: dict) -> str:
@@ -370,7 +370,7 @@ def write_atomically(dest: str | Path, writer: Callable[[Path], None], manifest:
             raise OutputError(flag, dest, f"could not write: {_describe_oserror(e)}") from None
         raise
     if old is not None and output_kind(old) != output_kind(manifest):
-        was, now = (KIND_NAMES.get(k, k) for k in (output_kind(old), output_kind(manifest)))
+        was, now = (OUTPUT_KIND_WORDS.get(k, k) for k in (output_kind(old), output_kind(manifest)))
         print(f"llmsim: replaced the {was} in {dest} with a {now}", file=sys.stderr)
     return Path(dest)
 

@@ -23,6 +23,9 @@ def cmd_sweep(a) -> int:
 
     grid, zipped = iter_values(a.grid, "--grid"), iter_values(a.zip, "--zip")
     if a.field or a.values:  # the older one-field form: --field F --values V1,V2
+        if not (a.field and a.values):
+            raise SpecError("llmsim sweep", "--field/--values", "both are needed (allowed: "
+                            "--field FIELD --values V1,V2,..., or --grid FIELD=V1,V2,...)")
         grid.append(parse_axis(f"{a.field}={a.values}", "--field/--values"))
     if not grid and not zipped:
         raise SpecError("llmsim sweep", "--grid", "give at least one --grid or --zip FIELD=V1,V2,...")

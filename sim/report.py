@@ -130,7 +130,7 @@ def build_report(folder: str | Path) -> Report:
     makers = {"run": run_report, "sweep": sweep_report, "curve": curve_report, "plan": plan_report}
     allowed = "(allowed: a run, sweep, curve or plan folder)"
     if kind is None:
-        raise SpecError(p, "", f"not an llmsim output folder {allowed}")
+        raise SpecError(p, "", f"{'not an llmsim output folder' if p.exists() else 'folder not found'} {allowed}")
     if kind not in makers:
         raise SpecError(p, "", f"an llmsim {kind} folder has no report {allowed}")
     try:

@@ -199,14 +199,14 @@ def relabel(error: SpecError, file: str | Path | None, labels: dict[str, str]) -
 
 def yaml_text(value: object) -> str:
     """`value` as YAML flow text, as a user would type it (`true`, `h100-sxm`, `[1, 2]`)."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=10**6).strip()
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False).strip()
     return text[:-3].strip() if text.endswith("\n...") or text == "..." else text
 
 
 def path_parts(dotted: str) -> list[str]:
     """`cluster.groups[1].gpu` or `cluster.groups.1.gpu` -> ['cluster', 'groups', '1', 'gpu']
     (an error path's `group: field` form counts as one more dot)."""
-    return [k for k in re.sub(r"\[(\d+)\]", r".\1", dotted.replace(": ", ".")).split(".") if k]
+    return [k for k in re.sub(r"\[(-?\d+)\]", r".\1", dotted.replace(": ", ".")).split(".") if k]
 
 
 def override_behind(error_path: str, labels: dict[str, str]) -> str | None:
@@ -330,9 +330,9 @@ def set_dotted(data: dict, dotted: str, value: object, *, file=None) -> None:
         last = i == len(keys) - 1
         if isinstance(node, list):
             allowed = f"(allowed: 0 to {len(node) - 1})" if node else "(allowed: none, the list is empty)"
-            if not k.isdigit():
+            if not k.lstrip("-").isdigit():
                 raise SpecError(file, f"{where}.{k}", f"not an index of a list of {len(node)} {allowed}")
-            if int(k) >= len(node):
+            if not 0 <= int(k) < len(node):
                 raise SpecError(file, f"{where}[{k}]", f"index {k} is out of range of a list of "
                                                        f"{len(node)} {allowed}")
             where = f"{where}[{k}]"
@@ -345,6 +345,9 @@ def set_dotted(data: dict, dotted: str, value: object, *, file=None) -> None:
             if last:
                 node[k] = value
                 return
+            if node.get(k) is None and keys[i + 1].lstrip("-").isdigit():
+                raise SpecError(file, where, f"not in the scenario, so it has no item {keys[i + 1]} "
+                                             "(allowed: an index into a list the scenario has)")
             nxt = node[k] = _own_copy(node.get(k))
         else:
             raise SpecError(file, where, f"cannot set '{dotted}': {where} is {show(node)}, not a "

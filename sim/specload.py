@@ -347,7 +347,8 @@ def _check_range(meta: typing.Mapping, value: Any, file: Any, path: str) -> None
 def build(cls: type, data: Any, *, file: Any = None, path: str = "") -> Any:
     """Build frozen dataclass `cls` from a mapping, checking keys, types and ranges."""
     if not isinstance(data, dict):
-        raise SpecError(file, path or "(top)", f"expected a mapping, got {show(data)}")
+        raise SpecError(file, path or "(top)", f"expected a mapping, got {show(data)} "
+                        "(allowed: a YAML mapping, {key: value, ...})")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = [k for k in data if k not in fields]

@@ -225,6 +225,8 @@ def check_configs(scenario_file: str, base: dict, configs: list[dict], *,
             build_fleet(sc, replicas, np.random.default_rng(sc.seed), acceptance=acceptance,
                         prefix_tokens=prefix_tokens)
         except SpecError as e:
+            if e.file.startswith(origin + " "):  # the error names its override already
+                raise
             name = names[i] if names else f"sweep configuration {describe(c)}"
             raise SpecError(name, "", str(e)) from None
 

@@ -235,3 +235,33 @@ def test_a_set_through_a_yaml_alias_changes_only_the_place_it_names(tmp_path):
                  "    - {name: b, count: 1, scheduler: *s}\n")
     sc = load_scenario(p, {"cluster.groups.0.scheduler.max_num_seqs": 8})
     assert [g.scheduler["max_num_seqs"] for g in sc.cluster.groups] == [8, 64]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["sweep", str(QUICK), "--values", "1,2"],
+     "llmsim sweep: --field/--values: both are needed"),
+    (["run", str(QUICK), "--set", "cluster.groups[-1].gpu=h100-sxm"],
+     "--set cluster.groups[-1].gpu=h100-sxm: cluster.groups: not in the scenario, so it has no item -1"),
+    (["run", str(QUICK), "--set", "cluster.groups.0.gpu=h100-sxm"],
+     "--set cluster.groups.0.gpu=h100-sxm: cluster.groups: not in the scenario, so it has no item 0"),
+    (["report", "no-such-folder"], "no-such-folder: folder not found (allowed: a run, sweep"),
+])
+def test_more_mistakes_are_one_line_that_says_what_is_wrong(args, says, tmp_path, capsys, monkeypatch):
+    from sim.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main([*args, *(["--out", "o"] if args[0] in ("run", "sweep") else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_negative_list_index_is_out_of_range_and_keys_keep_their_order(tmp_path):
+    from sim.scenario import yaml_text
+
+    p = tmp_path / "s.yaml"
+    p.write_text(QUICK.read_text() + "\ncluster:\n  groups:\n    - {name: a, count: 1}\n")
+    with pytest.raises(SpecError, match=r"cluster.groups\[-1\]: index -1 is out of range of a list of 1 "
+                                        r"\(allowed: 0 to 0\)"):
+        load_scenario(p, {"cluster.groups[-1].gpu": "h100-sxm"})
+    assert yaml_text({"name": "a", "count": 1}) == "{name: a, count: 1}"
