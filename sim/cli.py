@@ -31,11 +31,6 @@ def _parse_sets(pairs: list[str]) -> dict[str, object]:
     return out
 
 
-def _share(v: float | None) -> str:
-    """A fraction as a percentage; `-` where it is not modelled (None)."""
-    return "-" if v is None else f"{v:.0%}"
-
-
 def _num(v: float) -> str:
     """A figure for the tables: thousands with commas (28,302), below 1,000 three
     significant figures with their trailing zeros (9.00, 20.8, 0.0123); NaN is `-`."""
@@ -77,8 +72,11 @@ def _fmt(v, unit=""):
     return str(v)
 
 
-def _share(x: float) -> str:
-    """A percentage that never rounds a non-zero share to 0 % or a partial one to 100 %."""
+def _share(x: float | None) -> str:
+    """A percentage that never rounds a non-zero share to 0 % or a partial one to 100 %;
+    `-` where it is not modelled (None)."""
+    if x is None:
+        return "-"
     if 0 < x < 0.005:
         return "<1%"
     if 0.995 <= x < 1:

@@ -171,3 +171,11 @@ def test_sweep_table_prints_swept_booleans_as_the_yaml_does(tmp_path):
     assert res.returncode == 0, res.stderr
     first = [ln.split()[0] for ln in res.stdout.splitlines()[1:3]]
     assert first == ["false", "true"]
+
+
+def test_the_busy_row_shows_a_dash_where_kernel_time_is_not_modelled():
+    from sim.cli import ROWS
+
+    busy = next(f for name, f in ROWS if name.startswith("busy"))
+    assert busy({"gpu_busy_fraction": 0.5, "gpu_kernel_fraction": None}) == "50% / -"
+    assert busy({"gpu_busy_fraction": 0.5, "gpu_kernel_fraction": 0.003}) == "50% / <1%"
