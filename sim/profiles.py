@@ -348,20 +348,24 @@ _LOADED: FileCache[GPUProfile] = FileCache()  # by folder, while its files are u
 def load_profile(name: str, *, file: str | Path | None = None, path: str = "gpu") -> GPUProfile:
     """The profile for a name (ROOT/gpu_profiles/NAME/) or a path to a profile folder.
 
-    `file` and `path` are the caller's, where an unknown name is reported (a relative
-    folder is taken relative to `file`'s folder); errors inside the profile name its
-    profile.yaml or CSV file. A folder is read again only when one of the files it was
-    loaded from (profile.yaml, the tables, the all-reduce table) has changed, appeared
-    or gone; otherwise every caller shares one `GPUProfile` (and its memoised lookups).
-    """
+    Errors inside the profile name its profile.yaml or CSV file. A folder is read again
+    only when one of the files it was loaded from (profile.yaml, the tables, the
+    all-reduce table) has changed, appeared or gone; otherwise every caller shares one
+    `GPUProfile` (and its memoised lookups)."""
+    folder = profile_folder(name, file=file, path=path)
+    return _LOADED.get(folder, lambda watch: _read_profile(folder, watch))
+
+
+def profile_folder(name: str, *, file: str | Path | None = None, path: str = "gpu") -> Path:
+    """The resolved folder of a profile name or path; `file` and `path` are the caller's,
+    where an unknown name is reported (a relative folder is taken from `file`'s folder)."""
     known = known_profiles()
     folder = PROFILES_DIR / name if name in known else Path(name)
     if name not in known and not folder.is_absolute() and file is not None:
         folder = Path(file).parent / folder
     if not is_file(folder / "profile.yaml"):
         raise SpecError(file, path, f"unknown {show(name)} (known: {', '.join(known)})")
-    folder = folder.resolve()
-    return _LOADED.get(folder, lambda watch: _read_profile(folder, watch))
+    return folder.resolve()
 
 
 def _read_profile(folder: Path, watch: Callable[[Path], Path]) -> GPUProfile:
@@ -396,5 +400,4 @@ def tables_as_used(name: str) -> tuple[GPUFacts, dict[str, list[dict]]]:
     """A profile's facts and tables as lookups see them, before the grids are made
     monotone: what its roofline efficiencies are fitted to (sim/profile_convert.py)."""
     facts = load_profile(name).facts
-    folder = PROFILES_DIR / name if name in known_profiles() else Path(name)
-    return facts, _tables(folder.resolve(), facts, lambda p: p)[0]
+    return facts, _tables(profile_folder(name), facts, lambda p: p)[0]

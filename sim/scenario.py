@@ -227,47 +227,39 @@ def scenario_from_dict(data: dict, *, file: str | Path | None = None,
     object.__setattr__(sc, "file", str(file) if file else "")
     object.__setattr__(sc, "base_dir", str(base_dir) if base_dir else "")
     if sc.cluster is None:
-        sc = with_step_budget(sc)
-        check_step_budget(sc)
+        sc = step_budget(sc)
     else:  # every group's merged settings are checked up front
         for gi, group in enumerate(sc.cluster.groups):
-            where = f"cluster.groups[{gi}]"
-            own = {*(group.scheduler or {}), *(group.kv or {})} & {"policy", "max_num_batched_tokens",
-                                                                  "max_model_len"}
-            check_step_budget(group_scenario(sc, group, where), f"{where}." if own else "")
+            group_scenario(sc, group, f"cluster.groups[{gi}]")
     return sc
 
 
 DEFAULT_STEP_TOKENS = 8192
 
 
-def with_step_budget(sc: Scenario) -> Scenario:
-    """`sc` with its default step budget resolved (SchedulerSpec.max_num_batched_tokens)."""
-    if sc.scheduler.max_num_batched_tokens is not None:
-        return sc
-    budget = DEFAULT_STEP_TOKENS
+def step_budget(sc: Scenario, where: str = "") -> Scenario:
+    """`sc` with its step budget (SchedulerSpec.max_num_batched_tokens) resolved and checked.
+
+    Without chunked prefill (`continuous`) a prompt is prefilled in one step: an unset
+    budget is raised to the context window (as vLLM v0 raises its default), and one set
+    below it would reject every longer prompt, so it is refused, as vLLM refuses it at
+    start-up. Static batching has no per-step budget, and chunked prefill spreads a prompt
+    over steps: an unset budget is DEFAULT_STEP_TOKENS. `where` prefixes the field paths."""
+    budget = sc.scheduler.max_num_batched_tokens
     if sc.scheduler.policy == "continuous":
         file = sc.file or None
-        budget = max(budget, context_window(load_model(sc.model, file=file, path="model"),
-                                            sc.kv.max_model_len, file=file, path="kv.max_model_len"))
-    return replace_scenario(sc, scheduler=dataclasses.replace(sc.scheduler, max_num_batched_tokens=budget))
-
-
-def check_step_budget(sc: Scenario, where: str = "") -> None:
-    """Without chunked prefill (`continuous`) a prompt is prefilled in one step, so a step
-    budget below the context window would reject every longer prompt: vLLM refuses that
-    setting at start-up, and so does this. Static batching has no per-step budget, and
-    chunked prefill spreads a prompt over steps. `where` prefixes the field paths."""
-    if sc.scheduler.policy != "continuous":
-        return
-    file = sc.file or None
-    window = context_window(load_model(sc.model, file=file, path="model"), sc.kv.max_model_len,
-                            file=file, path=f"{where}kv.max_model_len")
-    budget = sc.scheduler.max_num_batched_tokens
-    if budget < window:
-        raise SpecError(file, f"{where}scheduler.max_num_batched_tokens",
-                        f"{budget} is below the context window {window} "
-                        "(allowed: >= the context window, a smaller kv.max_model_len, or policy: chunked)")
+        window = context_window(load_model(sc.model, file=file, path="model"), sc.kv.max_model_len,
+                                file=file, path=f"{where}kv.max_model_len")
+        if budget is not None and budget < window:
+            raise SpecError(file, f"{where}scheduler.max_num_batched_tokens",
+                            f"{budget} is below the context window {window} (allowed: >= the "
+                            "context window, a smaller kv.max_model_len, or policy: chunked)")
+        default = max(DEFAULT_STEP_TOKENS, window)
+    else:
+        default = DEFAULT_STEP_TOKENS
+    if budget is not None:
+        return sc
+    return replace_scenario(sc, scheduler=dataclasses.replace(sc.scheduler, max_num_batched_tokens=default))
 
 
 def group_scenario(sc: Scenario, group: ReplicaGroupSpec, where: str) -> Scenario:
@@ -288,12 +280,15 @@ def group_scenario(sc: Scenario, group: ReplicaGroupSpec, where: str) -> Scenari
         base = {f.name: getattr(current, f.name) for f in dataclasses.fields(current) if f.init}
         changes[name] = build(type(current), {**_plain(base), **patch}, file=file,
                               path=f"{where}.{name}")
-    out = with_step_budget(replace_scenario(sc, **changes))
+    out = replace_scenario(sc, **changes)
     problem = out.check()
     if problem:
         field_name, message = problem
         raise SpecError(file, f"{where}: {field_name}", message)
-    return out
+    # the group's own fields are named where it sets the budget, policy or window
+    own = {*(group.scheduler or {}), *(group.kv or {})} & {"policy", "max_num_batched_tokens",
+                                                          "max_model_len"}
+    return step_budget(out, f"{where}." if own else "")
 
 
 def replace_scenario(sc: Scenario, **changes) -> Scenario:
