@@ -104,7 +104,7 @@ def measure_iterations(models: list[str], out: Path, device: str, quick: bool,
     from sim.calibrate.device import Device, pick_device, pick_dtype, quiet_gc, set_threads
     from sim.calibrate.grids import GRIDS
     from sim.calibrate.output import TableWriter, write_meta
-    from sim.models import load_model
+    from sim.costmodel.models import load_model
 
     t0 = time.perf_counter()
     specs = [load_model(m, file="--models", path="") for m in models]
@@ -281,7 +281,7 @@ def iterations_step(c: report.Check, a, clock: Clock, work: Path) -> None:
 
 
 def comparisons(c: report.Check, work: Path) -> None:
-    from sim.runtime import load_runtime
+    from sim.costmodel.runtime import load_runtime
 
     grids = work / "iter"
     for key, csv_name, runtime in (("graphs", "iter_grid_graphs.csv", report.graph_runtime),

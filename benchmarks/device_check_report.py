@@ -3,7 +3,7 @@
 `compare` sets each measured whole-step row of a grid (`model,kind,batch,new_tokens,ctx,ms`,
 as `llmsim calibrate` writes it) beside the simulator's time for that step with the shipped
 H200 profile; `validation_summary` reads a `llmsim validate` report; `markdown` writes
-DIR/device_check.md. Errors are simulated / measured - 1, as in sim/runtime_fit.py and the
+DIR/device_check.md. Errors are simulated / measured - 1, as in sim/fit/runtime_fit.py and the
 README. Nothing here needs PyTorch or a device.
 """
 
@@ -49,9 +49,9 @@ class Check:
 def predicted_ms(rows: list[dict], runtime, profile: str = PROFILE) -> list[float]:
     """The simulator's time of each grid row (ms): uniform decode steps, or prefills of
     `batch` prompts of `new_tokens`, with flash prefill and `paged_reference` decode."""
-    from sim.latency import StepLatency
-    from sim.models import load_model
-    from sim.profiles import load_profile
+    from sim.costmodel.latency import StepLatency
+    from sim.costmodel.models import load_model
+    from sim.costmodel.profiles import load_profile
 
     prof = load_profile(str(ROOT / profile))
     lats: dict[str, StepLatency] = {}
@@ -71,14 +71,14 @@ def graph_runtime():
     """`cuda-graph` (kernels only) with the reference model's unfused elementwise ops."""
     from dataclasses import replace
 
-    from sim.runtime import load_runtime
+    from sim.costmodel.runtime import load_runtime
 
     return replace(load_runtime("cuda-graph"), elementwise="unfused")
 
 
 def compare(grid_csv: Path, runtime, profile: str = PROFILE) -> dict:
     """Each measured row with its prediction; error statistics per model and step kind."""
-    from sim.runtime_fit import error_summary, read_grid
+    from sim.fit.runtime_fit import error_summary, read_grid
 
     if not grid_csv.is_file():
         return {"rows": [], "summary": {}}
@@ -93,7 +93,7 @@ def compare(grid_csv: Path, runtime, profile: str = PROFILE) -> dict:
 def graph_fit(grid_csv: Path) -> dict:
     """A graph runtime fitted to the rows on the shipped tables: an error that is a host
     floor shows in host_ms_*, one that is a kernel scale in gpu_scale_decode."""
-    from sim.runtime_fit import error_summary, fit, read_grid
+    from sim.fit.runtime_fit import error_summary, fit, read_grid
 
     spec, table = fit(read_grid(grid_csv), str(ROOT / PROFILE), "graphs-check",
                       kinds=("decode",), elementwise="unfused")

@@ -16,10 +16,10 @@ import statistics
 import time
 from pathlib import Path
 
-from sim.build import build_fleet
-from sim.engine import simulate
-from sim.runner import prepare
-from sim.scenario import load_scenario
+from sim.config.scenario import load_scenario
+from sim.engine.build import build_fleet
+from sim.engine.processes import simulate
+from sim.engine.runner import prepare
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "azure_conv_reference.yaml"

@@ -17,8 +17,8 @@ import resource
 import time
 from pathlib import Path
 
-from sim.runner import run
-from sim.scenario import scenario_from_dict
+from sim.config.scenario import scenario_from_dict
+from sim.engine.runner import run
 
 ROOT = Path(__file__).resolve().parent.parent
 CONV_RATE = 19366 / 3600  # the Azure conversation trace's mean rate, requests/s

@@ -3,7 +3,7 @@
     python benchmarks/live_check.py [--runtime YAML] [--seeds 5] [--only fit,replay,cv,sensitivity]
 
 Prints markdown. `fit`: `llmsim fit-log`'s step errors on the log (in-sample). `replay`:
-the logged trace through the simulator (`sim/replay.py`) under the warm-grid runtime,
+the logged trace through the simulator (`sim/fit/replay.py`) under the warm-grid runtime,
 the live runtime without its jitter model, and the live runtime over seeds 0..N-1.
 `cv`: cross-validation on the one log: fit-log on some of the steps (the first or second
 half by time; or alternate 2-second windows), then the other steps' errors and a replay
@@ -30,7 +30,12 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
 
-from sim.logfit import (  # noqa: E402
+from sim.config.scenario import load_scenario  # noqa: E402
+from sim.costmodel.models import load_model  # noqa: E402
+from sim.costmodel.profiles import load_profile  # noqa: E402
+from sim.costmodel.runtime import load_runtime  # noqa: E402
+from sim.engine.runner import run  # noqa: E402
+from sim.fit.logfit import (  # noqa: E402
     errors_by_kind,
     fit_log,
     level_factors,
@@ -39,13 +44,8 @@ from sim.logfit import (  # noqa: E402
     step_rows,
     subset,
 )
-from sim.models import load_model  # noqa: E402
-from sim.profiles import load_profile  # noqa: E402
-from sim.replay import replay  # noqa: E402
-from sim.runner import run  # noqa: E402
-from sim.runtime import load_runtime  # noqa: E402
-from sim.scenario import load_scenario  # noqa: E402
-from sim.servinglog import (  # noqa: E402
+from sim.fit.replay import replay  # noqa: E402
+from sim.fit.servinglog import (  # noqa: E402
     decode_max_ctx,
     prefill_lengths,
     read_requests_log,

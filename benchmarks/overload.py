@@ -16,12 +16,12 @@ import argparse
 import statistics
 import time
 
-from sim.batch import REJECTED
-from sim.engine import simulate
-from sim.kv import make_kv
-from sim.latency import StepLatency
-from sim.runner import POLICIES, prepare
-from sim.scenario import scenario_from_dict
+from sim.config.scenario import scenario_from_dict
+from sim.costmodel.latency import StepLatency
+from sim.engine.processes import simulate
+from sim.engine.runner import POLICIES, prepare
+from sim.policies.batch import REJECTED
+from sim.policies.kv import make_kv
 
 
 def scenario(requests: int):

@@ -10,7 +10,8 @@ import os
 import time
 from pathlib import Path
 
-from sim.plan import load_plan, run_plan
+from sim.planning.plan import run_plan
+from sim.planning.planspec import load_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -36,11 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from sim.latency import StepLatency  # noqa: E402
-from sim.models import load_model  # noqa: E402
-from sim.parallel import DTypeSpec, with_dtypes  # noqa: E402
-from sim.profiles import load_profile  # noqa: E402
-from sim.runtime import load_runtime  # noqa: E402
+from sim.costmodel.latency import StepLatency  # noqa: E402
+from sim.costmodel.models import load_model  # noqa: E402
+from sim.costmodel.parallel import DTypeSpec, with_dtypes  # noqa: E402
+from sim.costmodel.profiles import load_profile  # noqa: E402
+from sim.costmodel.runtime import load_runtime  # noqa: E402
 
 DATA = ROOT / "data" / "published" / "published_measurements.csv"
 WITHIN = 0.25  # the share of rows within this |time error| is reported
@@ -67,7 +67,7 @@ class Row:
     runtime: str      # the gpu_profiles/runtimes/ profile of the stack's class
     meaning: str
     all_reduce: str = ""  # nccl | custom: what the stack ran; empty: the runtime's own
-    decode: str = "paged"  # the decode attention kernel the stack ran (sim/profiles.py IMPLS)
+    decode: str = "paged"  # the decode attention kernel the stack ran (sim/costmodel/profiles.py IMPLS)
 
 
 @dataclass(frozen=True)

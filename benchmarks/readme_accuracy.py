@@ -11,21 +11,21 @@ from benchmarks.readme_format import half_up, pct, prose, table
 from benchmarks.readme_runs import ROOT, Runs
 
 if TYPE_CHECKING:
-    from sim.runtime import RuntimeSpec
+    from sim.costmodel.runtime import RuntimeSpec
 
 GRID = ROOT / "gpu_profiles" / "h200-sxm" / "iter_grid_eager_reference.csv"
 
 
 def refit_eager_reference() -> tuple[RuntimeSpec, list[dict]]:
     """The eager reference runtime fitted afresh from its grid: (RuntimeSpec, the grid's
-    rows with their fitted times), as `python -m sim.runtime_fit` fits it."""
-    from sim.runtime_fit import fit, read_grid
+    rows with their fitted times), as `python -m sim.cli.maintain runtime-fit` fits it."""
+    from sim.fit.runtime_fit import fit, read_grid
 
     return fit(read_grid(GRID), "h200-sxm", "h200-eager-reference")
 
 
 def warm_grid_accuracy(runs: Runs) -> str:
-    from sim.runtime_fit import error_summary
+    from sim.fit.runtime_fit import error_summary
 
     _, rows = refit_eager_reference()
     names = {"llama-3-8b": "Llama-3-8B", "llama-3.2-1b": "Llama-3.2-1B"}
@@ -55,7 +55,7 @@ def warm_grid_fit(runs: Runs) -> str:
                          "gpu_scale", "gpu_scale_decode") if shipped.get(k) != getattr(spec, k)]
     if stale:
         print("warning: gpu_profiles/runtimes/h200-eager-reference.yaml differs from a refit in "
-              f"{', '.join(stale)} (refit: python -m sim.runtime_fit "
+              f"{', '.join(stale)} (refit: python -m sim.cli.maintain runtime-fit "
               f"{GRID.relative_to(ROOT)} --name h200-eager-reference --write)", file=sys.stderr)
     layers = 32
     step, layer, extra = spec.host_ms_per_step, spec.host_ms_per_layer, \

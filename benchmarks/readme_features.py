@@ -36,8 +36,8 @@ NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven"
 
 def speculative_batch1(runs: Runs) -> str:
     """The batch-1 arithmetic under the speculative table, from the step model."""
-    from sim.build import replica_configs
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
+    from sim.engine.build import replica_configs
 
     sc = load_scenario(SCENARIOS / "speculative.yaml")
     cfg = replica_configs(sc)[0]
@@ -89,7 +89,7 @@ class TraceReuse:
 
 def mooncake_reuse() -> TraceReuse:
     """How the Mooncake trace's 512-token prefix blocks repeat (the trace itself, no run)."""
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
 
     trace = load_scenario(SCENARIOS / "prefix_caching_mooncake.yaml").workload.trace
     path = Path(trace.path)
@@ -142,7 +142,7 @@ CURVE_RATES = (4, 8, 16, 24, 32)
 
 
 def curve_knees(runs: Runs) -> str:
-    from sim.curve import run_curve
+    from sim.planning.curve import run_curve
 
     files = [str(SCENARIOS / "prefill_first.yaml"), str(SCENARIOS / "chunked_prefill.yaml")]
     points, knees = run_curve(files, list(CURVE_RATES), None, requests=400, ttft_bound=2.0,

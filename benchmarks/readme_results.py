@@ -14,7 +14,7 @@ README.md marks each generated block with HTML comments,
 and everything between a pair of markers belongs to this script: edit the template here,
 never the numbers there. Each block is built from the shipped scenario files (seed as
 shipped, with the overrides the README names) through the public API (`sim.run`,
-`sim.curve.run_curve`, `sim.build.replica_configs`, `sim.runtime_fit`), so a change to a
+`sim.planning.curve.run_curve`, `sim.engine.build.replica_configs`, `sim.fit.runtime_fit`), so a change to a
 kernel table, a runtime or the engine moves exactly the numbers it should.
 
 This file holds the list of blocks and the command line; the rest sits beside it:

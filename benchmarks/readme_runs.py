@@ -19,7 +19,7 @@ class Runs:
         key = (scenario, tuple(sorted(overrides.items())))
         if key not in self._done:
             from sim import run
-            from sim.metrics import itl_table
+            from sim.engine.metrics import itl_table
 
             out = run(SCENARIOS / f"{scenario}.yaml", overrides)
             gaps = itl_table(out.result)

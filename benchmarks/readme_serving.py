@@ -49,9 +49,9 @@ TP_GPUS = [("a100-80gb", "A100 80GB", (1, 2, 4, 8)), ("h100-sxm", "H100 SXM", (2
 def tp_scaling(runs: Runs) -> str:
     """Step times of `llama2_70b_tp.yaml`'s replica (its runtime and kernels) per GPU and
     tensor degree, from the step model; KV capacity from its memory budget."""
-    from sim.build import replica_configs
-    from sim.scenario import load_scenario
-    from sim.specload import SpecError
+    from sim.config.scenario import load_scenario
+    from sim.engine.build import replica_configs
+    from sim.io.specload import SpecError
 
     rows = []
     for gpu, label, degrees in TP_GPUS:

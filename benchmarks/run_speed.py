@@ -58,13 +58,13 @@ def end_to_end(scenario: Path, extra: list[str], repeat: int, checkout: Path = R
 
 
 def phases(scenario: Path, plots: bool, fmt: str) -> None:
-    _, imports, _ = child(["-c", "import sim.cli, sim.runner, sim.scenario, sim.outputs"])
+    _, imports, _ = child(["-c", "import sim.cli.main, sim.engine.runner, sim.config.scenario, sim.io.outputs"])
     _, bare, _ = child(["-c", "pass"])
-    from sim.build import build_fleet
-    from sim.engine import simulate
-    from sim.metrics import itl_table, request_table, step_tables, summarize
-    from sim.runner import RunOutput, prepare, run
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
+    from sim.engine.build import build_fleet
+    from sim.engine.metrics import itl_table, request_table, step_tables, summarize
+    from sim.engine.processes import simulate
+    from sim.engine.runner import RunOutput, prepare, run
 
     c0 = time.process_time()
     sc = load_scenario(scenario)
@@ -83,7 +83,7 @@ def phases(scenario: Path, plots: bool, fmt: str) -> None:
     if plots:
         out = run(sc)  # the full summary, as plots read it
         c5 = time.process_time()
-        from sim.plots import plot_run
+        from sim.engine.plots import plot_run
 
         plot_run(out, folder)
         plot_s = time.process_time() - c5

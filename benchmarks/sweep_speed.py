@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sim.sweep import configurations, run_sweep
+from sim.planning.sweep import configurations, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIO = ROOT / "scenarios" / "quickstart.yaml"

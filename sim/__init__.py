@@ -13,11 +13,11 @@ __all__ = ["run", "load_scenario", "RunOutput"]
 def __getattr__(name: str):
     # imported on first use so `llmsim --help` and the spec loaders stay light
     if name in ("run", "RunOutput"):
-        from . import runner
+        from sim.engine import runner
 
         return getattr(runner, name)
     if name == "load_scenario":
-        from .scenario import load_scenario
+        from sim.config.scenario import load_scenario
 
         return load_scenario
     raise AttributeError(f"module 'sim' has no attribute {name!r}")

@@ -2,6 +2,6 @@ from __future__ import annotations
 
 import sys
 
-from .cli import main
+from sim.cli.main import main
 
 sys.exit(main())

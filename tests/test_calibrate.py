@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.specload import ROOT
+from sim.io.specload import ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures" / "calibrate"
 TINY = FIXTURES / "tiny.yaml"
@@ -56,9 +56,9 @@ def report(profile, tmp_path_factory) -> tuple[dict, Path]:
 # ---- the profile --------------------------------------------------------------------------
 
 def test_calibrated_profile_loads_with_every_table_populated(profile):
-    from sim.profiles import TABLES, load_profile
-    from sim.runtime import RuntimeSpec
-    from sim.specload import build, load_yaml
+    from sim.costmodel.profiles import TABLES, load_profile
+    from sim.costmodel.runtime import RuntimeSpec
+    from sim.io.specload import build, load_yaml
 
     p = load_profile(str(profile))
     assert p.name == "tiny-cpu" and p.facts.analytic is False
@@ -144,7 +144,7 @@ def test_simulator_tracks_the_cpu_reference_engine_within_the_stated_tolerance(r
 
 
 def test_validate_writes_the_report_and_both_real_runs_in_the_simulators_formats(report):
-    from sim.metrics import REQUEST_COLUMNS, STEP_COLUMNS
+    from sim.engine.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 
     r, out = report
     assert (out / "report.md").read_text().startswith("# Validation: tiny-validate")
@@ -173,10 +173,10 @@ def _plans_match(sc_over: dict) -> None:
     from sim.calibrate.device import Device
     from sim.calibrate.reference import Llama, ReferenceEngine
     from sim.calibrate.validate import simulate_with
-    from sim.models import load_model
-    from sim.runtime import RuntimeSpec
-    from sim.scenario import scenario_from_dict
-    from sim.workload import Workload
+    from sim.config.scenario import scenario_from_dict
+    from sim.costmodel.models import load_model
+    from sim.costmodel.runtime import RuntimeSpec
+    from sim.workload.requests import Workload
 
     base = {"name": "plans", "model": "tiny-llama", "gpu": "h200-sxm",
             "attention": {"decode": "paged_reference"},  # the kernel the reference engine runs
@@ -268,7 +268,7 @@ def test_cpu_peak_memory_counts_new_tensors_not_views():
 # ---- errors, budget, interruption -----------------------------------------------------------
 
 def test_calibrate_without_pytorch_says_how_to_install_it_and_exits_2(tmp_path):
-    code = ("import sys; sys.modules['torch'] = None; from sim.cli import main; "
+    code = ("import sys; sys.modules['torch'] = None; from sim.cli.main import main; "
             f"sys.exit(main(['calibrate', '--out', {str(tmp_path / 'p')!r}]))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 2
@@ -303,7 +303,7 @@ def test_out_of_memory_shape_is_recorded_skipped_and_reported_with_exit_2(tmp_pa
                                                                          capsys):
     pytest.importorskip("torch")
     from sim.calibrate.bench import Point
-    from sim.cli import main
+    from sim.cli.main import main
 
     def oom(dev):
         raise RuntimeError("CUDA out of memory. Tried to allocate 80.00 GiB")
@@ -333,8 +333,8 @@ def test_shape_larger_than_free_memory_is_skipped_before_allocating():
 def test_interrupted_calibration_keeps_the_partial_profile_and_exits_130(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from sim.calibrate.bench import Point
-    from sim.cli import main
-    from sim.profiles import load_profile
+    from sim.cli.main import main
+    from sim.costmodel.profiles import load_profile
 
     def ctrl_c(dev):
         raise KeyboardInterrupt
@@ -367,9 +367,9 @@ def test_time_budget_measures_the_most_important_tables_first(tmp_path, monkeypa
 
 @pytest.mark.parametrize("scenario", sorted(FIXTURES.glob("*.yaml")), ids=lambda p: p.stem)
 def test_validation_scenarios_load_and_suit_the_reference_engine(scenario):
-    from sim.models import load_model
-    from sim.scenario import load_scenario
-    from sim.workload import generate
+    from sim.config.scenario import load_scenario
+    from sim.costmodel.models import load_model
+    from sim.workload.requests import generate
 
     sc = load_scenario(scenario)
     assert sc.kv.num_blocks, "validation scenarios fix the KV capacity"
@@ -387,8 +387,8 @@ def test_the_reference_engine_refuses_fused_elementwise_kernels():
     would compare unlike with like."""
     pytest.importorskip("torch")
     from sim.calibrate.reference import check_supported
-    from sim.scenario import load_scenario, replace_scenario
-    from sim.specload import SpecError
+    from sim.config.scenario import load_scenario, replace_scenario
+    from sim.io.specload import SpecError
 
     sc = load_scenario(sorted(FIXTURES.glob("*.yaml"))[0])
     check_supported(replace_scenario(sc, elementwise="unfused"))
@@ -455,7 +455,7 @@ def _iteration_then(point_after, resident, tmp_path):
     from sim.calibrate.grids import GRIDS
     from sim.calibrate.itergrid import iteration_points
     from sim.calibrate.output import TableWriter
-    from sim.models import load_model
+    from sim.costmodel.models import load_model
 
     g = GRIDS["quick"]
     dev = Device(torch.device("cpu"), torch.float32, warmup=1, repeats=3, max_s_per_point=0.01)
@@ -537,7 +537,7 @@ def test_eager_and_graph_decode_rows_both_sample(monkeypatch):
     from sim.calibrate import itergrid, ops
     from sim.calibrate.device import Device
     from sim.calibrate.reference import Llama, PagedCache
-    from sim.models import load_model
+    from sim.costmodel.models import load_model
 
     class FakeStream:  # the CUDA graph API, run eagerly, so the captured step runs here
         def wait_stream(self, other):
@@ -577,7 +577,7 @@ def test_eager_and_graph_decode_rows_both_sample(monkeypatch):
 def test_recalibrating_a_folder_in_one_process_reloads_its_tables(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from sim.calibrate.calibrate import calibrate
-    from sim.profiles import load_profile
+    from sim.costmodel.profiles import load_profile
 
     out = tmp_path / "again"
     _few_points(monkeypatch, [])
@@ -592,8 +592,8 @@ def test_recalibrating_a_folder_in_one_process_reloads_its_tables(tmp_path, monk
 
 def test_host_terms_without_rows_of_their_kind_follow_the_stated_rule(profile):
     from sim.calibrate.output import _unmeasured_terms
-    from sim.runtime import RuntimeSpec
-    from sim.specload import build, load_yaml
+    from sim.costmodel.runtime import RuntimeSpec
+    from sim.io.specload import build, load_yaml
 
     fitted = RuntimeSpec(name="e", host_ms_per_prefill_seq_layer=0.02,
                          host_ms_per_verify_seq_layer=0.3)  # 0.3: what a search might leave
@@ -612,16 +612,16 @@ def test_host_terms_without_rows_of_their_kind_follow_the_stated_rule(profile):
 
 def test_kernel_warm_up_covers_every_specialisation_a_real_run_meets():
     torch = pytest.importorskip("torch")
-    from sim.calibrate import ops, warmup
+    from sim.calibrate import splits, warmup
     from sim.calibrate.device import Device
     from sim.calibrate.reference import Llama, ReferenceEngine
-    from sim.models import load_model
-    from sim.scenario import load_scenario
-    from sim.workload import generate
+    from sim.config.scenario import load_scenario
+    from sim.costmodel.models import load_model
+    from sim.workload.requests import generate
 
     # known answers: 132 SMs, 8 KV heads; batch 1 wants 66 splits (capped at 64)
-    assert ops.split_plan(1, 8, 10, 132) == (10, 1)
-    assert ops.split_plan(1, 8, 200, 132) == (50, 4)
+    assert splits.split_plan(1, 8, 10, 132) == (10, 1)
+    assert splits.split_plan(1, 8, 200, 132) == (50, 4)
     assert warmup.specialisation(1, 16, 8, 132) == (16, (False, True), (True, False),
                                                     (False, True))
     sc = load_scenario(TINY)

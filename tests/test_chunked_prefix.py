@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.runner import run
+from sim.engine.runner import run
 from tests.test_engine import ROOT, latency_model, scenario
 
 

@@ -115,7 +115,7 @@ USAGE_ERRORS = {
 
 @pytest.mark.parametrize("case", sorted(USAGE_ERRORS))
 def test_usage_error_is_one_line_exit_2(case, capsys):
-    from sim.cli import main
+    from sim.cli.main import main
 
     argv, expected = USAGE_ERRORS[case]
     with pytest.raises(SystemExit) as e:
@@ -129,7 +129,7 @@ def test_usage_error_is_one_line_exit_2(case, capsys):
 def test_parsers_added_later_to_the_subcommands_also_fail_in_one_line(capsys):
     import argparse
 
-    from sim.cli import build_parser
+    from sim.cli.main import build_parser
 
     ap = build_parser()
     sub = next(a for a in ap._actions if isinstance(a, argparse._SubParsersAction))
@@ -143,7 +143,7 @@ def test_parsers_added_later_to_the_subcommands_also_fail_in_one_line(capsys):
 
 
 def test_help_still_prints_the_usage_and_exits_0(capsys):
-    from sim.cli import main
+    from sim.cli.main import main
 
     for argv in (["--help"], ["run", "--help"], ["calibrate", "--help"]):
         with pytest.raises(SystemExit) as e:

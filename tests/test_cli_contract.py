@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from sim.cli.main import main
 
 B = ("name: base\nseed: 1\nworkload:\n  num_requests: 20\n  arrival: {kind: poisson, rate: 5}\n"
      "  prompt: {kind: fixed, value: 100}\n  output: {kind: fixed, value: 20}\n")

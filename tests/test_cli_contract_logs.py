@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
+from sim.cli.main import main
 from tests.test_cli_contract import B, tree
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,14 +13,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.build import load_link
-from sim.cluster import KVTransferSpec
-from sim.latency import StepLatency
-from sim.models import load_model
-from sim.profiles import load_profile
-from sim.runner import run
-from sim.runtime import load_runtime
-from sim.scenario import scenario_from_dict
+from sim.config.cluster import KVTransferSpec
+from sim.config.scenario import scenario_from_dict
+from sim.costmodel.latency import StepLatency
+from sim.costmodel.models import load_model
+from sim.costmodel.profiles import load_profile
+from sim.costmodel.runtime import load_runtime
+from sim.engine.build import load_link
+from sim.engine.runner import run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -234,7 +234,7 @@ def test_random_fleets_route_every_request_once_and_conserve_blocks(groups, rout
 def test_named_links_load_and_an_unknown_one_is_refused_with_the_known_names():
     link = load_link(KVTransferSpec(link="nvlink4"))
     assert link.seconds(450e9) == pytest.approx(1.0 + 3e-6)
-    from sim.specload import SpecError
+    from sim.io.specload import SpecError
     with pytest.raises(SpecError, match="cluster.kv_transfer.link: unknown 'carrier-pigeon'"):
         load_link(KVTransferSpec(link="carrier-pigeon"))
 
@@ -261,12 +261,12 @@ def test_bad_cluster_sections_are_one_line_and_exit_2(tmp_path, cluster, message
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("module", ["sim.scheduler", "sim.chunked", "sim.kv", "sim.batch",
-                                    "sim.replica", "sim.handoff", "sim.metrics", "sim.router",
-                                    "sim.build", "sim.speculative", "sim.prefix", "sim.latency"])
+@pytest.mark.parametrize("module", ["sim.policies.scheduler", "sim.policies.chunked", "sim.policies.kv", "sim.policies.batch",
+                                    "sim.engine.replica", "sim.engine.handoff", "sim.engine.metrics", "sim.policies.router",
+                                    "sim.engine.build", "sim.policies.speculative", "sim.policies.prefix", "sim.costmodel.latency"])
 def test_simpy_stays_in_the_engine_and_calibration_stays_out_of_the_core(module):
     code = (f"import sys, {module}; "
-            "bad = [m for m in ('simpy', 'sim.engine', 'sim.calibrate', 'torch') if m in sys.modules]; "
+            "bad = [m for m in ('simpy', 'sim.engine.processes', 'sim.calibrate', 'torch') if m in sys.modules]; "
             "print(','.join(bad))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
@@ -274,9 +274,9 @@ def test_simpy_stays_in_the_engine_and_calibration_stays_out_of_the_core(module)
 
 
 def test_a_prompt_no_decode_replica_can_hold_is_rejected_at_hand_off_and_counts_settle():
-    from sim.build import build_fleet
-    from sim.engine import simulate
-    from sim.runner import prepare
+    from sim.engine.build import build_fleet
+    from sim.engine.processes import simulate
+    from sim.engine.runner import prepare
 
     sc = scenario({"groups": [{"name": "p", "role": "prefill"},
                               {"name": "d", "role": "decode", "kv": {"num_blocks": 40}}]},

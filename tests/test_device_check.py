@@ -10,8 +10,8 @@ import tarfile
 import pytest
 
 from benchmarks import device_check as dc
-from sim.runtime import load_runtime
-from sim.runtime_fit import gpu_times
+from sim.costmodel.runtime import load_runtime
+from sim.fit.runtime_fit import gpu_times
 
 ROWS = [  # (model, batch, ctx, simulated / measured)
     ("llama-3-8b", 1, 1024, 1.1), ("llama-3-8b", 32, 4096, 1.1),

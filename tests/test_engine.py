@@ -9,12 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.latency import StepLatency
-from sim.models import load_model
-from sim.profiles import load_profile
-from sim.runner import run
-from sim.runtime import load_runtime
-from sim.scenario import scenario_from_dict
+from sim.config.scenario import scenario_from_dict
+from sim.costmodel.latency import StepLatency
+from sim.costmodel.models import load_model
+from sim.costmodel.profiles import load_profile
+from sim.costmodel.runtime import load_runtime
+from sim.engine.runner import run
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Elementwise kernel classes (sim/fused.py): a profile says what its table timed, a runtime
+"""Elementwise kernel classes (sim/costmodel/fused.py): a profile says what its table timed, a runtime
 which kernels its stack runs; a fused stack on the H200's unfused table gets derived
 add+RMSNorm and SiLU·mul kernels, everything else is looked up as before."""
 
@@ -9,13 +9,13 @@ from dataclasses import replace
 
 import pytest
 
-from sim.cli import main
-from sim.fused import fused_kernel
-from sim.latency import StepLatency
-from sim.models import load_model
-from sim.profiles import DERIVED, PROFILES_DIR, load_profile
-from sim.runtime import RUNTIMES_DIR, RuntimeSpec, load_runtime
-from sim.specload import ROOT, SpecError, known_names
+from sim.cli.main import main
+from sim.costmodel.fused import fused_kernel
+from sim.costmodel.latency import StepLatency
+from sim.costmodel.models import load_model
+from sim.costmodel.profiles import DERIVED, PROFILES_DIR, load_profile
+from sim.costmodel.runtime import RUNTIMES_DIR, RuntimeSpec, load_runtime
+from sim.io.specload import ROOT, SpecError, known_names
 
 SHIPPED = known_names(RUNTIMES_DIR)
 H = 4096  # Llama-3-8B's hidden size, the width the H200 measured its norms at
@@ -40,7 +40,7 @@ def test_fused_add_rmsnorm_on_the_h200_at_one_token_is_one_kernel_at_its_floor()
     p = load_profile("h200-sxm")
     ms, tag = fused_kernel(p, "add_rmsnorm", 1, H)
     # the one-kernel residual_add floor: 4.19 us measured at 8 tokens, less the L2
-    # write-back of its flushed timing (sim/l2flush.py)
+    # write-back of its flushed timing (sim/costmodel/l2flush.py)
     assert ms == pytest.approx(0.00418, rel=0.005) and tag == DERIVED
     unfused = p.elementwise("rmsnorm", 1, H)[0] + p.elementwise("residual_add", 1, H)[0]
     assert unfused == pytest.approx(0.0258, rel=0.01)  # ~7 eager kernels: 6x the fused one
@@ -151,8 +151,8 @@ def test_a_scenario_that_names_its_elementwise_kernels_keeps_them_under_another_
     """The reference scenarios say `elementwise: unfused` (as they say paged_reference), so
     replaying them kernels-only (`--runtime cuda-graph`) keeps the reference stack's ops,
     while cuda-graph alone means fused, production-class kernels."""
-    from sim.build import replica_configs
-    from sim.scenario import load_scenario, replace_scenario
+    from sim.config.scenario import load_scenario, replace_scenario
+    from sim.engine.build import replica_configs
 
     sc = load_scenario(ROOT / "scenarios" / "azure_conv_reference.yaml")
     graph = load_runtime("cuda-graph")
@@ -164,8 +164,8 @@ def test_a_scenario_that_names_its_elementwise_kernels_keeps_them_under_another_
 
 
 def test_a_cluster_group_can_name_its_own_elementwise_kernels(tmp_path):
-    from sim.build import replica_configs
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
+    from sim.engine.build import replica_configs
 
     f = tmp_path / "mixed.yaml"
     f.write_text(

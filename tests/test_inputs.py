@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from sim.batch import RunningBatch, Seq
-from sim.kv import make_kv
-from sim.runner import run
-from sim.scenario import SchedulerSpec, load_scenario, set_dotted
-from sim.scheduler import ContinuousPolicy, ReplicaState
-from sim.specload import SpecError
+from sim.config.scenario import load_scenario, set_dotted
+from sim.engine.runner import run
+from sim.io.specload import SpecError
+from sim.policies.batch import RunningBatch, Seq
+from sim.policies.kv import make_kv
+from sim.policies.scheduler import ContinuousPolicy, ReplicaState, SchedulerSpec
 from tests.test_engine import scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +96,7 @@ def test_a_small_step_budget_is_fine_where_vllm_allows_it(policy):
 
 
 def test_no_shipped_scenario_sets_a_continuous_budget_below_its_window():
-    from sim.build import replica_configs
+    from sim.engine.build import replica_configs
 
     for f in sorted((ROOT / "scenarios").glob("*.yaml")):
         replica_configs(load_scenario(f))  # raises if one does
@@ -180,7 +180,7 @@ def test_an_error_elsewhere_in_the_file_still_names_the_file(tmp_path):
 
 
 def test_sweep_grid_reaches_list_items():
-    from sim.sweep import configurations, parse_axis
+    from sim.planning.sweep import configurations, parse_axis
 
     axis = parse_axis("cluster.groups.1.gpu=h100-sxm,a100-80gb", "--grid")
     configs = configurations([axis], [])
@@ -200,7 +200,7 @@ def test_a_fleet_step_budget_below_the_window_names_where_it_is_set(key, path):
 
 
 def test_validation_refuses_a_sweep_of_step_budgets_below_the_window_before_any_run(tmp_path):
-    from sim.sweep import run_sweep
+    from sim.planning.sweep import run_sweep
 
     with pytest.raises(SpecError, match="--grid/--zip scheduler.max_num_batched_tokens=512: "):
         run_sweep(QUICK, [{"scheduler.max_num_batched_tokens": 8192},
@@ -220,7 +220,7 @@ def test_an_unset_step_budget_defaults_to_what_the_policy_needs(policy, max_mode
 
 
 def test_a_clusters_groups_resolve_their_own_default_step_budget():
-    from sim.scenario import group_scenario
+    from sim.config.scenario import group_scenario
 
     sc = scenario(model="llama-3.2-1b", cluster={"groups": [
         {"name": "a", "count": 1}, {"name": "b", "count": 1, "scheduler": {"policy": "chunked"}}]})
@@ -247,7 +247,7 @@ def test_a_set_through_a_yaml_alias_changes_only_the_place_it_names(tmp_path):
     (["report", "no-such-folder"], "no-such-folder: folder not found (allowed: a run, sweep"),
 ])
 def test_more_mistakes_are_one_line_that_says_what_is_wrong(args, says, tmp_path, capsys, monkeypatch):
-    from sim.cli import main
+    from sim.cli.main import main
 
     monkeypatch.chdir(tmp_path)
     assert main([*args, *(["--out", "o"] if args[0] in ("run", "sweep") else [])]) == 2
@@ -257,7 +257,7 @@ def test_more_mistakes_are_one_line_that_says_what_is_wrong(args, says, tmp_path
 
 
 def test_a_negative_list_index_is_out_of_range_and_keys_keep_their_order(tmp_path):
-    from sim.scenario import yaml_text
+    from sim.config.scenario import yaml_text
 
     p = tmp_path / "s.yaml"
     p.write_text(QUICK.read_text() + "\ncluster:\n  groups:\n    - {name: a, count: 1}\n")

@@ -1,4 +1,4 @@
-"""The dirty-L2 write-back of flushed kernel timings (sim/l2flush.py) and its removal."""
+"""The dirty-L2 write-back of flushed kernel timings (sim/costmodel/l2flush.py) and its removal."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.cli import main as cli_main
-from sim.l2flush import Timing, fit_write_back, footprint, warm_ms, write_back_ms
-from sim.profiles import ELEMENTWISE_BYTES, EXACT, PROFILES_DIR, load_profile
-from sim.specload import SpecError
+from sim.cli.main import main as cli_main
+from sim.costmodel.l2flush import Timing, fit_write_back, footprint, warm_ms, write_back_ms
+from sim.costmodel.profiles import ELEMENTWISE_BYTES, EXACT, PROFILES_DIR, load_profile
+from sim.io.specload import SpecError
 
 H200 = PROFILES_DIR / "h200-sxm"
 FLUSHED = Timing(method="l2_flushed", dirty_l2_mb=40.0, write_back_tbs=4.0)

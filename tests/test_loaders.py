@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sim import traces
-from sim.filecache import FileCache
-from sim.models import load_model
-from sim.profiles import PROFILES_DIR, load_profile
-from sim.runtime import load_runtime
-from sim.specload import ROOT, SpecError
+from sim.costmodel.models import load_model
+from sim.costmodel.profiles import PROFILES_DIR, load_profile
+from sim.costmodel.runtime import load_runtime
+from sim.io.filecache import FileCache
+from sim.io.specload import ROOT, SpecError
+from sim.workload import traces
 
 LONG = "a" * 300  # over NAME_MAX (255) of common file systems
 ODD = [LONG, LONG + ".yaml", "a\0b", "a\0b.yaml", f"{LONG}/{LONG}.yaml"]
@@ -85,7 +85,7 @@ def test_editing_a_runtime_file_in_one_process_reloads_it(tmp_path):
 
 
 def test_a_scenario_file_is_parsed_once_and_overrides_never_reach_the_cache(tmp_path):
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
 
     p = tmp_path / "s.yaml"
     shutil.copy(ROOT / "scenarios" / "quickstart.yaml", p)

@@ -1,5 +1,5 @@
-"""Fitting runtimes to serving logs (sim/logfit.py), replaying logs (sim/replay.py), and
-step-time jitter (sim/jitter.py)."""
+"""Fitting runtimes to serving logs (sim/fit/logfit.py), replaying logs (sim/fit/replay.py), and
+step-time jitter (sim/costmodel/jitter.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 
 from sim import run
-from sim.cli import main
-from sim.jitter import (
+from sim.cli.main import main
+from sim.costmodel.jitter import (
     BLOCK,
     BatchLevel,
     FactorStream,
@@ -24,20 +24,20 @@ from sim.jitter import (
     jittered,
     sample,
 )
-from sim.latency import StepLatency
-from sim.logfit import fit_log
-from sim.models import load_model
-from sim.profiles import load_profile
-from sim.replay import replay
-from sim.runtime import RuntimeSpec, load_runtime
-from sim.servinglog import (
+from sim.costmodel.latency import StepLatency
+from sim.costmodel.models import load_model
+from sim.costmodel.profiles import load_profile
+from sim.costmodel.runtime import RuntimeSpec, load_runtime
+from sim.fit.logfit import fit_log
+from sim.fit.replay import replay
+from sim.fit.servinglog import (
     decode_max_ctx,
     kv_blocks,
     prefill_lengths,
     read_requests_log,
     read_steps_log,
 )
-from sim.specload import SpecError
+from sim.io.specload import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
 LIVE = ROOT / "data" / "live"
@@ -364,7 +364,7 @@ def test_new_prefill_shapes_pay_once_per_server():
 
 
 def test_a_run_written_as_a_serving_log_reads_back_with_its_kv_pool(tmp_path):
-    from sim.servinglog import write_serving_log
+    from sim.fit.servinglog import write_serving_log
 
     out = run(SCENARIO, {**_small(runtime="h200-eager-reference"), "kv.num_blocks": 3000})
     write_serving_log(tmp_path, out.requests, out.steps, [0] * len(out.steps), 3000)

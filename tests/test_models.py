@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import yaml
 
-from sim.models import ModelSpec, known_models, load_model
-from sim.specload import ROOT, SpecError, build
+from sim.costmodel.models import ModelSpec, known_models, load_model
+from sim.io.specload import ROOT, SpecError, build
 
 KIB = 1024
 GIB = 1024**3

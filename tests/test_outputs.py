@@ -17,15 +17,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim import cli
-from sim.foldernames import safe_folder_name, unique_names
-from sim.outputs import (
-    MANIFEST,
-    TEMP_PREFIX,
-    OutputError,
-    check_out_dir,
-    write_atomically,
-)
+from sim.cli import main as cli
+from sim.io.foldernames import safe_folder_name, unique_names
+from sim.io.outputs import MANIFEST, TEMP_PREFIX, OutputError, check_out_dir, write_atomically
 
 ROOT = Path(__file__).resolve().parent.parent
 B_YAML = ("name: base\nseed: 1\nworkload:\n  num_requests: 20\n  arrival: {kind: poisson, rate: 5}\n"
@@ -236,7 +230,7 @@ def _bad_locations(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.parametrize("where", ["an existing file", "a path under a file", "/proc",
                                    "a folder of the user's"])
 def test_bad_out_is_refused_before_the_simulation(tmp_path, monkeypatch, capsys, command, where):
-    monkeypatch.setattr("sim.runner.run", _no_simulation)
+    monkeypatch.setattr("sim.engine.runner.run", _no_simulation)
     (tmp_path / "b.yaml").write_text(B_YAML)
     out = _bad_locations(tmp_path)[where]
     before = tree(tmp_path)
@@ -280,7 +274,7 @@ def mount_tmpfs(tmp_path):
 
 def test_read_only_file_system_is_refused_before_the_simulation(mount_tmpfs, monkeypatch, capsys,
                                                                  tmp_path):
-    monkeypatch.setattr("sim.runner.run", _no_simulation)
+    monkeypatch.setattr("sim.engine.runner.run", _no_simulation)
     ro = mount_tmpfs("size=1m,ro")
     (tmp_path / "b.yaml").write_text(B_YAML)
     assert cli.main(["run", str(tmp_path / "b.yaml"), "--out", str(ro / "res")]) == 2

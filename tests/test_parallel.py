@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from sim.latency import StepLatency
-from sim.memory import memory_budget
-from sim.models import load_model
-from sim.parallel import DTypeSpec, ParallelSpec, check_layout, with_dtypes
-from sim.profiles import load_profile
-from sim.runtime import load_runtime
-from sim.scenario import load_scenario
-from sim.specload import SpecError
+from sim.config.scenario import load_scenario
+from sim.costmodel.latency import StepLatency
+from sim.costmodel.models import load_model
+from sim.costmodel.parallel import DTypeSpec, ParallelSpec, check_layout, with_dtypes
+from sim.costmodel.profiles import load_profile
+from sim.costmodel.runtime import load_runtime
+from sim.engine.memory import memory_budget
+from sim.io.specload import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
 TP_SCENARIO = ROOT / "scenarios" / "llama2_70b_tp.yaml"
@@ -118,8 +118,8 @@ def test_all_reduce_latency_grows_with_gpu_count_and_is_flat_beyond_the_stated_c
 
 
 def test_all_reduce_latency_rejects_a_gpu_count_stated_twice():
-    from sim.comm import Interconnect
-    from sim.specload import build
+    from sim.costmodel.comm import Interconnect
+    from sim.io.specload import build
     link = {"name": "x", "datasheet_gbs": 1, "bus_gbs": 1, "latency_us": 1,
             "all_reduce_latency": [{"gpus": 2, "latency_us": 6}, {"gpus": 2, "latency_us": 7}]}
     with pytest.raises(SpecError, match=r"interconnect\.all_reduce_latency\[1\]\.gpus: 2 GPUs stated twice"):

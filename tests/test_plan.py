@@ -9,12 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.capacity import SLO, max_rate, rate_overrides, violations
-from sim.fleet import simulate_fleet
-from sim.plan import binding, candidate_grid, load_plan, pareto, run_plan
-from sim.runner import prepare, run
-from sim.scenario import load_scenario
-from sim.specload import SpecError
+from sim.config.scenario import load_scenario
+from sim.engine.runner import prepare, run
+from sim.io.specload import SpecError
+from sim.planning.capacity import SLO, max_rate, rate_overrides, violations
+from sim.planning.fleet import simulate_fleet
+from sim.planning.plan import binding, pareto, run_plan
+from sim.planning.planspec import candidate_grid, load_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURE = str(ROOT / "scenarios" / "azure_conv_reference.yaml")
@@ -159,7 +160,7 @@ def test_plan_without_slo_bounds_is_a_one_line_error(tmp_path):
 
 
 def test_plan_whose_every_candidate_is_invalid_is_a_one_line_error(tmp_path, capsys):
-    from sim.cli import main
+    from sim.cli.main import main
 
     p = tmp_path / "p.yaml"
     p.write_text(f"scenario: {ROOT / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 1\n"
@@ -172,7 +173,7 @@ def test_plan_whose_every_candidate_is_invalid_is_a_one_line_error(tmp_path, cap
 
 @pytest.mark.parametrize("tensor", ["{bogus: 1}", ".inf", "x"])
 def test_plan_with_a_tensor_candidate_of_the_wrong_type_is_a_one_line_error(tmp_path, capsys, tensor):
-    from sim.cli import main
+    from sim.cli.main import main
 
     p = tmp_path / "p.yaml"
     p.write_text(f"scenario: {ROOT / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 1\n"

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli import main
-from sim.plan import evaluate, load_plan, load_prices
+from sim.cli.main import main
+from sim.planning.plan import evaluate
+from sim.planning.planspec import load_plan, load_prices
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"

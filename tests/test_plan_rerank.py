@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-import sim.plan
-from sim.plan import load_plan, run_plan
-from sim.plan_report import plan_sections
-from sim.planning_cli import plan_verdict
+import sim.planning.plan
+from sim.cli.planning import plan_verdict
+from sim.planning.plan import run_plan
+from sim.planning.planspec import load_plan
+from sim.report.plan_page import plan_sections
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = 3.0  # gpu_profiles/prices.yaml, $ per GPU-hour
@@ -50,8 +51,8 @@ def _stand_ins(monkeypatch, estimate: dict[int, tuple[int, float]], fleet: dict[
                 "holds": True, "one_fewer_breaks": True, "seeds": [101], "router": {"policy": "random"},
                 "router_label": "random router", "checks": [fewer, at] if n > 1 else [at]}
 
-    monkeypatch.setattr(sim.plan, "evaluate", evaluate)
-    monkeypatch.setattr(sim.plan, "validate_fleet", validate_fleet)
+    monkeypatch.setattr(sim.planning.plan, "evaluate", evaluate)
+    monkeypatch.setattr(sim.planning.plan, "validate_fleet", validate_fleet)
     return checked
 
 
@@ -113,12 +114,12 @@ def test_a_fleet_check_that_confirms_the_estimate_checks_nothing_more_expensive(
 
 def test_when_no_fleet_check_holds_nothing_is_recommended(tmp_path, monkeypatch):
     _stand_ins(monkeypatch, {1: (1, 0.5), 2: (1, 0.4), 4: (1, 0.3)}, {1: (2, 3.0), 2: (2, 3.0), 4: (2, 3.0)})
-    failing = sim.plan.validate_fleet
+    failing = sim.planning.plan.validate_fleet
 
     def never_holds(spec, row, cand):
         return {**failing(spec, row, cand), "holds": False}
 
-    monkeypatch.setattr(sim.plan, "validate_fleet", never_holds)
+    monkeypatch.setattr(sim.planning.plan, "validate_fleet", never_holds)
     result = run_plan(load_plan(_plan(tmp_path)), workers=1)
     assert result["recommended"] is None and result["fleet_checks"]
     assert plan_verdict(result)[-1] == ("recommended: none: no fleet checked meets the SLOs at 10 req/s "
@@ -127,7 +128,7 @@ def test_when_no_fleet_check_holds_nothing_is_recommended(tmp_path, monkeypatch)
 
 
 def test_the_fleet_check_never_grows_a_fleet_past_max_replicas(tmp_path):
-    from sim.fleet import validate_fleet
+    from sim.planning.fleet import validate_fleet
 
     p = tmp_path / "p.yaml"  # an SLO no fleet meets: the upward search stops at the limit
     p.write_text(f"scenario: {ROOT / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 4\n"

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from sim.cluster import RouterSpec
-from sim.fleet import router_label, simulate_fleet
-from sim.plan import load_plan, validate_fleet
-from sim.plan_report import plan_sections
-from sim.scenario import load_scenario
+from sim.config.scenario import load_scenario
+from sim.planning.fleet import router_label, simulate_fleet
+from sim.planning.plan import validate_fleet
+from sim.planning.planspec import load_plan
+from sim.policies.router import RouterSpec
+from sim.report.plan_page import plan_sections
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
@@ -29,7 +30,7 @@ def _plan(tmp_path: Path, router: str | None = None) -> Path:
 
 def _fleet_check(spec, monkeypatch) -> tuple[dict, list]:
     """validate_fleet from an estimate of 2 replicas, recording every fleet it simulates."""
-    import sim.fleet
+    import sim.planning.fleet
 
     fleets = []
 
@@ -37,7 +38,7 @@ def _fleet_check(spec, monkeypatch) -> tuple[dict, list]:
         fleets.append(simulate_fleet(*args, **kwargs))
         return fleets[-1]
 
-    monkeypatch.setattr(sim.fleet, "simulate_fleet", recording)
+    monkeypatch.setattr(sim.planning.fleet, "simulate_fleet", recording)
     return validate_fleet(spec, {"candidate": "base", "replicas": 2}, {}), fleets
 
 
@@ -54,7 +55,7 @@ def test_plan_router_defaults_to_random_and_the_report_says_so(tmp_path, monkeyp
     spec = load_plan(_plan(tmp_path))
     assert spec.router == RouterSpec(policy="random", staleness_s=0.0, affinity_slack=8)
     check, fleets = _fleet_check(spec, monkeypatch)
-    assert fleets and all(f.summary["stands_on"] == "the cluster engine, random router (sim/fleet.py)"
+    assert fleets and all(f.summary["stands_on"] == "the cluster engine, random router (sim/planning/fleet.py)"
                           for f in fleets)
     assert check["router"] == {"policy": "random", "staleness_s": 0.0, "affinity_slack": 8}
     assert "req/s (random router, seeds" in _report_text(spec, check)
@@ -121,7 +122,7 @@ def test_plan_with_an_unknown_router_policy_exits_2_with_one_line(tmp_path):
     ("round_robin", "router: expected a mapping, got 'round_robin' (allowed: a YAML mapping, {key: value, ...})"),
 ])
 def test_plan_with_a_bad_router_field_is_a_one_line_error(tmp_path, capsys, router, says):
-    from sim.cli import main
+    from sim.cli.main import main
 
     p = _plan(tmp_path, router)
     assert main(["plan", str(p), "--out", str(tmp_path / "o"), "--workers", "1"]) == 2

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.profiles import (
+from sim.costmodel.profiles import (
     ANALYTIC,
     DERIVED,
     EXACT,
@@ -18,7 +18,7 @@ from sim.profiles import (
     known_profiles,
     load_profile,
 )
-from sim.specload import SpecError
+from sim.io.specload import SpecError
 
 H200 = PROFILES_DIR / "h200-sxm"
 SHARED = Path("/work/shared/data")
@@ -58,7 +58,7 @@ def h200():
 
 
 def test_exact_grid_points_return_the_measured_ms_tagged_exact(h200):
-    """The measured time, less the flush's write-back where one was added (sim/l2flush.py;
+    """The measured time, less the flush's write-back where one was added (sim/costmodel/l2flush.py;
     the hand arithmetic of these rows is in the tests below)."""
     # compute-bound: 2 * 4096^3 = 1.374e11 FLOP / 793e9 = 0.1733 ms > (X + D) / B = 0.0319 ms
     assert h200.gemm(4096, 4096, 4096) == (0.18039999902248383, EXACT)  # gemm.csv
@@ -72,7 +72,7 @@ def test_exact_grid_points_return_the_measured_ms_tagged_exact(h200):
     assert h200.elementwise("silu_mul", 2048, 14336) == (0.16305600106716156, EXACT)
 
 
-# The H200 tables' write-back correction worked by hand from sim/l2flush.py's formula:
+# The H200 tables' write-back correction worked by hand from sim/costmodel/l2flush.py's formula:
 #   t_warm = max(t - Δ, floor), Δ = max(C, (X + W) / B) - max(C, (X + W') / B),
 #   W = min(X, D), W' = min(A, X, D), floor = max(C, (X + W') / B), C = FLOPs / 793 TFLOP/s
 # with profile.yaml's D = 45.6 MB and B = 4.58 TB/s; t the CSV's measured ms.
@@ -339,7 +339,7 @@ def test_peer_profiles_use_vidur_gemms_and_slower_gpus_take_longer():
 @pytest.mark.parametrize("name", ["h200-sxm", "a100-80gb", "h100-sxm"])
 def test_profile_efficiencies_are_the_fit_to_its_gemm_table(name):
     pytest.importorskip("pandas")
-    from sim.profile_convert import fit_efficiencies
+    from sim.fit.profile_convert import fit_efficiencies
 
     e = load_profile(name).facts.efficiency
     fit = fit_efficiencies(PROFILES_DIR / name)["gemm"]
@@ -349,10 +349,14 @@ def test_profile_efficiencies_are_the_fit_to_its_gemm_table(name):
 
 
 def test_h200_efficiencies_are_fitted_to_its_tables_with_the_write_back_removed(h200):
-    # the loader lowers the flushed tables (sim/l2flush.py), so the roofline terms that
+    # the loader lowers the flushed tables (sim/costmodel/l2flush.py), so the roofline terms that
     # extrapolate them and floor them are fitted to the lowered rows, not the CSV's
     pd = pytest.importorskip("pandas")
-    from sim.profile_convert import fit_attention_efficiency, fit_efficiencies, fit_gemm_efficiency
+    from sim.fit.profile_convert import (
+        fit_attention_efficiency,
+        fit_efficiencies,
+        fit_gemm_efficiency,
+    )
 
     f, e = h200.facts, h200.facts.efficiency
     fit = fit_efficiencies(H200)["attention"]
@@ -386,7 +390,7 @@ def test_a_lowered_gemm_row_is_not_raised_back_to_the_floor(h200):
     # gemm.csv's smallest row (M=1, 2048 x 2048: X = 8,396,800 B, 10.32 us flushed) is
     # below D, so it loses the write-back of X less the 4 KB of activations it meets in a
     # forward pass: 10.32 us - (2X - (X + 4,096)) / 4.58 TB/s = 10.32 - 1.83 = 8.49 us
-    from sim.profiles import tables_as_used
+    from sim.costmodel.profiles import tables_as_used
 
     row = next(r for r in tables_as_used("h200-sxm")[1]["gemm"]
                if (r["M"], r["K"], r["N"]) == (1, 2048, 2048))
@@ -473,7 +477,7 @@ def test_a_folder_with_only_some_tables_falls_back_to_analytic(tmp_path):
 @pytest.mark.skipif(not (SHARED / "h200").is_dir(), reason="measurement data not present")
 def test_converter_reproduces_the_h200_tables(tmp_path):
     pytest.importorskip("pandas")
-    from sim.profile_convert import convert_measured
+    from sim.fit.profile_convert import convert_measured
 
     for p in convert_measured(SHARED / "h200", tmp_path):
         assert p.read_text() == (H200 / p.name).read_text(), p.name
@@ -484,7 +488,7 @@ def test_converter_reproduces_the_h200_tables(tmp_path):
 @pytest.mark.skipif(not (SHARED / "peers").is_dir(), reason="peer data not present")
 def test_converter_reproduces_the_vidur_tables(tmp_path):
     pytest.importorskip("pandas")
-    from sim.profile_convert import convert_peers
+    from sim.fit.profile_convert import convert_peers
 
     for p in convert_peers(SHARED / "peers", tmp_path):
         assert p.read_text() == (PROFILES_DIR / p.parent.name / p.name).read_text(), p
@@ -549,8 +553,8 @@ def test_paged_reference_is_the_measured_triton_table(h200):
 def test_reference_stack_scenarios_and_runtime_fit_use_the_measured_kernel():
     import inspect
 
-    from sim.runtime_fit import gpu_times
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
+    from sim.fit.runtime_fit import gpu_times
 
     for f in ("azure_conv_reference", "azure_code_reference"):
         assert load_scenario(Path("scenarios") / f"{f}.yaml").decode_attention == "paged_reference"
@@ -586,7 +590,7 @@ def test_h100_gemms_above_the_h200_measured_rate_are_capped_and_counted():
 
 
 def test_gpus_command_shows_the_capped_rows(capsys):
-    from sim.cli import main
+    from sim.cli.main import main
 
     assert main(["gpus"]) == 0
     out = capsys.readouterr().out

@@ -119,7 +119,7 @@ def test_a_row_whose_stack_ran_nccl_is_costed_without_the_custom_all_reduce(rows
 
 
 def test_per_head_decode_reads_a_gqa_groups_kv_once_per_query_head():
-    from sim.profiles import DERIVED, load_profile
+    from sim.costmodel.profiles import DERIVED, load_profile
 
     p = load_profile("h100-sxm")
     mha = p.decode_attn("contiguous_per_head", 8, 8 * 1024, 32, 32, 128)

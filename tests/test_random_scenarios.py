@@ -17,10 +17,10 @@ import numpy as np
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from sim.batch import FINISHED, REJECTED
-from sim.runner import run
-from sim.scenario import scenario_from_dict
-from sim.specload import SpecError
+from sim.config.scenario import scenario_from_dict
+from sim.engine.runner import run
+from sim.io.specload import SpecError
+from sim.policies.batch import FINISHED, REJECTED
 
 EXAMPLES = int(os.environ.get("LLMSIM_FUZZ_EXAMPLES", "300"))
 EPS = 1e-9

@@ -14,11 +14,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.cli import main
-from sim.outputs import MANIFEST, write_atomically
-from sim.perfetto import EVENT_TYPES, write_trace
-from sim.report import build_report, write_report
-from sim.runner import run
+from sim.cli.main import main
+from sim.engine.runner import run
+from sim.io.outputs import MANIFEST, write_atomically
+from sim.report.pages import build_report, write_report
+from sim.report.perfetto import EVENT_TYPES, write_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
@@ -71,7 +71,7 @@ def test_run_report_renders_with_its_numbers_and_every_image(browser, run_dir):
 
 
 def test_plan_report_renders_recommendation_and_pareto_plot(browser, tmp_path):
-    from sim.plan import write_plan
+    from sim.planning.plan import write_plan
 
     plan = json.loads((ROOT / "tests" / "fixtures" / "plan_result.json").read_text())
     folder = write_plan(plan, tmp_path / "plan")
@@ -85,7 +85,7 @@ def test_plan_report_renders_recommendation_and_pareto_plot(browser, tmp_path):
 
 
 def test_report_of_a_foreign_folder_is_one_line_error(tmp_path, capsys):
-    from sim.cli import main
+    from sim.cli.main import main
 
     (tmp_path / "x.txt").write_text("hi")
     assert main(["report", str(tmp_path)]) == 2
@@ -123,8 +123,8 @@ def test_report_of_a_sweep_folder_holds_its_results_table(tmp_path):
 
 
 def test_report_of_a_curve_or_plan_folder_holds_its_tables(tmp_path):
-    from sim.curve import run_curve
-    from sim.plan import write_plan
+    from sim.planning.curve import run_curve
+    from sim.planning.plan import write_plan
 
     _, knees = run_curve([QUICK], [1, 2], tmp_path / "c", requests=20, executor="sequential")
     assert main(["report", str(tmp_path / "c")]) == 0
@@ -199,8 +199,8 @@ def test_perfetto_trace_is_trace_event_json_with_documented_events(run_dir, tmp_
 
 
 def test_fleet_trace_has_one_process_per_replica(tmp_path):
-    from sim.fleet import simulate_fleet
-    from sim.scenario import load_scenario
+    from sim.config.scenario import load_scenario
+    from sim.planning.fleet import simulate_fleet
 
     sc = load_scenario(ROOT / "scenarios" / "quickstart.yaml", {"workload.num_requests": 90})
     fleet = simulate_fleet(sc, 3, seed=2)
@@ -215,7 +215,7 @@ def test_fleet_trace_has_one_process_per_replica(tmp_path):
 
 
 def test_cluster_run_trace_splits_into_one_process_per_replica(tmp_path):
-    from sim.perfetto import replica_parts
+    from sim.report.perfetto import replica_parts
 
     out = run(ROOT / "scenarios" / "quickstart.yaml", {
         "workload.num_requests": 60, "cluster": {"router": {"policy": "round_robin"}, "groups": [{"count": 2}]}})
@@ -226,7 +226,7 @@ def test_cluster_run_trace_splits_into_one_process_per_replica(tmp_path):
 
 
 def test_trace_places_preemptions_at_their_times_and_draws_kv_transfers(tmp_path):
-    from sim.cli import main
+    from sim.cli.main import main
 
     tight = ROOT / "scenarios" / "quickstart.yaml"
     assert main(["run", str(tight), "--out", str(tmp_path / "r"), "--trace-out", str(tmp_path / "p.json"),

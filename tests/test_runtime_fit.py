@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-import sim.runtime_fit as runtime_fit
-from sim.profiles import PROFILES_DIR
+import sim.fit.runtime_fit as runtime_fit
+from sim.costmodel.profiles import PROFILES_DIR
 
 GRID = PROFILES_DIR / "h200-sxm" / "iter_grid_eager_reference.csv"
 # fitted before the search skipped terms without rows (same numbers: nothing else changed);
-# refitted when the H200 tables lost the L2 flush's write-back (sim/l2flush.py)
+# refitted when the H200 tables lost the L2 flush's write-back (sim/costmodel/l2flush.py)
 EXPECTED = {
     ("prefill", "decode", "verify"): dict(
         host_ms_per_step=1.9062, host_ms_per_layer=0.55, host_ms_per_layer_decode_extra=0.0575,
@@ -57,7 +57,7 @@ def test_fit_recovers_the_host_terms_a_synthetic_grid_was_made_with():
     """The shipped grid's step shapes, timed by the docstring's formula written out here:
     max(a + b L + e L [decode] + (c P + d V) L, scale x kernel time); on the 1B (16 layers)
     and 8B (32 layers) models the host side binds on 50 of the 66 rows."""
-    from sim.models import load_model
+    from sim.costmodel.models import load_model
 
     rows = runtime_fit.read_grid(GRID)
     kernel_ms = runtime_fit.gpu_times(rows, "h200-sxm")

@@ -4,11 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from sim.latency import StepLatency
-from sim.models import load_model
-from sim.profiles import load_profile
-from sim.runtime import RUNTIMES_DIR, RuntimeSpec, load_runtime
-from sim.specload import known_names
+from sim.costmodel.latency import StepLatency
+from sim.costmodel.models import load_model
+from sim.costmodel.profiles import load_profile
+from sim.costmodel.runtime import RUNTIMES_DIR, RuntimeSpec, load_runtime
+from sim.io.specload import known_names
 
 SHIPPED = known_names(RUNTIMES_DIR)
 
@@ -19,7 +19,7 @@ def latency(runtime: str | RuntimeSpec, model: str = "llama-3-8b") -> StepLatenc
 
 
 def kernels_of(stack: str) -> StepLatency:
-    """`cuda-graph` (kernels only) running the stack's elementwise kernels (sim/fused.py)."""
+    """`cuda-graph` (kernels only) running the stack's elementwise kernels (sim/costmodel/fused.py)."""
     return latency(replace(load_runtime("cuda-graph"), elementwise=load_runtime(stack).elementwise))
 
 

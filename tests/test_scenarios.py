@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.runner import run
+from sim.engine.runner import run
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))

@@ -7,12 +7,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sim.latency import StepLatency
-from sim.models import load_model
-from sim.profiles import load_profile
-from sim.runner import run
-from sim.runtime import load_runtime
-from sim.scenario import scenario_from_dict
+from sim.config.scenario import scenario_from_dict
+from sim.costmodel.latency import StepLatency
+from sim.costmodel.models import load_model
+from sim.costmodel.profiles import load_profile
+from sim.costmodel.runtime import load_runtime
+from sim.engine.runner import run
 from tests.test_engine import ROOT, scenario
 
 
@@ -129,8 +129,8 @@ def test_rolled_back_draft_slots_return_every_kv_block(seed, n, blocks, alpha, k
 
 
 def test_speculative_needs_the_continuous_policy(tmp_path):
-    from sim.scenario import load_scenario
-    from sim.specload import SpecError
+    from sim.config.scenario import load_scenario
+    from sim.io.specload import SpecError
 
     f = tmp_path / "s.yaml"
     f.write_text((ROOT / "scenarios" / "speculative.yaml").read_text().replace(

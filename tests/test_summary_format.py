@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sim.cli import ROWS, _fmt, frame_text, provenance_shares, replica_table
-from sim.curve import COLUMNS, plot_curves
-from sim.models import load_model
-from sim.runner import run
+from sim.costmodel.models import load_model
+from sim.engine.runner import run
+from sim.planning.curve import COLUMNS, plot_curves
+from sim.report.text import ROWS, fmt, frame_text, provenance_shares, replica_table
 from tests.test_cluster import scenario as fleet_scenario
 from tests.test_engine import ROOT, scenario
 
@@ -128,12 +128,12 @@ def test_result_tables_print_missing_values_as_dash_and_booleans_as_yaml():
     (None, "", "-"), (float("nan"), "", "-"), (True, "", "true"), (np.bool_(False), "", "false"),
 ])
 def test_table_cells_have_commas_from_a_thousand_and_three_figures_below(value, unit, text):
-    assert _fmt(value, unit) == text
+    assert fmt(value, unit) == text
 
 
 @given(st.floats(1e-3, 1e12))
 def test_a_table_number_reads_back_within_rounding(v):
-    text = _fmt(v)
+    text = fmt(v)
     assert "e" not in text
     back = float(text.replace(",", ""))
     assert math.isclose(back, v, rel_tol=5e-3, abs_tol=0.5)
@@ -160,7 +160,7 @@ def test_a_prefill_replica_row_counts_prefills_in_both_columns():
     assert pre["prefills"] == 60 and pre["request_throughput"] == 0.0
     assert pre["prefill_throughput"] == pytest.approx(60 / out.summary["duration_s"])
     line = next(ln for ln in replica_table(rows).splitlines() if ln.startswith(pre["replica"]))
-    assert line.split()[3:5] == ["60", _fmt(pre["prefill_throughput"])]
+    assert line.split()[3:5] == ["60", fmt(pre["prefill_throughput"])]
 
 
 def test_sweep_table_prints_swept_booleans_as_the_yaml_does(tmp_path):
@@ -174,7 +174,7 @@ def test_sweep_table_prints_swept_booleans_as_the_yaml_does(tmp_path):
 
 
 def test_the_busy_row_shows_a_dash_where_kernel_time_is_not_modelled():
-    from sim.cli import ROWS
+    from sim.report.text import ROWS
 
     busy = next(f for name, f in ROWS if name.startswith("busy"))
     assert busy({"gpu_busy_fraction": 0.5, "gpu_kernel_fraction": None}) == "50% / -"

@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.curve import knee, run_curve
-from sim.outputs import OutputError
-from sim.specload import SpecError
-from sim.sweep import configurations, execute, parse_axis, read_rows, run_sweep
+from sim.io.outputs import OutputError
+from sim.io.specload import SpecError
+from sim.planning.curve import knee, run_curve
+from sim.planning.sweep import configurations, execute, parse_axis, read_rows, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import tablefile
-from sim.metrics import percentiles
-from sim.runner import run
-from sim.tablefile import Labels, frame, write_csv, write_parquet
+from sim.engine.metrics import percentiles
+from sim.engine.runner import run
+from sim.io import tablefile
+from sim.io.tablefile import Labels, frame, write_csv, write_parquet
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = ROOT / "scenarios" / "quickstart.yaml"
@@ -97,7 +97,7 @@ def test_percentiles_are_numpys_exactly(values):
 
 
 def test_run_command_imports_neither_pandas_nor_matplotlib_without_plots(tmp_path):
-    code = ("import sys; from sim.cli import main; "
+    code = ("import sys; from sim.cli.main import main; "
             f"rc = main(['run', {str(QUICK)!r}, '--out', {str(tmp_path / 'r')!r}, "
             "'--set', 'workload.num_requests=20']); "
             "print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))")

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import traces
-from sim.specload import ROOT, SpecError, build
-from sim.workload import Workload, WorkloadSpec, generate
+from sim.io.specload import ROOT, SpecError, build
+from sim.workload import traces
+from sim.workload.requests import Workload, WorkloadSpec, generate
 
 SCENARIO = "scenario.yaml"  # the file name errors should report for spec problems
 FIXED = {"prompt": {"kind": "fixed", "value": 100}, "output": {"kind": "fixed", "value": 10}}

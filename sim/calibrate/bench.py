@@ -5,7 +5,7 @@ builds random inputs, times the call (`Device.time_ms`) and returns the rows to
 write. Shapes come from the models' specs: every distinct GEMM (K, N) of
 `ModelSpec.gemm_shapes()` including the LM head, every distinct attention head
 configuration (hq, hkv, d), and the widths the step model looks elementwise ops
-up at (`sim.latency`: rmsnorm and residual add at hidden, SiLU·mul at ffn, rotary
+up at (`sim.costmodel.latency`: rmsnorm and residual add at hidden, SiLU·mul at ffn, rotary
 at q_dim + kv_dim, KV write at 2·kv_dim, embedding at hidden).
 """
 
@@ -17,11 +17,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from sim.models import ModelSpec
-
-from . import ops
-from .device import Device, DeviceError
-from .grids import every, tier_of
+from sim.calibrate import ops
+from sim.calibrate.device import Device, DeviceError
+from sim.calibrate.grids import every, tier_of
+from sim.costmodel.models import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -85,8 +84,8 @@ def _check_triton(dev: Device) -> None:
     if not dev.cuda or "triton_paged" in dev.checked:
         return
     try:
-        from .kernel_check import KernelMismatch
-        from .triton_paged import check_paged_attention
+        from sim.calibrate.kernel_check import KernelMismatch
+        from sim.calibrate.triton_paged import check_paged_attention
     except ImportError as e:
         raise DeviceError(f"the paged-attention kernel needs Triton ({e})") from None
     try:
@@ -192,7 +191,7 @@ def sampling_point(M: int, V: int, tier: int) -> Point:
 
 
 def elementwise_shapes(m: ModelSpec) -> list[tuple[str, int, int]]:
-    """(op, H, head_dim) at the widths sim.latency looks them up at."""
+    """(op, H, head_dim) at the widths sim.costmodel.latency looks them up at."""
     return [("rmsnorm", m.hidden, m.head_dim), ("residual_add", m.hidden, m.head_dim),
             ("silu_mul", m.ffn, m.head_dim), ("rotary", m.q_dim + m.kv_dim, m.head_dim),
             ("kv_write", 2 * m.kv_dim, m.head_dim), ("embedding", m.hidden, m.head_dim)]

@@ -15,7 +15,6 @@ import gc
 import platform
 import shutil
 import subprocess
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -23,12 +22,19 @@ from pathlib import Path
 
 import torch
 
-from sim.models import load_model
-
-from . import bench, itergrid
-from .device import Device, TooLarge, is_oom, pick_device, pick_dtype, quiet_gc, set_threads
-from .grids import GRIDS, TABLE_ORDER
-from .output import TableWriter, fit_runtimes, write_meta, write_profile
+from sim.calibrate import bench, itergrid
+from sim.calibrate.device import (
+    Device,
+    TooLarge,
+    is_oom,
+    pick_device,
+    pick_dtype,
+    quiet_gc,
+    set_threads,
+)
+from sim.calibrate.grids import GRIDS, TABLE_ORDER
+from sim.calibrate.output import TableWriter, fit_runtimes, write_meta, write_profile
+from sim.costmodel.models import load_model
 
 
 @dataclass
@@ -135,8 +141,8 @@ def _measure(points: list[bench.Point], dev: Device, w: TableWriter, res: Outcom
     emptied, so the next point starts from the memory the failed one found."""
     from tqdm import tqdm
 
-    bar = tqdm(points, desc="calibrating", unit="pt", leave=False, file=sys.stderr,
-               disable=not (progress and sys.stderr.isatty()))
+    bar = tqdm(points, desc="calibrating", unit="pt", leave=False,  # on stderr
+               disable=not progress)
     for p in bar:
         if budget_s is not None and time.perf_counter() - t0 > budget_s:
             res.stopped = "budget"

@@ -168,7 +168,7 @@ class Device:
         # the L2 is flushed by READING this buffer (written once, here): a read leaves clean
         # lines, which the timed op evicts for free; a write (Triton's do_bench zeroes its
         # buffer) leaves ~L2-size dirty lines that the timed op must write back to memory,
-        # up to ~10 us per kernel that a real forward pass does not pay (sim/l2flush.py)
+        # up to ~10 us per kernel that a real forward pass does not pay (sim/costmodel/l2flush.py)
         self._flush = torch.ones(FLUSH_BYTES // 4, dtype=torch.float32, device=device) \
             if self.cuda else None
         self._flush_sum = torch.zeros((), dtype=torch.float32, device=device) \

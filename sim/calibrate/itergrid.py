@@ -3,7 +3,7 @@
 Each point times one step of `reference.prefill_step` or `reference.decode_step` the
 way the serving loop runs it: inputs built from Python lists, the step launched,
 its tokens copied back to the host (so the wall time includes host launch
-overhead and a synchronisation). Rows follow `sim.runtime_fit`'s grid format
+overhead and a synchronisation). Rows follow `sim.fit.runtime_fit`'s grid format
 (`model,kind,batch,new_tokens,ctx,ms`): prefill rows are `batch` prompts of
 `new_tokens` from an empty cache; decode rows are `batch` sequences at context
 `ctx`, their pages in random order in the pool.
@@ -20,13 +20,12 @@ import gc
 
 import torch
 
-from sim.models import ModelSpec
-
-from . import ops
-from .bench import Point
-from .device import Device, TooLarge
-from .grids import every, tier_of
-from .reference import Llama, PagedCache, decode_logits, prefill_step
+from sim.calibrate import ops
+from sim.calibrate.bench import Point
+from sim.calibrate.device import Device, TooLarge
+from sim.calibrate.grids import every, tier_of
+from sim.calibrate.reference import Llama, PagedCache, decode_logits, prefill_step
+from sim.costmodel.models import ModelSpec
 
 
 class Resident:

@@ -4,8 +4,8 @@ Every measured row is appended to its CSV and flushed at once, so an interrupted
 or out-of-budget run keeps everything measured so far. `finish` then writes
 `profile.yaml` (the simulator's `GPUFacts`: measured ceilings stand in for the
 datasheet rates, and the roofline efficiencies are fitted to the tables with
-`sim.profile_convert`), fits the runtime profiles to the iteration grids with
-`sim.runtime_fit`, and writes `calibration.json` (metadata and fit errors).
+`sim.fit.profile_convert`), fits the runtime profiles to the iteration grids with
+`sim.fit.runtime_fit`, and writes `calibration.json` (metadata and fit errors).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from sim.profiles import PROFILES_DIR, TABLES, load_profile
-from sim.runtime import RUNTIMES_DIR, RuntimeSpec
-from sim.runtime_fit import error_summary, fit
+from sim.costmodel.profiles import PROFILES_DIR, TABLES, load_profile
+from sim.costmodel.runtime import RUNTIMES_DIR, RuntimeSpec
+from sim.fit.runtime_fit import error_summary, fit
 
 COLUMNS = {
     **{t: list(cols) for t, cols in TABLES.items()},
@@ -53,7 +53,7 @@ class TableWriter:
     def __init__(self, out: Path):
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
-        # a new calibration replaces the previous one's files (sim/calibrate/cli.py has
+        # a new calibration replaces the previous one's files (sim/cli/calibrate.py has
         # checked that the folder is new, empty or one llmsim calibrate wrote), and marks
         # the folder as a calibration's from its start, so an interrupted one is still ours
         for name in OWNED:
@@ -86,7 +86,7 @@ class TableWriter:
 
 def _efficiency(w: TableWriter, ceil: dict) -> tuple[dict, dict]:
     """Efficiency fields fitted to the tables (fallbacks where a table is missing)."""
-    from sim.profile_convert import fit_attention_efficiency, fit_gemm_efficiency
+    from sim.fit.profile_convert import fit_attention_efficiency, fit_gemm_efficiency
 
     tf, tb = ceil["peak_tflops"], ceil["mem_bw_tbs"]
     eff, errors = json.loads(json.dumps(FALLBACK)), {}
@@ -106,7 +106,7 @@ def _efficiency(w: TableWriter, ceil: dict) -> tuple[dict, dict]:
     elem = w.frame("elementwise")
     eff["elementwise_floor_ms"] = round(float(elem["ms"].min()), 5) if len(elem) else 0.005
     eff["flops"], eff["mem_bw"] = min(1.0, eff["flops"]), min(1.0, eff["mem_bw"])
-    eff["source"] = ("fitted to this folder's tables by sim.profile_convert, against the measured "
+    eff["source"] = ("fitted to this folder's tables by sim.fit.profile_convert, against the measured "
                      "ceilings (fallbacks for tables not measured)")
     return eff, errors
 
@@ -181,7 +181,7 @@ def fit_runtimes(w: TableWriter, combine: str = "max") -> dict[str, dict]:
         spec, derived = _unmeasured_terms(spec, {r["kind"] for r in rows if r["kind"] in kinds},
                                           eager)
         spec = replace(spec, description=f"{mode} reference engine on {w.out.name}", elementwise="unfused",
-                       source=f"fitted by sim.runtime_fit to {w.out.name}/iter_grid_{mode}.csv"
+                       source=f"fitted by sim.fit.runtime_fit to {w.out.name}/iter_grid_{mode}.csv"
                        + (f"; {derived}" if derived else ""))
         eager = spec if mode == "eager" else eager
         text = yaml.safe_dump(asdict(spec), sort_keys=False)
@@ -200,7 +200,7 @@ def _ours_to_replace(runtime_file: Path, folder: Path) -> bool:
     if not runtime_file.exists():
         return True
     try:
-        return f"fitted by sim.runtime_fit to {folder.name}/iter_grid_" in runtime_file.read_text()
+        return f"fitted by sim.fit.runtime_fit to {folder.name}/iter_grid_" in runtime_file.read_text()
     except (OSError, UnicodeDecodeError):
         return False
 

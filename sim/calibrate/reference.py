@@ -6,8 +6,8 @@ per layer (`k[layer, block, offset, kv_head, d]`) and a block table per sequence
 Block 0 is scratch: rows that only pad a static batch write there.
 
 Scheduling is the simulator's, literally: the loop asks the same policy
-(`sim.scheduler.POLICIES`) for a `StepPlan` from the same `ReplicaState`, and
-applies it with the simulator's own accounting verbs (`sim.replica.Replica`:
+(`sim.policies.scheduler.POLICIES`) for a `StepPlan` from the same `ReplicaState`, and
+applies it with the simulator's own accounting verbs (`sim.engine.replica.Replica`:
 admission, KV counts, preemption, finishing, inter-token gaps). The only
 differences are that each plan runs on the device and that the clock is the wall
 clock: a request joins the queue once its arrival time has passed, and a step
@@ -35,17 +35,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from sim.batch import RunningBatch, Seq
-from sim.kv import make_kv
-from sim.models import ModelSpec
-from sim.replica import Replica, ReplicaResult, RunResult
-from sim.scenario import Scenario
-from sim.scheduler import ContinuousPolicy, ReplicaState, StaticPolicy
-from sim.specload import SpecError
-from sim.workload import Workload
-
-from . import ops
-from .device import Device
+from sim.calibrate import ops
+from sim.calibrate.device import Device
+from sim.config.scenario import Scenario
+from sim.costmodel.models import ModelSpec
+from sim.engine.replica import Replica, ReplicaResult, RunResult
+from sim.io.specload import SpecError
+from sim.policies.batch import RunningBatch, Seq
+from sim.policies.kv import make_kv
+from sim.policies.scheduler import ContinuousPolicy, ReplicaState, StaticPolicy
+from sim.workload.requests import Workload
 
 POLICIES = {"continuous": ContinuousPolicy, "static": StaticPolicy}  # the ones it implements
 
@@ -258,7 +257,7 @@ class ReferenceEngine:
     (wall time on a GPU; on the CPU the engine thread's CPU time, which the idle polling
     loop keeps advancing, so a shared machine's steal does not stretch the replay).
 
-    The plan is applied by `sim.replica.Replica.start` and `.finish`, the same two calls
+    The plan is applied by `sim.engine.replica.Replica.start` and `.finish`, the same two calls
     the simulator's `replica()` process makes; only the step itself and the clock differ.
     """
 

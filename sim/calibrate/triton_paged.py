@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .ops import paged_sms, pow2, split_plan
+from sim.calibrate.splits import paged_sms, pow2, split_plan
 
 
 @triton.jit
@@ -119,6 +119,6 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 def check_paged_attention(device: torch.device, dtype: torch.dtype = torch.bfloat16) -> float:
     """Max |difference| from exact attention over `kernel_check.CASES` (several shapes,
     NaN in unowned pool slots); raises `kernel_check.KernelMismatch` past the tolerance."""
-    from .kernel_check import check_paged
+    from sim.calibrate.kernel_check import check_paged
 
     return check_paged(paged_attention, device, dtype)

@@ -27,23 +27,22 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.build import build_replica, replica_configs
-from sim.engine import simulate
-from sim.latency import StepLatency
-from sim.memory import memory_budget
-from sim.metrics import requests_frame, steps_frame, summarize
-from sim.models import load_model
-from sim.outputs import check_out_dir, write_atomically
-from sim.profiles import load_profile
-from sim.runtime import RuntimeSpec
-from sim.scenario import Scenario, load_scenario, replace_scenario
-from sim.servinglog import write_serving_log
-from sim.specload import SpecError, build, is_file, load_yaml
-from sim.workload import Workload, generate
-
-from .device import Device, pick_device, pick_dtype, quiet_gc, set_threads
-from .reference import Llama, ReferenceEngine, StepDetail, check_supported
-from .warmup import warm_kernels
+from sim.calibrate.device import Device, pick_device, pick_dtype, quiet_gc, set_threads
+from sim.calibrate.reference import Llama, ReferenceEngine, StepDetail, check_supported
+from sim.calibrate.warmup import warm_kernels
+from sim.config.scenario import Scenario, load_scenario, replace_scenario
+from sim.costmodel.latency import StepLatency
+from sim.costmodel.models import load_model
+from sim.costmodel.profiles import load_profile
+from sim.costmodel.runtime import RuntimeSpec
+from sim.engine.build import build_replica, replica_configs
+from sim.engine.memory import memory_budget
+from sim.engine.metrics import requests_frame, steps_frame, summarize
+from sim.engine.processes import simulate
+from sim.fit.servinglog import write_serving_log
+from sim.io.outputs import check_out_dir, write_atomically
+from sim.io.specload import SpecError, build, is_file, load_yaml
+from sim.workload.requests import Workload, generate
 
 METRICS = [(f"{name} p{p} (ms)", key, f"p{p}", 1e3) for name, key in
            (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"))

@@ -6,7 +6,7 @@ paged decode kernel (`triton_paged`) is specialised on its constexpr arguments a
 as Triton does for integer arguments, on whether each integer argument is 1 and
 whether it is divisible by 16. Within one model its head counts, head dim and block
 are fixed; what varies from step to step is the batch size and the block-table width,
-through the split plan (`ops.split_plan`): the padded split count `NSPLIT_P`, the
+through the split plan (`splits.split_plan`): the padded split count `NSPLIT_P`, the
 table's row stride (= its width), the blocks per split and the split count.
 `decode_classes` maps every (batch, width) a run can produce — batch 1 up to the
 scheduler's row limit (or the trace's size), width 1 up to the blocks of the
@@ -28,10 +28,9 @@ from __future__ import annotations
 
 import torch
 
-from sim.workload import Workload
-
-from . import ops
-from .reference import ReferenceEngine, decode_step, prefill_step
+from sim.calibrate import splits
+from sim.calibrate.reference import ReferenceEngine, decode_step, prefill_step
+from sim.workload.requests import Workload
 
 
 def _int_spec(x: int) -> tuple[bool, bool]:
@@ -40,8 +39,8 @@ def _int_spec(x: int) -> tuple[bool, bool]:
 
 def specialisation(batch: int, width: int, kv_heads: int, sms: int) -> tuple:
     """What the paged decode kernel is compiled for at this batch and table width."""
-    nsplit, per_split = ops.split_plan(batch, kv_heads, width, sms)
-    return ops.pow2(nsplit), _int_spec(width), _int_spec(per_split), _int_spec(nsplit)
+    nsplit, per_split = splits.split_plan(batch, kv_heads, width, sms)
+    return splits.pow2(nsplit), _int_spec(width), _int_spec(per_split), _int_spec(nsplit)
 
 
 def decode_classes(max_batch: int, max_width: int, kv_heads: int,
@@ -52,7 +51,7 @@ def decode_classes(max_batch: int, max_width: int, kv_heads: int,
     # batches with the same `split_want` get the same plan at every width: the smallest stands
     smallest: dict[int, int] = {}
     for b in range(max_batch, 0, -1):
-        smallest[ops.split_want(b, kv_heads, sms)] = b
+        smallest[splits.split_want(b, kv_heads, sms)] = b
     for b in smallest.values():
         for w in range(1, max_width + 1):
             key = specialisation(b, w, kv_heads, sms)
@@ -76,7 +75,7 @@ def warm_kernels(engine: ReferenceEngine, wl: Workload) -> int:
     model, cache, dev = engine.model, engine.cache, engine.dev.device
     block = cache.block
     max_batch, max_width = run_bounds(engine, wl)
-    classes = decode_classes(max_batch, max_width, model.spec.kv_heads, ops.paged_sms(dev))
+    classes = decode_classes(max_batch, max_width, model.spec.kv_heads, splits.paged_sms(dev))
     for b, w in classes.values():
         ctx = (w - 1) * block + 1  # the shortest context that needs w blocks
         ids = torch.zeros(b, dtype=torch.long, device=dev)

@@ -1,0 +1,69 @@
+"""Digests of requests.csv, steps.csv and summary.json for every shipped scenario.
+
+    python benchmarks/scenario_digests.py [--out FILE] [--check FILE]
+
+Runs each scenario in scenarios/ as shipped (seed as shipped), writes its tables
+into a temporary folder (no plots) and prints one line per file: scenario, file,
+sha256 (summary.json without its wall-clock fields). `--check FILE` compares against digests written earlier and exits 1 on any
+difference: a refactor that must not change results runs this before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
+
+from sim import run  # noqa: E402
+
+FILES = ("requests.csv", "steps.csv", "summary.json")
+WALL = re.compile(rb'^\s*"(simulate_)?wall_s": .*$\n?', re.M)  # how long the run took, not a result
+
+
+def digest(path: Path) -> str:
+    data = path.read_bytes()
+    if path.suffix == ".json":
+        data = WALL.sub(b"", data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def digests() -> list[str]:
+    lines = []
+    for path in sorted((ROOT / "scenarios").glob("*.yaml")):
+        out = run(path)
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = out.write(Path(tmp) / "run", plots=False)
+            for name in FILES:
+                h = digest(folder / name)
+                lines.append(f"{path.stem} {name} {h}")
+        print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--check")
+    a = ap.parse_args()
+    lines = digests()
+    if a.out:
+        Path(a.out).write_text("\n".join(lines) + "\n")
+    if a.check:
+        want = Path(a.check).read_text().splitlines()
+        diff = sorted(set(want) ^ set(lines))
+        for d in diff:
+            print("differs:", d)
+        print("identical" if not diff else f"{len(diff)} lines differ")
+        return 1 if diff else 0
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Command line: the only package that prints or exits (`llmsim`, `python -m sim`)."""

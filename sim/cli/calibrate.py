@@ -1,0 +1,238 @@
+"""`llmsim calibrate` and `llmsim validate` (PyTorch is imported only when they run).
+
+    llmsim calibrate --models llama-3-8b,llama-3.2-1b --device auto \\
+        --out gpu_profiles/my-gpu --budget-s 600
+    llmsim validate tests/fixtures/calibrate/tiny.yaml --profile gpu_profiles/my-gpu \\
+        --out reports/my-gpu
+
+Exit status: 0 done (also when a time budget cut the run short, or shapes too large
+for free memory were skipped); 2 an error, with one line on stderr (no PyTorch, no
+such device, a bad scenario, a shape that ran out of memory — recorded, skipped and
+the profile still written — or out of memory in the reference engine); 130
+interrupted (the partial profile is kept).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from sim.cli.argtypes import positive_seconds, whole_number
+from sim.io.outputs import check_out_dir
+
+NO_TORCH = "llmsim: error: calibrate needs PyTorch: pip install 'llmsim[calibrate]'"
+
+
+def _need_torch() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print(NO_TORCH, file=sys.stderr)
+        return False
+    return True
+
+
+def _fail(msg: str) -> int:
+    print(f"llmsim: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def check_profile_folder(out: Path) -> None:
+    """`calibrate` replaces its own named files in a profile folder: refuse, before
+    measuring, a non-empty folder that an earlier `llmsim calibrate` did not write (a
+    user's folder, or a shipped profile such as gpu_profiles/h200-sxm, whose tables were
+    measured elsewhere). calibrate writes calibration.json first thing, so its folders,
+    interrupted ones included, carry it."""
+    from sim.io.outputs import JUNK, OutputError
+
+    if not out.is_dir():
+        return
+    entries = [p.name for p in out.iterdir() if p.name not in JUNK]
+    if entries and not _written_by_calibrate(out):
+        raise OutputError("--out", out, "is a folder llmsim calibrate did not write (allowed: a "
+                          "new or empty folder, or one an earlier llmsim calibrate wrote)")
+
+
+def _written_by_calibrate(out: Path) -> bool:
+    import json
+
+    meta, profile = out / "calibration.json", out / "profile.yaml"
+    try:
+        json.loads(meta.read_text())
+        return not profile.exists() or profile.read_text().startswith(
+            "# Written by llmsim calibrate")
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+
+
+def cmd_calibrate(a) -> int:
+    if not _need_torch():
+        return 2
+    from sim.calibrate.calibrate import calibrate
+    from sim.calibrate.device import DeviceError
+
+    out = Path(a.out)
+    check_out_dir(out, adds_to=True)  # where, before measuring (it adds to a profile folder)
+    check_profile_folder(out)
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    argv = ["calibrate", f"--models {a.models}", f"--device {a.device}", f"--dtype {a.dtype}",
+            f"--out {a.out}"] + ([f"--budget-s {a.budget_s:g}"] if a.budget_s else []) \
+        + (["--quick"] if a.quick else []) + ([f"--threads {a.threads}"] if a.threads else [])
+    try:
+        res = calibrate(models, out, device=a.device, dtype=a.dtype, quick=a.quick,
+                        budget_s=a.budget_s, progress=not a.no_progress and sys.stderr.isatty(), threads=a.threads,
+                        argv=argv)
+    except DeviceError as e:
+        return _fail(str(e))
+    except KeyboardInterrupt:
+        print(f"llmsim: interrupted: kept the partial profile in {out}/ "
+              "(see calibration.json for what was measured)", file=sys.stderr)
+        return 130
+    rows = ", ".join(f"{t} {n}" for t, n in res.rows.items())
+    print(f"wrote {out}/ in {res.seconds:.0f} s: {res.measured}/{res.total} points ({rows})")
+    if res.skipped:
+        print(f"  {res.skipped} shapes skipped (too large or out of memory): {out}/skipped.csv")
+    if res.stopped == "budget":
+        missing = [t for t in ("gemm", "attn_decode", "attn_prefill", "elementwise", "sampling",
+                               "iter_grid_eager") if t not in res.rows]
+        print(f"  the {a.budget_s:g} s budget ran out (most important points first); "
+              + (f"not reached: {', '.join(missing)}" if missing else "every table has rows")
+              + ("" if res.runtimes else "; no runtime fitted (no whole-iteration rows)"))
+    for mode, errs in res.runtimes.items():
+        e = errs["all"]
+        print(f"  runtime-{mode}.yaml: fit to {e['rows']} steps, mean |error| {e['mape']:.1%}, "
+              f"max {e['max']:.1%}")
+    if res.oom:  # the size check let them through: worth a look, so not a clean exit
+        return _fail(f"{res.oom} shapes ran out of memory and were skipped "
+                     f"({out}/skipped.csv); the profile was written without them")
+    return 0
+
+
+def cmd_validate(a) -> int:
+    if a.replay:
+        return cmd_replay(a)
+    if not a.profile:
+        return _fail("validate: --profile is required (or --replay STEPS.csv REQUESTS.csv)")
+    if not _need_torch():
+        return 2
+    from sim.calibrate.device import DeviceError, TooLarge, is_oom
+    from sim.calibrate.validate import markdown, validate
+
+    try:
+        report = validate(a.scenario, a.profile, a.out, device=a.device, dtype=a.dtype,
+                          runtime=a.runtime, runs=a.runs, threads=a.threads)
+    except DeviceError as e:
+        return _fail(str(e))
+    except TooLarge as e:
+        return _fail(f"reference engine: {e} (set a smaller kv.num_blocks in the scenario)")
+    except (RuntimeError, MemoryError) as e:
+        if not is_oom(e):
+            raise
+        return _fail("out of memory in the reference engine: "
+                     + str(e).splitlines()[0][:160] + " (lower kv.num_blocks or the model size)")
+    except KeyboardInterrupt:
+        print("llmsim: interrupted: no report written", file=sys.stderr)
+        return 130
+    print(markdown(report))
+    print(f"wrote {a.out}/ (report.md, report.json, real-1/, real-2/, sim/)")
+    return 0
+
+
+def cmd_replay(a) -> int:
+    """`validate SCENARIO --replay STEPS REQUESTS`: a serving log against the simulator."""
+    from sim.fit.replay import markdown, replay, write_report
+    from sim.io.outputs import check_out_dir
+
+    check_out_dir(a.out)  # before replaying, not after
+    report = replay(a.scenario, a.replay[0], a.replay[1], runtime=a.runtime)
+    print(markdown(report))
+    print(f"wrote {write_report(report, a.out)}/ (replay.md, replay.csv, replay.json)")
+    return 0
+
+
+def cmd_fit_log(a) -> int:
+    """`fit-log STEPS [--requests R]`: a runtime profile fitted to a serving log."""
+    from sim.costmodel.models import load_model
+    from sim.costmodel.profiles import load_profile
+    from sim.costmodel.runtime import load_runtime
+    from sim.fit.logfit import fit_log, format_fit, runtime_yaml
+    from sim.io.outfile import check_out_file, write_file_atomically
+
+    out = check_out_file(a.out, flag="--out", ours=_is_fitted_runtime)  # before fitting
+    name = a.name or out.stem
+    fit = fit_log(a.steps, a.requests, load_model(a.model, file="--model", path=""),
+                  load_profile(a.gpu, file="--gpu", path=""),
+                  load_runtime(a.base_runtime, file="--base-runtime", path=""),
+                  name, a.prefill_attention, a.decode_attention)
+    report = format_fit(fit)
+    print(report)
+    text = runtime_yaml(fit.runtime, f"{FIT_LOG_MARK} (sim/fit/logfit.py).\n"
+                        f"Fit error on the log's own steps (in-sample):\n{report}")
+    write_file_atomically(out, text)  # sim/io/outfile.py
+    print(f"wrote {a.out}")
+    return 0
+
+
+FIT_LOG_MARK = "Runtime fitted by llmsim fit-log"
+
+
+def _is_fitted_runtime(path: Path) -> bool:
+    """A runtime YAML that `llmsim fit-log` wrote (its first line says so): replaceable."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().startswith("# " + FIT_LOG_MARK)
+    except OSError:
+        return False
+
+
+def add_parsers(sub) -> None:
+    """Register the calibration subcommands on the main parser's subparsers."""
+    c = sub.add_parser("calibrate", help="measure a GPU profile (needs PyTorch)",
+                       description="Measure kernel tables and whole-iteration latencies on this "
+                       "machine's GPU (or CPU) and write a profile folder.")
+    c.add_argument("--models", default="llama-3-8b,llama-3.2-1b",
+                   help="comma-separated models/ names whose shapes to measure")
+    c.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    c.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                   help="auto: bfloat16 on CUDA, float32 on the CPU")
+    c.add_argument("--out", required=True, help="profile folder to write, e.g. gpu_profiles/NAME")
+    c.add_argument("--budget-s", type=positive_seconds, default=None,
+                   help="stop after this many seconds, most important measurements first")
+    c.add_argument("--quick", action="store_true", help="small grids (CI, trying it on a CPU)")
+    c.add_argument("--threads", type=whole_number, help="CPU only: intra-op threads (default 1)")
+    c.add_argument("--no-progress", action="store_true")
+    c.set_defaults(fn=cmd_calibrate)
+    v = sub.add_parser("validate", help="compare the simulator with the reference engine",
+                       description="Replay a scenario's trace through the reference engine "
+                       "(twice) and through the simulator with a measured profile; write a report.")
+    v.add_argument("scenario", help="scenario YAML (its gpu is replaced by --profile)")
+    v.add_argument("--profile", help="profile folder written by llmsim calibrate")
+    v.add_argument("--runtime", help="runtime YAML (default PROFILE/runtime-eager.yaml; "
+                   "with --replay: a runtime name or YAML replacing the scenario's)")
+    v.add_argument("--replay", nargs=2, metavar=("STEPS.csv", "REQUESTS.csv"),
+                   help="compare a real run's serving logs with the simulator instead "
+                   "(no engine, no PyTorch): the scenario gives model, GPU, runtime, scheduler")
+    v.add_argument("--out", required=True, help="report folder")
+    v.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    v.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"])
+    v.add_argument("--threads", type=whole_number,
+                   help="CPU only: intra-op threads (default: the profile's, else 1)")
+    v.add_argument("--runs", type=whole_number, default=2, help="real runs (the 2nd gives the spread)")
+    v.set_defaults(fn=cmd_validate)
+    f = sub.add_parser("fit-log", help="fit a runtime profile to a serving engine's logs",
+                       description="Fit host terms, GPU scales, a per-new-prefill-shape stall and "
+                       "a step-time jitter table to a per-iteration serving log "
+                       "(docs/calibration.md, Serving logs); print the fit error; write the runtime.")
+    f.add_argument("steps", help="per-iteration log (t_start,t_end,kind,num_seqs,num_tokens,sum_ctx,free_blocks)")
+    f.add_argument("--requests", help="per-request log: gives each prefill step's prompt lengths")
+    f.add_argument("--model", required=True, help="models/ name or YAML")
+    f.add_argument("--gpu", required=True, help="gpu_profiles/ name or folder")
+    f.add_argument("--base-runtime", required=True,
+                   help="runtime whose per-step and per-layer host terms are kept (a one-model "
+                   "log cannot separate them), e.g. one fitted to a warm iteration grid")
+    f.add_argument("--out", required=True, help="runtime YAML to write")
+    f.add_argument("--name", help="runtime name (default: the --out file's stem)")
+    f.add_argument("--prefill-attention", default="flash", choices=["flash", "naive"])
+    f.add_argument("--decode-attention", default="paged_reference",
+                   choices=["paged", "paged_reference", "paged_gather", "contiguous"])
+    f.set_defaults(fn=cmd_fit_log)

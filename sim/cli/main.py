@@ -1,0 +1,242 @@
+"""Command line: `llmsim run | compare | sweep | curve | plan | report | models | gpus` (also `python -m sim`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import NoReturn
+
+from sim.cli.argtypes import parse_sets
+from sim.io.specload import SpecError
+from sim.report.text import replica_table, table
+
+DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml"
+
+
+def _set_origins(sets: dict) -> dict[str, str]:
+    """Errors in a `--set` override name it, not the scenario file."""
+    return dict.fromkeys(sets, "--set")
+
+
+def _run_naming_sets(sc, sets: dict, **kw):
+    """`run(sc)`; a bad input found once the model and GPU are read names its --set."""
+    from sim.config.scenario import override_labels, relabel
+    from sim.engine.runner import run
+
+    try:
+        return run(sc, **kw)
+    except SpecError as e:
+        raise relabel(e, sc.file, override_labels(sets, _set_origins(sets))) from None
+
+
+def _check_format(a) -> None:
+    if a.format == "parquet":
+        from sim.io.tablefile import parquet_available
+
+        if not parquet_available():
+            raise SpecError("--format", "parquet", "needs pyarrow (pip install pyarrow; "
+                            "or --format csv)")
+
+
+def _is_llmsim_trace(path: Path) -> bool:
+    """A Perfetto trace llmsim wrote ends with its producer mark (sim/report/perfetto.py)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 256))
+            return b'"producer":"llmsim"' in f.read()
+    except OSError:
+        return False
+
+
+def cmd_run(a) -> int:
+    from sim.config.scenario import load_scenario
+    from sim.io.foldernames import safe_folder_name
+    from sim.io.outfile import check_out_file
+    from sim.io.outputs import check_out_dir
+
+    _check_format(a)
+    sets = parse_sets(a.set)
+    sc = load_scenario(a.scenario, sets, origins=_set_origins(sets))
+    dest = Path(a.out) if a.out else Path("runs") / safe_folder_name(sc.name)
+    check_out_dir(dest)  # before the simulation, not after it
+    if a.trace_out:
+        check_out_file(a.trace_out, flag="--trace-out", ours=_is_llmsim_trace)
+    out = _run_naming_sets(sc, sets, progress=not a.no_progress and sys.stderr.isatty())
+    out.write(dest, plots=a.plots, fmt=a.format)
+    if a.trace_out:
+        from sim.report.perfetto import replica_parts, write_trace
+
+        reps = out.result.replicas
+        write_trace(a.trace_out, replica_parts(out.steps, out.requests, [r.name for r in reps]),
+                    [r.events for r in reps])
+    print(table([out.scenario.name], [out.summary]))
+    if out.summary.get("per_replica"):
+        print("\n" + replica_table(out.summary["per_replica"]))
+    print(f"\nwrote {dest}/ (requests.{a.format}, steps.{a.format}, summary.json"
+          + (", latency_cdf.png, timeline.png" if a.plots else "; --plots adds the plots") + ")"
+          + (f" and {a.trace_out}" if a.trace_out else ""))
+    return 0
+
+
+def _run_and_print(names: list[str], scenarios: list, a) -> int:
+    """Run scenarios (all validated already), optionally write each into its own folder
+    under --out, print one table."""
+    from sim.io.outputs import check_out_dir, write_many
+
+    _check_format(a)
+    if a.out:
+        check_out_dir(a.out)
+    outs = [_run_naming_sets(sc, parse_sets(a.set)) for sc in scenarios]
+    folders = write_many(a.out, [(name, lambda folder, o=o: o.write(folder, a.plots, a.format))
+                                 for name, o in zip(names, outs, strict=True)], {}) if a.out else []
+    print(table(names, [o.summary for o in outs]))
+    if a.out:
+        print(f"\nwrote {a.out}/ ({', '.join(f + '/' for f in folders)})")
+    return 0
+
+
+def cmd_compare(a) -> int:
+    from sim.config.scenario import load_scenario
+
+    sets = parse_sets(a.set)
+    scs = [load_scenario(f, sets, origins=_set_origins(sets)) for f in a.scenarios]  # validate all first
+    return _run_and_print([sc.name for sc in scs], scs, a)
+
+
+def cmd_models(a) -> int:
+    from sim.costmodel.models import known_models, load_model
+
+    print(f"{'model':16} {'params':>8} {'weights GiB':>12} {'KV KiB/token':>13}")
+    for name in known_models():
+        m = load_model(name)
+        print(f"{name:16} {m.params / 1e9:7.2f}B {m.weight_bytes / 2**30:12.1f} {m.kv_bytes_per_token / 1024:13.0f}")
+    return 0
+
+
+def cmd_gpus(a) -> int:
+    from sim.costmodel.profiles import known_profiles, load_profile
+
+    for name in known_profiles():
+        p = load_profile(name)
+        f = p.facts
+        kind = "measured" if f.analytic is False else ("analytic" if f.analytic is True else "partly measured")
+        print(f"{name:12} {f.memory_gib:6.1f} GiB  {kind}")
+        capped = {t: n for t, n in p.capped.items() if n}
+        if capped:  # table rows faster than the GPU's peak, raised to it at load
+            rows = ", ".join(f"{t} {n}" for t, n in capped.items())
+            print(f"{'':12} capped at the GPU's peak: {rows} rows")
+        if p.timing_note:  # tables timed with the L2 flushed, corrected at load
+            print(f"{'':12} {p.timing_note}")
+        if p.summary()["derived_decode"]:
+            print(f"{'':12} paged decode derived from the contiguous table "
+                  f"(+{f.efficiency.paged_decode_overhead:.0%})")
+    return 0
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A usage error (unknown flag, missing argument, bad choice) is one line on stderr,
+    `llmsim: error: [<subcommand>: ]<what>`, and exit status 2; `--help` is unchanged."""
+
+    def error(self, message: str) -> NoReturn:
+        where = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        self.exit(2, f"llmsim: error: {where}{' '.join(message.split())}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = OneLineParser(prog="llmsim", description="Simulate LLM inference serving.")
+    # every parser made from `sub` (here and in the add_parsers of other modules) is one
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
+    def common(p, out_help: str) -> None:
+        p.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                       help="override a scenario field (repeatable)")
+        p.add_argument("--out", help=out_help)
+        p.add_argument("--plots", action=argparse.BooleanOptionalAction, default=False,
+                       help="also write latency_cdf.png and timeline.png (default: no)")
+        p.add_argument("--format", choices=("csv", "parquet"), default="csv",
+                       help="requests and steps tables as CSV (default) or Parquet (pyarrow)")
+
+    r = sub.add_parser("run", help="simulate one scenario and write its outputs")
+    r.add_argument("scenario", nargs="?", default=str(DEFAULT_SCENARIO),
+                   help="scenario YAML (default: the package's scenarios/quickstart.yaml)")
+    common(r, "output folder (default runs/<scenario name>)")
+    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--trace-out", metavar="TRACE.json", help="also write a Perfetto/Chrome trace")
+    r.set_defaults(fn=cmd_run)
+    c = sub.add_parser("compare", help="simulate several scenarios and print them side by side")
+    c.add_argument("scenarios", nargs="+")
+    common(c, "also write each run's outputs under this folder")
+    c.set_defaults(fn=cmd_compare)
+    from sim.cli.planning import add_parsers as add_planning_parsers
+
+    add_planning_parsers(sub)  # sweep, curve, plan, report
+    from sim.cli.calibrate import add_parsers as add_calibrate_parsers
+
+    add_calibrate_parsers(sub)  # calibrate, validate (torch imported only when they run)
+    sub.add_parser("models", help="list model specs").set_defaults(fn=cmd_models)
+    sub.add_parser("gpus", help="list GPU profiles").set_defaults(fn=cmd_gpus)
+    return ap
+
+
+def _terminated(signum, frame):  # SIGTERM ends a run the way Ctrl-C does
+    raise KeyboardInterrupt
+
+
+def _attach_negative_lists(argv: list[str]) -> list[str]:
+    """`--rates -1,2` as `--rates=-1,2`: argparse takes `-1,2` for a flag, and the value's
+    own check then says what is allowed."""
+    out, i = [], 0
+    while i < len(argv):
+        if (argv[i] in ("--rates", "--values") and i + 1 < len(argv)
+                and re.fullmatch(r"-[\d.][\d.,eE+-]*", argv[i + 1])):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
+class _Notices(logging.Handler):
+    """The library's notices (logger `llmsim`) as `llmsim: ...` lines on stderr, whichever
+    stream sys.stderr is when the notice comes."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"llmsim: {record.getMessage()}", file=sys.stderr)
+
+
+def _notices_on_stderr() -> None:
+    log = logging.getLogger("llmsim")
+    if not any(isinstance(h, _Notices) for h in log.handlers):
+        log.addHandler(_Notices())
+        log.propagate = False
+
+
+def main(argv: list[str] | None = None) -> int:
+    _notices_on_stderr()
+    args = build_parser().parse_args(_attach_negative_lists(sys.argv[1:] if argv is None else argv))
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    try:
+        return args.fn(args)
+    except SpecError as e:
+        print(f"llmsim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("llmsim: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `llmsim ... | head`
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

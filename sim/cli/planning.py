@@ -1,0 +1,187 @@
+"""Command line of the planning commands: `sweep`, `curve`, `plan`, `report`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sim.cli.argtypes import positive_seconds, whole_number
+from sim.io.specload import SpecError
+
+
+def _executor_args(p) -> None:
+    p.add_argument("--executor", default="process", choices=("process", "ray", "sequential"),
+                   help="local worker processes (default), Ray, or one at a time")
+    p.add_argument("--workers", type=whole_number, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+
+
+def cmd_sweep(a) -> int:
+    from sim.cli.argtypes import parse_sets
+    from sim.planning.sweep import configurations, iter_values, parse_axis, run_sweep
+    from sim.report.text import frame_text
+
+    grid, zipped = iter_values(a.grid, "--grid"), iter_values(a.zip, "--zip")
+    if a.field or a.values:  # the older one-field form: --field F --values V1,V2
+        if not (a.field and a.values):
+            raise SpecError("llmsim sweep", "--field/--values", "both are needed (allowed: "
+                            "--field FIELD --values V1,V2,..., or --grid FIELD=V1,V2,...)")
+        grid.append(parse_axis(f"{a.field}={a.values}", "--field/--values"))
+    if not grid and not zipped:
+        raise SpecError("llmsim sweep", "--grid", "give at least one --grid or --zip FIELD=V1,V2,...")
+    configs = configurations(grid, zipped)
+    out = Path(a.out) if a.out else Path("runs") / f"sweep_{Path(a.scenario).stem}"
+    table = run_sweep(a.scenario, configs, out, base=parse_sets(a.set), executor=a.executor,
+                      workers=a.workers, address=a.address, progress=sys.stderr.isatty())
+    fields = [n for n, _ in grid + zipped]
+    show = [c for c in fields + ["request_throughput", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99"] if c in table]
+    print(frame_text(table[show], fields))
+    print(f"\nwrote {out}/ (results.csv, results.parquet, rows.jsonl)")
+    return 0
+
+
+def cmd_curve(a) -> int:
+    from sim.planning.curve import run_curve
+    from sim.planning.sweep import parse_axis
+    from sim.report.text import frame_text
+
+    _, rates = parse_axis(f"rates={a.rates}", "--rates")
+    if any(not isinstance(r, int | float) or r <= 0 for r in rates):
+        raise SpecError("--rates", a.rates, "a rate is not positive (allowed: numbers > 0, e.g. 1,2,4,8)")
+    out = Path(a.out) if a.out else Path("runs") / f"curve_{Path(a.scenarios[0]).stem}"
+    table, knees = run_curve(a.scenarios, rates, out, requests=a.requests, seed=a.seed,
+                             ttft_bound=a.ttft_bound, executor=a.executor, workers=a.workers)
+    print(frame_text(table, ["scenario", "rate", "seed"]))
+    print()
+    print(frame_text(knees, ["scenario"]))
+    _maybe_report(a, out)
+    print(f"\nwrote {out}/ (curve.csv, knees.csv, curve.png)")
+    return 0
+
+
+def cmd_plan(a) -> int:
+    from sim.planning.plan import run_plan, write_plan
+    from sim.planning.planspec import load_plan
+
+    spec = load_plan(a.plan)
+    result = run_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
+    out = write_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
+    print(candidate_table(result["candidates"]) + "\n")
+    print("\n".join(plan_verdict(result)))
+    _maybe_report(a, out)
+    print(f"wrote {out}/ (plan.json, candidates.csv, fleet_check.csv)")
+    return 0
+
+
+def plan_verdict(result: dict) -> list[str]:
+    """The fleet checks made and the recommendation, in lines: every figure of the
+    recommended fleet from its check, the per-replica estimate labelled as such."""
+    rec, checks = result["recommended"], result.get("fleet_checks") or []
+    if rec is None and not checks:
+        return ["no candidate meets the SLOs"]
+    check = result["fleet_check"]
+    lines = [f"fleet checks at {result['target_rate']:g} req/s, {check['router_label']} "
+             f"({len(checks)} checked, cheapest estimate first):"]
+    for c in checks:
+        n = c["replicas"]
+        fewer = (f"; with {n - 1} they {'break' if c['one_fewer_breaks'] else 'STILL HOLD'}" if n > 1 else "")
+        lines.append(f"  {c['candidate']}: {_n(n, 'replica')} (estimate {c['estimated_replicas']}), "
+                     f"${c['usd_per_hour']:.2f}/hour, TTFT99 {c['ttft_p99_s']:.3f} s, TPOT99 "
+                     f"{c['tpot_p99_s']:.3f} s: SLOs {'hold' if c['holds'] else 'DO NOT hold'} with {n}{fewer}")
+    if rec is None:
+        return [*lines, f"recommended: none: no fleet checked meets the SLOs at "
+                        f"{result['target_rate']:g} req/s with up to {result['max_replicas']} "
+                        "replicas (search.max_replicas)"]
+    est = rec["estimate"]
+    lines += [f"recommended: {rec['candidate']} x {_n(rec['replicas'], 'replica')} ({_n(rec['gpus'], 'GPU')}), "
+              f"${rec['usd_per_hour']:.2f}/hour, ${rec['usd_per_m_output_tokens']:.3f}/M output tokens, "
+              f"TTFT99 {rec['ttft_p99_s']:.3f} s, TPOT99 {rec['tpot_p99_s']:.3f} s (its fleet check)",
+              f"  estimate before the check: {_n(est['replicas'], 'replica')}, ${est['usd_per_hour']:.2f}/hour, "
+              f"TTFT99 {est['ttft_p99_at_target_s']:.3f} s (one replica alone sustains "
+              f"{est['sustained_rate']:.2f} req/s within the SLOs)"]
+    if result.get("unchecked_within"):
+        lines.append(f"  {result['unchecked_within']} more candidate(s) estimated at <= "
+                     f"${rec['usd_per_hour']:.2f}/hour were not fleet-checked (search.fleet_checks)")
+    return lines
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def candidate_table(rows: list[dict]) -> str:
+    """One line per candidate, cheapest estimate first: what one replica sustains, the
+    fleet it takes, its cost, its latency at its share of the target and what binds it;
+    `fleet` is the fleet check's replicas and $/hour where the candidate was checked.
+    Then the candidates that did not run or meet the SLOs, with why."""
+    head = (f"{'candidate':30} {'req/s':>7} {'repl':>4} {'GPUs':>4} {'$/h':>7} {'$/M tok':>8} "
+            f"{'TTFT99':>7} {'TPOT99':>7}  {'binding':17} {'fleet':>11} pareto")
+    lines = [head, "-" * len(head)]
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("replicas")]
+    for r in sorted(ok, key=lambda r: (r["usd_per_hour"], r["ttft_p99_at_target_s"] or 0)):
+        ttft, tpot = r.get("ttft_p99_at_target_s"), r.get("tpot_p99_at_target_s")
+        fleet = (f"{r['fleet_replicas']} ${r['fleet_usd_per_hour']:.2f}"
+                 if r.get("fleet_replicas") is not None else "-")
+        lines.append(
+            f"{r['candidate'][:30]:30} {r['sustained_rate']:7.2f} {r['replicas']:4d} {r['gpus']:4d} "
+            f"{r['usd_per_hour']:7.2f} {r['usd_per_m_output_tokens']:8.3f} "
+            f"{'-' if ttft is None else f'{ttft:.3f}':>7} {'-' if tpot is None else f'{tpot:.3f}':>7}  "
+            f"{str(r.get('binding') or '-')[:17]:17} {fleet:>11} {'*' if r.get('pareto') else ''}")
+    for r in rows:
+        if not (r.get("status") == "ok" and r.get("replicas")):
+            lines.append(f"{r['candidate'][:30]:30} {r.get('status')}: {r.get('note') or '-'}")
+    return "\n".join(lines)
+
+
+def _maybe_report(a, folder: Path) -> None:
+    if getattr(a, "report", False):
+        from sim.report.pages import build_report, write_report
+
+        print(f"report: {write_report(build_report(folder), folder)}")
+
+
+def cmd_report(a) -> int:
+    from sim.report.pages import build_report, write_report
+
+    print(write_report(build_report(a.folder), a.folder, a.out))
+    return 0
+
+
+def add_parsers(sub) -> None:
+    s = sub.add_parser("sweep", help="run one scenario over a grid of field values, in parallel")
+    s.add_argument("scenario")
+    s.add_argument("--grid", action="append", metavar="FIELD=V1,V2,...", help="an axis of the grid (repeatable)")
+    s.add_argument("--zip", action="append", metavar="FIELD=V1,V2,...",
+                   help="lists taken together, one value of each per configuration (repeatable)")
+    s.add_argument("--field", help="one-field form: a dotted field (with --values)")
+    s.add_argument("--values", help="one-field form: comma-separated values")
+    s.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a scenario field")
+    s.add_argument("--out", help="output folder (default runs/sweep_<scenario>); rerun to resume")
+    s.add_argument("--no-plots", action="store_true", help=argparse.SUPPRESS)  # a sweep writes tables only
+    _executor_args(s)
+    s.set_defaults(fn=cmd_sweep)
+
+    c = sub.add_parser("curve", help="throughput-latency curves of scenarios against offered load")
+    c.add_argument("scenarios", nargs="+")
+    c.add_argument("--rates", required=True, help="offered request rates, e.g. 1,2,4,8,16")
+    c.add_argument("--requests", type=whole_number, help="requests per point (default: the scenario's)")
+    c.add_argument("--seed", type=int, help="seed for every point (default: the scenario's)")
+    c.add_argument("--ttft-bound", type=positive_seconds, help="p99 TTFT bound of the knee when the scenario has no slo.ttft_s")
+    c.add_argument("--out", help="output folder (default runs/curve_<first scenario>)")
+    c.add_argument("--report", action="store_true", help="also write report.html/.md")
+    _executor_args(c)
+    c.set_defaults(fn=cmd_curve)
+
+    p = sub.add_parser("plan", help="cheapest fleet meeting SLOs at a target rate, validated by simulation")
+    p.add_argument("plan", help="plan YAML (see sim/planning/plan.py)")
+    p.add_argument("--prices", help="GPU prices YAML (default gpu_profiles/prices.yaml)")
+    p.add_argument("--workers", type=whole_number, default=None, help="worker processes (default: CPU count)")
+    p.add_argument("--out", help="output folder (default runs/plan_<name>)")
+    p.add_argument("--report", action="store_true", help="also write report.html/.md")
+    p.set_defaults(fn=cmd_plan)
+
+    r = sub.add_parser("report", help="HTML + Markdown + CSV report of a run, sweep, curve or plan folder")
+    r.add_argument("folder")
+    r.add_argument("--out", help="where to write (default: into the folder)")
+    r.set_defaults(fn=cmd_report)

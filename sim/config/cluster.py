@@ -1,0 +1,94 @@
+"""Cluster specs: replica groups behind a router, optionally split into prefill and
+decode pools (disaggregated serving).
+
+```yaml
+cluster:
+  router: {policy: least_outstanding, staleness_s: 0.05}
+  groups:
+    - {name: h200, count: 2, gpu: h200-sxm}
+    - {name: a100, count: 2, gpu: a100-80gb, runtime: vllm, scheduler: {max_num_seqs: 128}}
+  kv_transfer: {link: infiniband-ndr400}   # disaggregated only: prefill -> decode KV moves
+```
+
+A group is the scenario's own settings with the group's fields laid over them:
+`gpu`, `runtime`, `elementwise` replace the scenario's (a scenario-level `elementwise`
+applies to every group's runtime unless the group names its own); `scheduler`, `kv`, `attention`,
+`speculative` and `parallel` are merged key by key into the scenario's sections.
+`role: prefill` / `role: decode` groups make a disaggregated cluster (DistServe,
+Splitwise): arrivals go to the prefill pool; a finished prefill's KV moves over
+the `kv_transfer` link to a decode replica with room for it.
+
+Without a `cluster` section a scenario is one replica (a fleet of one).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sim.policies.router import RouterSpec
+
+
+@dataclass(frozen=True)
+class ReplicaGroupSpec:
+    name: str = ""
+    count: int = field(default=1, metadata={"ge": 1, "le": 4096})
+    role: Literal["both", "prefill", "decode"] = "both"
+    gpu: str | None = None
+    runtime: str | None = None
+    elementwise: Literal["fused", "unfused"] | None = None  # the group's stack's kernels
+    # merged key by key into the scenario's sections of the same name
+    scheduler: dict[str, Any] | None = None
+    kv: dict[str, Any] | None = None
+    attention: dict[str, Any] | None = None
+    speculative: dict[str, Any] | None = None
+    parallel: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class KVTransferSpec:
+    """The link a prefill replica's KV crosses to reach a decode replica."""
+
+    link: str = "infiniband-ndr400"  # gpu_profiles/links.yaml
+    # overrides the link's; 1 MB/s to 1 PB/s and at most an hour, so transfer times stay
+    # on the scale of the steps they interleave with (1e-300 GB/s put requests at 1e298 s)
+    bandwidth_gbs: float | None = field(default=None, metadata={"ge": 1e-3, "le": 1e6})
+    latency_us: float | None = field(default=None, metadata={"ge": 0, "le": 3.6e9})
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    groups: tuple[ReplicaGroupSpec, ...] = (ReplicaGroupSpec(),)
+    router: RouterSpec = RouterSpec()
+    kv_transfer: KVTransferSpec = KVTransferSpec()
+
+    def check(self):
+        if not self.groups:
+            return "groups", "needs at least one group"
+        names = [g.name for g in self.groups if g.name]
+        dup = next((n for n in names if names.count(n) > 1), None)
+        if dup:
+            return "groups", f"group name '{dup}' used twice (allowed: distinct names)"
+        if sum(g.count for g in self.groups) > 4096:
+            return "groups", "more than 4096 replicas in all (allowed: at most 4096)"
+        roles = {g.role for g in self.groups}
+        if "prefill" in roles and "decode" not in roles:
+            return "groups", "a 'prefill' group needs a 'decode' group to hand its requests to"
+        if "decode" in roles and not roles & {"prefill", "both"}:
+            return "groups", "a 'decode' group needs a 'prefill' (or 'both') group in front of it"
+        return None
+
+    @property
+    def disaggregated(self) -> bool:
+        return any(g.role != "both" for g in self.groups)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A prefill -> decode KV link: seconds = bytes / bandwidth + latency."""
+
+    bandwidth_bytes_per_s: float
+    latency_s: float
+
+    def seconds(self, nbytes: float) -> float:
+        return nbytes / self.bandwidth_bytes_per_s + self.latency_s

@@ -1,0 +1,166 @@
+"""Collectives between the GPUs of a tensor-parallel group: measured table or α–β model.
+
+A GPU profile states its intra-node link as an `Interconnect` (profile.yaml,
+`interconnect:`), with provenance. Every lookup returns `(ms, tag)` like the kernel
+lookups of `sim/costmodel/profiles.py`:
+
+- measured: when the profile names an all-reduce table (Vidur's collective
+  profile format: columns `size` in bytes, `num_workers`, `devices_per_node`,
+  `time_stats.all_reduce.median` in ms), the intra-node rows (devices_per_node =
+  num_workers) form a grid over (bytes, GPUs), made monotone and interpolated
+  log-log like every other table (`exact` / `interpolated`; `extrapolated` beyond
+  its sizes, scaled by the α–β model).
+- analytic: the α–β model of a ring, with the link's effective bus bandwidth B and
+  per-step latency α:
+
+      all-reduce of S bytes on n GPUs:  2(n−1)/n · S / B + 2(n−1) · α
+      all-gather of S bytes in all:      (n−1)/n · S / B +  (n−1) · α
+
+  Where the profile states published small-message all-reduce times per GPU count
+  (`interconnect.all_reduce_latency`: NCCL picks ring/tree LL or NVLS there, whose
+  latency grows far slower than 2(n−1) ring steps on an NVSwitch node), the latency
+  term of the all-reduce is that α(n), interpolated linearly in log2(n) between the
+  stated counts (held flat beyond them), instead of 2(n−1) · α.
+
+  B is NCCL's "bus bandwidth" (algorithm bandwidth × 2(n−1)/n), which sits well
+  below the datasheet link rate; each profile says which B it uses and why.
+- custom (runtime `custom_all_reduce: true`): production stacks (vLLM since PR #2192,
+  TensorRT-LLM's all-reduce plugin, SGLang) reduce small messages over NVLink with
+  their own one-shot / two-shot kernels, whose latency hardly grows with the GPU count,
+  and fall back to NCCL above a size limit (vLLM: 8 MiB). The profile's
+  `interconnect.custom_all_reduce` states it as a two-shot α–β term,
+
+      custom all-reduce of S ≤ max_bytes on n GPUs:  α_c + 2(n−1)/n · S / B_c
+
+  (`analytic`), used when it is faster than the NCCL estimate; stacks without it (the
+  eager reference) always use NCCL.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sim.io.tables import ANALYTIC, Grid, read_table
+
+_POSITIVE = {"gt": 0}
+# Vidur's collective profile columns (size is bytes: fp16 elements x 2)
+VIDUR_ALL_REDUCE = {"size": int, "num_workers": int, "devices_per_node": int,
+                    "time_stats.all_reduce.median": float}
+
+
+@dataclass(frozen=True)
+class CustomAllReduce:
+    """profile.yaml `interconnect.custom_all_reduce` — a stack's NVLink all-reduce kernel."""
+
+    latency_us: float = field(metadata={"ge": 0})  # α_c: a small message, flat in GPU count
+    bus_gbs: float = field(metadata=_POSITIVE)  # B_c of the two-shot term
+    max_bytes: int = field(default=8 * 2**20, metadata=_POSITIVE)  # NCCL above this
+    source: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AllReduceLatency:
+    """profile.yaml `interconnect.all_reduce_latency[i]` — α(n): a small all-reduce on n GPUs."""
+
+    gpus: int = field(metadata={"ge": 2})
+    latency_us: float = field(metadata=_POSITIVE)
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """profile.yaml `interconnect:` — the GPU-to-GPU link inside one node."""
+
+    name: str  # e.g. "NVLink 4 via NVSwitch"
+    datasheet_gbs: float = field(metadata=_POSITIVE)  # per GPU, per direction
+    bus_gbs: float = field(metadata=_POSITIVE)  # effective all-reduce bus bandwidth (α–β's B)
+    latency_us: float = field(metadata={"ge": 0})  # α: per ring step
+    gpus_per_node: int = field(default=8, metadata=_POSITIVE)  # largest tensor-parallel group
+    all_reduce_table: str | None = None  # CSV in the profile folder (Vidur's columns)
+    all_reduce_latency: tuple[AllReduceLatency, ...] = ()  # α(n) of the all-reduce, else 2(n−1)·α
+    custom_all_reduce: CustomAllReduce | None = None  # stacks' own kernel (runtime switch)
+    source: tuple[str, ...] = ()
+
+    def check(self) -> tuple[str, str] | None:
+        """specload's hook: each GPU count of `all_reduce_latency` stated once."""
+        counts = [p.gpus for p in self.all_reduce_latency]
+        for i, n in enumerate(counts):
+            if n in counts[:i]:
+                return f"all_reduce_latency[{i}].gpus", f"{n} GPUs stated twice (allowed: each count once)"
+        return None
+
+
+def read_all_reduce(file: Path) -> dict[tuple[float, float], float]:
+    """Intra-node all-reduce medians of a Vidur collective profile: (bytes, gpus) -> ms."""
+    rows = read_table(file, VIDUR_ALL_REDUCE, ())
+    return {(r["size"], r["num_workers"]): r["time_stats.all_reduce.median"]
+            for r in rows if r["devices_per_node"] == r["num_workers"]}
+
+
+class Collectives:
+    """All-reduce and all-gather times for one GPU type's intra-node link."""
+
+    def __init__(self, link: Interconnect | None,
+                 all_reduce: dict[tuple[float, float], float] | None = None):
+        self.link = link
+        self._table = Grid(all_reduce, self.ring_all_reduce) if all_reduce else None
+
+    def _link(self) -> Interconnect:
+        if self.link is None:
+            raise ValueError("this GPU profile states no interconnect (profile.yaml: interconnect)")
+        return self.link
+
+    def ring_all_reduce(self, nbytes: float, gpus: float) -> float:
+        """α–β ring all-reduce, ms."""
+        link = self._link()
+        return (2 * (gpus - 1) / gpus * nbytes / (link.bus_gbs * 1e6)
+                + self.all_reduce_latency_us(gpus) * 1e-3)
+
+    def all_reduce_latency_us(self, gpus: float) -> float:
+        """The all-reduce's latency term α(n), µs: the profile's published points
+        (log2-linear between them, flat beyond) or 2(n−1) ring steps of α."""
+        link = self._link()
+        points = sorted((p.gpus, p.latency_us) for p in link.all_reduce_latency)
+        if not points:
+            return 2 * (gpus - 1) * link.latency_us
+        return float(np.interp(math.log2(gpus), [math.log2(n) for n, _ in points],
+                               [t for _, t in points]))
+
+    def ring_all_gather(self, nbytes: float, gpus: float) -> float:
+        """α–β ring all-gather of `nbytes` in all (each GPU contributes nbytes / gpus), ms."""
+        link = self._link()
+        return ((gpus - 1) / gpus * nbytes / (link.bus_gbs * 1e6)
+                + (gpus - 1) * link.latency_us * 1e-3)
+
+    def all_reduce(self, nbytes: int, gpus: int, custom: bool = False) -> tuple[float, str]:
+        """An all-reduce of `nbytes` (each GPU's buffer) over `gpus` GPUs of one node;
+        `custom`: the stack's own small-message kernel where the link states one."""
+        if gpus == 1:
+            return 0.0, ANALYTIC
+        if self._table is not None:
+            ms, tag = self._table.lookup(nbytes, gpus)
+        else:
+            ms, tag = self.ring_all_reduce(nbytes, gpus), ANALYTIC
+        if custom:
+            fast = self.custom_all_reduce(nbytes, gpus)
+            if fast is not None and fast < ms:
+                return fast, ANALYTIC
+        return ms, tag
+
+    def custom_all_reduce(self, nbytes: float, gpus: float) -> float | None:
+        """The stack's own all-reduce kernel, ms; None above its size limit or where the
+        link states none (PCIe without peer access: NCCL)."""
+        kernel = self._link().custom_all_reduce
+        if kernel is None or nbytes > kernel.max_bytes:
+            return None
+        return (kernel.latency_us * 1e-3
+                + 2 * (gpus - 1) / gpus * nbytes / (kernel.bus_gbs * 1e6))
+
+    def all_gather(self, nbytes: int, gpus: int) -> tuple[float, str]:
+        """An all-gather producing `nbytes` on every GPU (α–β; no measured table)."""
+        if gpus == 1:
+            return 0.0, ANALYTIC
+        return self.ring_all_gather(nbytes, gpus), ANALYTIC

@@ -1,0 +1,357 @@
+"""The latency of one iteration (a "step") from its batch.
+
+GPU time of a step over T new tokens in S sequences, for a model of L layers:
+
+    L x [ GEMM(qkv, T) + GEMM(o, T) + GEMM(gate_up, T) + GEMM(down, T)
+          + 2 RMSNorm(T) + 2 residual add(T) + SiLU*mul(T) + rotary(T) + KV write(T)
+          + attention ]
+    + final RMSNorm(T) + embedding(T) + LM head(rows)
+
+(a fused-kernel stack on a profile that timed unfused ones: 2 add+RMSNorm(T) kernels per
+layer in place of the norms and adds, SiLU*mul one kernel, derived: sim/costmodel/fused.py)
+
+and, on a `tensor`-way tensor-parallel replica, every GEMM and attention call at
+its per-GPU shape (`ModelSpec.shard`) plus the communication term
+
+    (2 L + 1) x all-reduce(T x hidden x 2 bytes)  + all-gather of the LM head's logits
+
+(after attention's o and the MLP's down projection in every layer, and after the
+vocabulary-parallel embedding; sim/costmodel/comm.py: measured table or α–β link model),
+where attention is, per layer, the configured prefill kernel (flash or naive,
+one call per sequence, each query attending over its cached context too) or one
+batched decode kernel (paged, paged_gather or contiguous) over all sequences'
+contexts, and the LM head runs on one row per sequence (k+1 rows per sequence
+when verifying k draft tokens). Every kernel time comes from the GPU profile
+(measured tables, interpolated or extrapolated, or analytic roofline).
+
+Host overhead comes from a runtime profile (`sim/costmodel/runtime.py`: `gpu_profiles/runtimes/`,
+one per serving stack): the host issues kernels at a cost per step, per layer, and per
+sequence and layer for the per-sequence attention launches of prefill and of
+multi-token (verify) steps, and prepares inputs, samples and detokenises at a cost
+per prefill and per decode sequence. That host work overlaps the GPU (the host runs
+ahead of an asynchronous GPU until the GPU is the bottleneck, as with async output
+processing), so the step takes the slower of the two; a serial part per step and per
+sequence (what waits for the GPU's sampled tokens) adds to it, and so does a stall the
+first time a replica sees a prefill shape (fitted from live logs by sim/fit/logfit.py):
+
+    step = max(host, GPU) + serial_ms_per_step + serial_ms_per_seq · sequences
+           + serial_ms_per_new_prefill_shape · new prefill shapes
+
+`cuda-graph` has no host cost (kernels only, a lower bound for any stack).
+"""
+
+from __future__ import annotations
+
+from sim.costmodel.fused import stack_elementwise
+from sim.costmodel.models import ModelSpec
+from sim.costmodel.profiles import (
+    ANALYTIC,
+    BF16,
+    DERIVED,
+    EXACT,
+    EXTRAPOLATED,
+    INTERPOLATED,
+    GPUProfile,
+)
+from sim.costmodel.runtime import RuntimeSpec
+
+TAGS = (EXACT, INTERPOLATED, DERIVED, EXTRAPOLATED, ANALYTIC)
+_TAG_INDEX = {t: i for i, t in enumerate(TAGS)}
+
+
+def _quantize(ctx: int, rel_bits: int) -> int:
+    """Round a context length to ~2^-rel_bits relative precision (at least 16 tokens):
+    decode attention is memoised on these, so a step's lookup is a dict hit."""
+    shift = ctx.bit_length() - rel_bits
+    q = 1 << shift if shift > 4 else 16
+    r = (ctx + (q >> 1)) // q * q
+    return r if r > q else q
+
+
+class StepLatency:
+    """Seconds per step; lookups memoised, provenance counted per use. Shared by the
+    replicas of a group: what a server has run before is its own, passed in as `seen`."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        profile: GPUProfile,
+        runtime: RuntimeSpec,
+        prefill_impl: str = "flash",
+        decode_impl: str = "paged",
+        verify_impl: str = "paged_gather",
+        tensor: int = 1,
+        fp8_weights: bool = False,
+    ):
+        """`model` is the whole model (with its dtype widths); each of the `tensor` GPUs
+        runs `model.shard(tensor)`. `fp8_weights`: projections at the FP8 rate."""
+        self.m, self.p, self.rt = model.shard(tensor), profile, runtime
+        self.prefill_impl, self.decode_impl = prefill_impl, decode_impl
+        self.verify_impl = verify_impl
+        self.tensor, self.fp8_weights, self.vocab = tensor, fp8_weights, model.vocab
+        self.shapes = self.m.gemm_shapes()
+        self._elementwise, self._norm_ops = stack_elementwise(profile, runtime.elementwise, self.m)
+        self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses(, s, kernel s)]
+        self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
+        self.kernel_s = 0.0  # GPU kernel seconds of the step priced last (before jitter)
+
+    # ---- pieces (GPU ms, memoised) ---------------------------------------------
+    def _piece(self, key: tuple, compute) -> float:
+        e = self._memo.get(key)
+        if e is None:
+            parts = compute()
+            ms = 0.0
+            br = [0.0] * len(TAGS)
+            for t, tag in parts:
+                ms += t
+                br[_TAG_INDEX[tag]] += t
+            e = self._memo[key] = [ms, br, 0]
+        e[2] += 1
+        return e[0]
+
+    def _dense_parts(self, T: int) -> list[tuple[float, str]]:
+        parts = self._parts.get(("dense", T))
+        if parts is None:
+            parts = self._parts[("dense", T)] = self._dense_lookup(T)
+        return parts
+
+    def _dense_lookup(self, T: int) -> list[tuple[float, str]]:
+        m, p, L = self.m, self.p, self.m.layers
+        parts = []
+        gemm = p.gemm_fp8 if self.fp8_weights else p.gemm
+        for op in ("qkv", "o", "gate_up", "down"):
+            k, n = self.shapes[op]
+            ms, tag = gemm(T, k, n)
+            parts.append((L * ms, tag))
+        for op, width, times in (*self._norm_ops, ("rotary", m.q_dim + m.kv_dim, 1),
+                                 ("kv_write", 2 * m.kv_dim, 1)):
+            ms, tag = self._elementwise(op, T, width)
+            parts.append((L * times * ms, tag))
+        for op, width in (("rmsnorm", m.hidden), ("embedding", m.hidden)):
+            parts.append(self._elementwise(op, T, width))
+        if self.tensor > 1:
+            ms, tag = p.comm.all_reduce(T * m.hidden * BF16, self.tensor,
+                                        custom=self.rt.custom_all_reduce)
+            parts.append(((2 * L + 1) * ms, tag))
+        return parts
+
+    def _lm_parts(self, rows: int) -> list[tuple[float, str]]:
+        """The LM head (bf16, vocabulary split across the GPUs) and the gather of its logits."""
+        k, n = self.shapes["lm_head"]
+        parts = [self.p.gemm(rows, k, n)]
+        if self.tensor > 1:
+            parts.append(self.p.comm.all_gather(rows * self.vocab * BF16, self.tensor))
+        return parts
+
+    def dense_ms(self, tokens: int) -> float:
+        return self._piece(("dense", tokens), lambda: self._dense_parts(tokens))
+
+    def lm_head_ms(self, rows: int) -> float:
+        return self._piece(("lm", rows), lambda: self._lm_parts(rows))
+
+    def prefill_attn_ms(self, q_len: int, kv_len: int) -> float:
+        m = self.m
+
+        def compute():
+            ms, tag = self.p.prefill_attn(
+                self.prefill_impl, 1, q_len, kv_len, m.heads, m.kv_heads, m.head_dim
+            )
+            return [(m.layers * ms, tag)]
+
+        return self._piece(("pa", q_len, kv_len), compute)
+
+    def decode_attn_ms(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
+        """Decode attention over `n` contexts totalling `sum_ctx`, the longest `max_ctx`
+        (lengths mixed within a batch cost more than their mean suggests)."""
+        ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
+        return self._piece(("da", n, ctx_q, max_q), lambda: self._decode_attn_parts(n, ctx_q, max_q))
+
+    @staticmethod
+    def _ctx_keys(n: int, sum_ctx: int, max_ctx: int) -> tuple[int, int]:
+        ctx_q = _quantize(sum_ctx // n, 7)
+        if n == 1:
+            return ctx_q, ctx_q
+        return ctx_q, min(max(ctx_q, _quantize(max_ctx, 5)), ctx_q * n)
+
+    def _kv_ctx(self, ctx: int) -> int:
+        """The bf16 context of equal KV bytes: decode kernels read an fp8 cache's bytes at
+        the measured bf16 rate (half the bytes for fp8; tagged by `_kv_tag`)."""
+        kvb = self.m.kv_dtype_bytes
+        return ctx if kvb == BF16 else max(1, round(ctx * kvb / BF16))
+
+    def _kv_tag(self, tag: str) -> str:
+        if self.m.kv_dtype_bytes == BF16 or tag in (EXTRAPOLATED, ANALYTIC):
+            return tag
+        return EXTRAPOLATED
+
+    def _decode_attn_parts(self, n: int, ctx_q: int, max_q: int) -> list[tuple[float, str]]:
+        m = self.m
+        ctx_q, max_q = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
+        ms, tag = self.p.decode_attn(
+            self.decode_impl, n, ctx_q * n, m.heads, m.kv_heads, m.head_dim,
+            max_ctx=max_q if max_q > ctx_q else None,
+        )
+        return [(m.layers * ms, self._kv_tag(tag))]
+
+    def verify_attn_ms(self, q_len: int, kv_len: int) -> float:
+        """Attention of `q_len` new tokens of one sequence over its `kv_len` cached tokens.
+
+        `paged_gather` (the reference stack): gather the pages, then SDPA, one call per
+        sequence; `flash`: a flash call with a KV prefix; `paged`: the decode kernel
+        run once per query token.
+        """
+        m = self.m
+        kv_q = _quantize(kv_len, 7)
+
+        def compute():
+            if self.verify_impl == "flash":
+                ms, tag = self.p.prefill_attn("flash", 1, q_len, max(kv_q, q_len),
+                                              m.heads, m.kv_heads, m.head_dim)
+            else:
+                paged = self.verify_impl in ("paged", "paged_reference")
+                impl = self.verify_impl if paged else "paged_gather"
+                rows = q_len if paged else 1
+                ms, tag = self.p.decode_attn(impl, rows, rows * self._kv_ctx(kv_q), m.heads,
+                                             m.kv_heads, m.head_dim)
+                tag = self._kv_tag(tag)
+            return [(m.layers * ms, tag)]
+
+        return self._piece(("va", q_len, kv_q), compute)
+
+    # ---- steps (seconds) --------------------------------------------------------
+    def _combine(self, gpu_ms: float, prefill_seqs: int = 0, verify_seqs: int = 0,
+                 decode_seqs: int = 0, decode: bool = False, new_shapes: int = 0) -> float:
+        """Seconds of a step: combine(host, GPU) + the serial host part. The host issues
+        kernels (per step, layer, and per-sequence attention launch) and prepares inputs,
+        samples and detokenises per sequence (a verify sequence counts as a decode one)."""
+        rt, layers = self.rt, self.m.layers
+        seqs = decode_seqs + verify_seqs
+        host = (rt.host_ms_per_step + rt.host_ms_per_layer * layers
+                + rt.host_ms_per_prefill_seq * prefill_seqs + rt.host_ms_per_decode_seq * seqs)
+        if decode:
+            host += rt.host_ms_per_layer_decode_extra * layers
+        if prefill_seqs or verify_seqs:
+            host += layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
+                              + rt.host_ms_per_verify_seq_layer * verify_seqs)
+        gpu = gpu_ms * (rt.gpu_scale_decode if decode else rt.gpu_scale)
+        self.kernel_s = gpu * 1e-3
+        serial = (rt.serial_ms_per_step + rt.serial_ms_per_seq * (prefill_seqs + seqs)
+                  + rt.serial_ms_per_new_prefill_shape * new_shapes)
+        return ((host + gpu if rt.combine == "sum" else max(host, gpu)) + serial) * 1e-3
+
+    def _new_shapes(self, chunks: list[tuple[int, int]], seen: set | None) -> int:
+        """How many of these prefill shapes the server that ran the shapes in `seen` has
+        not run before (`seen` gains them); none when the caller keeps no such set."""
+        if seen is None or not self.rt.serial_ms_per_new_prefill_shape:
+            return 0
+        before = len(seen)
+        seen.update(chunks)
+        return len(seen) - before
+
+    def _step(self, key: tuple, parts, seqs: int) -> float:
+        """Seconds of a whole decode-like step of `seqs` sequences, memoised by `key` (one
+        dict hit when warm)."""
+        e = self._memo.get(key)
+        if e is not None:
+            e[2] += 1
+            self.kernel_s = e[4]
+            return e[3]
+        gpu = self._piece(key, parts)
+        e = self._memo[key]
+        e.append(self._combine(gpu, decode_seqs=seqs, decode=True))
+        e.append(self.kernel_s)
+        return e[3]
+
+    def prefill(self, chunks: list[tuple[int, int]], seen: set | None = None) -> float:
+        """A step prefilling `chunks` of (new tokens, tokens already cached) per sequence;
+        `seen`: the (new, cached) shapes this server has prefilled before (updated here)."""
+        tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
+        gpu += self.dense_ms(tokens) + self.lm_head_ms(len(chunks))
+        return self._combine(gpu, prefill_seqs=len(chunks),
+                             new_shapes=self._new_shapes(chunks, seen))
+
+    @staticmethod
+    def _per_sequence(rows: list[tuple[int, int]], attn) -> tuple[int, float]:
+        """New tokens in all, and attention ms, of rows of (new tokens, cached tokens)."""
+        tokens = 0
+        ms = 0.0
+        for q, cached in rows:
+            tokens += q
+            ms += attn(q, q + cached)
+        return tokens, ms
+
+    def decode(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
+        """A step decoding one token for each of `n` sequences attending over `sum_ctx`
+        tokens in all (`max_ctx` the longest)."""
+        ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
+        return self._step(("decode", n, ctx_q, max_q),  # the hot path: one dict hit per step
+                          lambda: self._dense_parts(n) + self._lm_parts(n)
+                          + self._decode_attn_parts(n, ctx_q, max_q), n)
+
+    def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]],
+              seen: set | None = None) -> float:
+        """A chunked-prefill step: `n` decodes (over `sum_ctx` tokens, longest `max_ctx`)
+        plus prefill chunks of (new tokens, tokens already computed) per sequence."""
+        if not chunks:
+            return self.decode(n, sum_ctx, max_ctx)
+        if not n:
+            return self.prefill(chunks, seen)
+        tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
+        gpu += self.decode_attn_ms(n, sum_ctx, max_ctx)
+        gpu += self.dense_ms(n + tokens) + self.lm_head_ms(n + len(chunks))
+        return self._combine(gpu, prefill_seqs=len(chunks), decode_seqs=n, decode=True,
+                             new_shapes=self._new_shapes(chunks, seen))
+
+    def verify(self, rows: list[tuple[int, int]]) -> float:
+        """A step scoring `q` tokens per sequence over its cached context: rows of (q, cached)."""
+        tokens, gpu = self._per_sequence(rows, self.verify_attn_ms)
+        gpu += self.dense_ms(tokens) + self.lm_head_ms(tokens)
+        return self._combine(gpu, verify_seqs=len(rows))
+
+    def verify_batch(self, n: int, q: int, sum_ctx: int, max_ctx: int,
+                     rows: list[tuple[int, int]]) -> float:
+        """Verify `q` tokens for each of `n` sequences. With `paged_gather` or `flash`
+        attention runs per sequence (`rows` of (q, cached)); otherwise the decode kernel
+        runs once per query row (each row reads its sequence's whole context)."""
+        if self.verify_impl in ("paged_gather", "flash"):
+            return self.verify(rows)
+        ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
+        m = self.m
+
+        def compute():
+            c, mx = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
+            ms, tag = self.p.decode_attn(self.decode_impl, n * q, c * n * q, m.heads,
+                                         m.kv_heads, m.head_dim, max_ctx=mx if mx > c else None)
+            return (self._dense_parts(n * q) + self._lm_parts(n * q)
+                    + [(m.layers * ms, self._kv_tag(tag))])
+
+        return self._step(("verify", n, q, ctx_q, max_q), compute, n)
+
+    def gpu_ms(self, kind: str, n: int, new_tokens: int, ctx: int) -> float:
+        """Kernel-only time of a uniform step (for error tables against measured grids)."""
+        if kind == "verify":
+            return (self.dense_ms(n * new_tokens) + self.lm_head_ms(n * new_tokens)
+                    + n * self.verify_attn_ms(new_tokens, ctx + new_tokens))
+        if kind == "decode":
+            return self.dense_ms(n) + self.lm_head_ms(n) + self.decode_attn_ms(n, n * ctx)
+        return (
+            self.dense_ms(n * new_tokens)
+            + self.lm_head_ms(n)
+            + n * self.prefill_attn_ms(new_tokens, new_tokens + ctx)
+        )
+
+    # ---- reporting ----------------------------------------------------------------
+    def provenance(self) -> dict[str, float]:
+        """Share of simulated GPU time that came from each kind of lookup."""
+        tot = self.provenance_seconds()
+        s = sum(tot.values()) or 1.0
+        return {t: v / s for t, v in tot.items()}
+
+    def provenance_seconds(self) -> dict[str, float]:
+        """Simulated GPU milliseconds that came from each kind of lookup."""
+        tot = [0.0] * len(TAGS)
+        for e in self._memo.values():
+            br, uses = e[1], e[2]
+            for i in range(len(TAGS)):
+                tot[i] += br[i] * uses
+        return dict(zip(TAGS, tot, strict=True))

@@ -1,0 +1,219 @@
+"""Model architecture specs (`models/<name>.yaml`) and the sizes derived from them.
+
+A `ModelSpec` holds the few numbers of a decoder-only transformer that decide its
+cost: layer count, widths, head counts, vocabulary and dtypes. Everything else
+(parameter count, weight and KV-cache bytes, FLOPs, GEMM shapes) is derived here,
+so the latency model and the KV manager never re-derive it themselves.
+
+The architecture assumed is Llama-style: RMSNorm before attention and before the
+MLP, q/k/v/o projections without biases (unless `qkv_bias`, as in Qwen2), an MLP
+without biases (SwiGLU when `gated_mlp`), a final norm and an LM head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.io.filecache import FileCache
+from sim.io.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
+
+MODELS_DIR = ROOT / "models"
+
+_POSITIVE = {"gt": 0}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model's architecture, as in its Hugging Face config.json."""
+
+    name: str  # equals the YAML file's name without .yaml
+    layers: int = field(metadata=_POSITIVE)  # num_hidden_layers
+    hidden: int = field(metadata=_POSITIVE)  # hidden_size
+    heads: int = field(metadata=_POSITIVE)  # num_attention_heads (query heads)
+    kv_heads: int = field(metadata=_POSITIVE)  # num_key_value_heads
+    head_dim: int = field(metadata=_POSITIVE)
+    ffn: int = field(metadata=_POSITIVE)  # intermediate_size
+    gated_mlp: bool  # SwiGLU (gate, up, down) rather than (up, down)
+    vocab: int = field(metadata=_POSITIVE)  # vocab_size
+    tied_embeddings: bool  # tie_word_embeddings: the LM head reuses the embedding matrix
+    max_len: int = field(metadata=_POSITIVE)  # max_position_embeddings
+    source: str  # where the numbers come from (e.g. the HF repo id)
+    weight_dtype_bytes: float = field(default=2, metadata=_POSITIVE)  # 0.5 for 4-bit weights
+    kv_dtype_bytes: float = field(default=2, metadata=_POSITIVE)  # 1 for an fp8 KV cache
+    qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2)
+
+    def check(self) -> tuple[str, str] | None:
+        """Cross-field rules; (field, message) for the first one broken."""
+        if not self.name:
+            return "name", "empty name (allowed: the model file's name)"
+        if self.heads % self.kv_heads:
+            return (
+                "kv_heads",
+                f"{self.kv_heads} does not divide heads={self.heads} (allowed: a divisor of heads)",
+            )
+        return None
+
+    # ---- parameter counts -------------------------------------------------------
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection output (heads × head_dim)."""
+        return self.heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """Width of the key (or value) projection output (kv_heads × head_dim)."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights of one layer's matmuls: q, k, v, o and the MLP (no biases, no norms)."""
+        attention = self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
+        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.ffn
+        return attention + mlp
+
+    @property
+    def params(self) -> int:
+        """All parameters: embeddings, layers (with qkv biases and 2 RMSNorms), final
+        norm, and the LM head unless it is tied to the embeddings."""
+        bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
+        per_layer = self.layer_matmul_params + bias + 2 * self.hidden
+        embeddings = self.vocab * self.hidden
+        lm_head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return embeddings + self.layers * per_layer + self.hidden + lm_head
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all weights at `weight_dtype_bytes` each."""
+        return round(self.params * self.weight_dtype_bytes)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes one token occupies: K and V, in every layer, for every KV head."""
+        return round(2 * self.layers * self.kv_dim * self.kv_dtype_bytes)
+
+    # ---- compute ----------------------------------------------------------------
+
+    def flops_per_token(self, context: int = 0) -> float:
+        """Forward-pass FLOPs for one token that attends to `context` tokens.
+
+        Convention: a multiply-add counts 2 FLOPs. The matmul part is
+        2 × (layers × layer_matmul_params + vocab × hidden), i.e. every weight
+        matmul including the LM head (tied or not), but not the embedding lookup,
+        biases, norms or activations. The attention part is
+        4 × layers × heads × head_dim × context: QKᵀ and the weighted sum of V,
+        each 2 × head_dim FLOPs per (head, key). `context` is the number of keys
+        this token sees (its own position + 1 under a causal mask); the caller sums
+        over the tokens of a step, so no causal halving happens here.
+        """
+        matmul = self.layers * self.layer_matmul_params + self.vocab * self.hidden
+        attention = 4 * self.layers * self.heads * self.head_dim * context
+        return float(2 * matmul + attention)
+
+    def gemm_shapes(self) -> dict[str, tuple[int, int]]:
+        """Per-layer GEMMs (and the LM head) as op -> (K, N) for F.linear(x[M, K], W[N, K]).
+
+        M is the number of tokens in the step, so it is left to the caller. q, k and
+        v are fused into one GEMM, as are gate and up when the MLP is gated.
+        """
+        return {
+            "qkv": (self.hidden, self.q_dim + 2 * self.kv_dim),
+            "o": (self.q_dim, self.hidden),
+            "gate_up": (self.hidden, (2 if self.gated_mlp else 1) * self.ffn),
+            "down": (self.ffn, self.hidden),
+            "lm_head": (self.hidden, self.vocab),
+        }
+
+
+    # ---- tensor parallelism -------------------------------------------------------
+
+    def tensor_problem(self, tensor: int) -> str | None:
+        """Why `tensor`-way tensor parallelism cannot split this model, or None."""
+        if self.heads % tensor:
+            return f"{tensor} does not divide heads={self.heads}"
+        if self.kv_heads % tensor and tensor % self.kv_heads:
+            return (f"{tensor} neither divides kv_heads={self.kv_heads} nor is a multiple of it "
+                    "(KV heads are split, or replicated when the degree exceeds them)")
+        if self.ffn % tensor:
+            return f"{tensor} does not divide ffn={self.ffn}"
+        return None
+
+    def shard(self, tensor: int) -> ModelSpec:
+        """What one GPU of a `tensor`-way tensor-parallel group holds (Megatron-style).
+
+        Column-parallel q/k/v and gate/up keep their K and split N; row-parallel o and
+        down split K; each GPU has heads/tensor query heads and kv_heads/tensor KV heads,
+        or one KV head (replicated) when the degree exceeds kv_heads; the vocabulary
+        (embedding and LM head) is split, rounded up. Norms and `hidden` are replicated.
+        So the shard's weight_bytes, kv_bytes_per_token, gemm_shapes and head counts
+        are per GPU. tensor = 1 returns the model itself.
+        """
+        if tensor == 1:
+            return self
+        return dataclasses.replace(
+            self, name=f"{self.name}/tp{tensor}", heads=self.heads // tensor,
+            kv_heads=max(1, self.kv_heads // tensor), ffn=self.ffn // tensor,
+            vocab=-(-self.vocab // tensor),
+        )
+
+
+# ---- loading --------------------------------------------------------------------
+
+
+def known_models() -> list[str]:
+    """Names of the models in ROOT/models/, sorted."""
+    return known_names(MODELS_DIR)
+
+
+def load_model(
+    name_or_path: str, *, file: str | Path | None = None, path: str = "model"
+) -> ModelSpec:
+    """The spec for a model name (ROOT/models/NAME.yaml) or a path ending in .yaml.
+
+    `file` and `path` are the caller's (the scenario's) file and field path: an
+    unknown name or a missing file is reported there. Errors inside the model YAML
+    name the model file and its field. A relative .yaml path is taken relative to
+    the folder of `file` when given, else to the current directory.
+    """
+    if name_or_path.endswith(".yaml"):
+        p = Path(name_or_path)
+        if not p.is_absolute() and file is not None:
+            p = Path(file).parent / p
+        if not is_file(p):
+            raise SpecError(file, path, f"model file not found: {show(name_or_path)}")
+    else:
+        known = known_models()
+        if name_or_path not in known:
+            raise SpecError(file, path, f"unknown {show(name_or_path)} (known: {', '.join(known)})")
+        p = MODELS_DIR / f"{name_or_path}.yaml"
+    p = p.resolve()
+    return _LOADED.get(p, lambda watch: _read_model(watch(p)))
+
+
+_LOADED: FileCache[ModelSpec] = FileCache()  # by path, while the file is unchanged
+
+
+def _read_model(p: Path) -> ModelSpec:
+    spec = build(ModelSpec, load_yaml(p), file=p)
+    if spec.name != p.stem:
+        raise SpecError(
+            p, "name", f"{spec.name!r} differs from the file name (allowed: {p.stem!r})"
+        )
+    return spec
+
+
+def context_window(model: ModelSpec, max_model_len: int | None, *,
+                   file: str | Path | None = None, path: str = "kv.max_model_len") -> int:
+    """The context window a run uses: `max_model_len` (None: the model's own window).
+
+    As in vLLM, a `max_model_len` above the model's window (`max_len`, its
+    max_position_embeddings) is refused: the model was not trained for those positions.
+    """
+    if max_model_len is None:
+        return model.max_len
+    if max_model_len > model.max_len:
+        raise SpecError(file, path, f"{max_model_len} is over {model.name}'s context window "
+                                    f"(allowed: <= {model.max_len})")
+    return max_model_len

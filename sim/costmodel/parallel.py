@@ -1,0 +1,102 @@
+"""How one model replica is laid out on GPUs, and in which number formats.
+
+```yaml
+parallel: {tensor: 4, pipeline: 1}    # GPUs of one replica: tensor x pipeline
+dtype: {weights: fp8, kv_cache: fp8}  # defaults bf16
+```
+
+A replica of `tensor` GPUs holds `ModelSpec.shard(tensor)` on each GPU (split heads,
+MLP and vocabulary; see sim/costmodel/models.py) and pays two all-reduces per layer plus the
+embedding's all-reduce and the LM head's gather (sim/costmodel/latency.py, sim/costmodel/comm.py).
+Pipeline parallelism is not modelled: `pipeline` must be 1.
+
+FP8 needs FP8 tensor cores (a profile with `datasheet_fp8_tflops`). fp8 weights halve
+weight bytes and run the projections at the FP8 rate (sim/profiles.GPUProfile.gemm_fp8;
+the LM head stays bf16, as in vLLM's fp8 checkpoints); an fp8 KV cache halves KV bytes
+per token (capacity doubles, decode attention reads half the bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from sim.costmodel.models import ModelSpec
+from sim.costmodel.profiles import GPUProfile
+from sim.io.specload import SpecError
+
+DTYPE_BYTES = {"bf16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class ParallelSpec:
+    """GPUs per replica: `tensor`-way tensor parallel (within one node) x `pipeline` stages."""
+
+    tensor: int = field(default=1, metadata={"gt": 0})
+    pipeline: int = field(default=1, metadata={"gt": 0})
+
+    def check(self) -> tuple[str, str] | None:
+        if self.pipeline != 1:
+            return ("pipeline", f"{self.pipeline} is not modelled (allowed: 1; use tensor "
+                    "parallelism, or replicas in a cluster:)")
+        return None
+
+    @property
+    def gpus(self) -> int:
+        return self.tensor * self.pipeline
+
+
+@dataclass(frozen=True)
+class DTypeSpec:
+    """Number formats of the weights (projections) and of the KV cache."""
+
+    weights: Literal["bf16", "fp8"] = "bf16"
+    kv_cache: Literal["bf16", "fp8"] = "bf16"
+
+    @property
+    def fp8_weights(self) -> bool:
+        return self.weights == "fp8"
+
+
+def check_layout(parallel: ParallelSpec, model: ModelSpec, profile: GPUProfile, *,
+                 file: str | Path | None = None, path: str = "parallel",
+                 draft: ModelSpec | None = None) -> None:
+    """A one-line SpecError at `path`.tensor if the model cannot be split that way here."""
+    tp = parallel.tensor
+    if tp == 1:
+        return
+    for m in (model, draft):
+        problem = m.tensor_problem(tp) if m is not None else None
+        if problem:
+            allowed = ", ".join(str(t) for t in valid_tensor_degrees(m, profile)) or "1"
+            raise SpecError(file, f"{path}.tensor", f"{problem} of {m.name} (allowed: {allowed})")
+    link = profile.facts.interconnect
+    if link is None:
+        raise SpecError(file, f"{path}.tensor", f"{profile.name} states no GPU interconnect "
+                        "(allowed: 1, or a profile with `interconnect:`)")
+    if tp > link.gpus_per_node:
+        raise SpecError(file, f"{path}.tensor", f"{tp} exceeds the {link.gpus_per_node} GPUs "
+                        f"of one {profile.name} node (allowed: <= {link.gpus_per_node})")
+
+
+def valid_tensor_degrees(model: ModelSpec, profile: GPUProfile) -> list[int]:
+    """Tensor-parallel degrees that split `model` and fit one node of `profile`."""
+    link = profile.facts.interconnect
+    top = link.gpus_per_node if link is not None else 1
+    return [t for t in range(1, top + 1) if model.tensor_problem(t) is None]
+
+
+def with_dtypes(model: ModelSpec, dtype: DTypeSpec, profile: GPUProfile, *,
+                file: str | Path | None = None, path: str = "dtype") -> ModelSpec:
+    """The model with the scenario's weight and KV byte widths; FP8 needs FP8 tensor cores."""
+    widths = {}  # bf16 keeps the model file's own width
+    for name, value, width in (("weights", dtype.weights, "weight_dtype_bytes"),
+                               ("kv_cache", dtype.kv_cache, "kv_dtype_bytes")):
+        if value == "fp8":
+            if profile.facts.datasheet_fp8_tflops is None:
+                raise SpecError(file, f"{path}.{name}", f"fp8 needs FP8 tensor cores, which "
+                                f"{profile.name} lacks (allowed: bf16; fp8 on H100, H200, L40S)")
+            widths[width] = DTYPE_BYTES["fp8"]
+    return dataclasses.replace(model, **widths) if widths else model

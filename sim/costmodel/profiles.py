@@ -1,0 +1,403 @@
+"""GPU profiles (`gpu_profiles/<gpu>/`): facts, measured kernel tables, and lookups.
+
+A folder holds `profile.yaml` (`sim/costmodel/gpu_facts.py`: `GPUFacts`, the roofline `Efficiency`) and any
+subset of the four tables in `TABLES`. Every lookup returns `(ms, tag)`: `exact` on
+a measured point, `interpolated` between measured points, `extrapolated` when
+scaled from the nearest measured point by the ratio of roofline times, `analytic`
+when no table covers the op (roofline with the efficiencies).
+
+Tables are made monotone at load: a smaller problem can always be padded to a
+larger measured one, so a measured time becomes the minimum over the points at
+least as large (e.g. paged_gather's 0.197 ms at batch 1, ctx 128 becomes the 0.124
+ms of ctx 512). Interpolation is linear in log time over log sizes, so lookups
+never decrease with size. Cells missing from a staircase grid (large batch × long
+context) are filled by roofline scaling. An unmeasured head configuration (or
+elementwise width) is looked up in the nearest measured one at the equivalent
+batch (or token count): batch × the ratio of per-sequence work (hq·d for prefill,
+hkv·d for decode); an unmeasured GEMM (K, N) scales the nearest shape's time by
+K·N / (K₀·N₀), the ratio of both roofline terms at equal M. The CSV reading and
+the grid machinery live in `sim/io/tables.py`; this module supplies the roofline costs.
+
+Decode is looked up at (batch, mean context = sum_ctx / batch); given the longest
+context as well, it moves towards the time at that context by weights fitted at load to
+the table's mixed-length rows (`sim/costmodel/mixed_decode.py`: why, and how well).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from sim.costmodel.comm import Collectives, read_all_reduce
+from sim.costmodel.gpu_facts import Efficiency, GPUFacts
+from sim.costmodel.l2flush import describe, remove_write_back
+from sim.costmodel.mixed_decode import blend, fit_mix_weights
+from sim.costmodel.profile_sanity import cap_tables
+from sim.io.filecache import FileCache
+from sim.io.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
+from sim.io.tables import (
+    ANALYTIC,
+    DERIVED,
+    EXACT,
+    EXTRAPOLATED,
+    INTERPOLATED,
+    Grid,
+    group,
+    nearest,
+    read_table,
+    scaled,
+)
+
+__all__ = ["ANALYTIC", "BF16", "DERIVED", "ELEMENTWISE_BYTES", "EXACT", "EXTRAPOLATED", "IMPLS",
+           "INTERPOLATED", "PROFILES_DIR", "TABLES", "Efficiency", "GPUFacts", "GPUProfile",
+           "known_profiles", "load_profile"]
+
+_RANK = {EXACT: 0, INTERPOLATED: 1, DERIVED: 2, EXTRAPOLATED: 3, ANALYTIC: 4}
+
+PROFILES_DIR = ROOT / "gpu_profiles"
+_CFG = {"hq": int, "hkv": int, "d": int}
+TABLES: dict[str, dict[str, type]] = {  # table -> its columns
+    "gemm": {"M": int, "K": int, "N": int, "ms": float},
+    "attn_prefill": {"impl": str, "batch": int, "seq": int, **_CFG, "ms": float, "peak_mib": float},
+    "attn_decode": {"impl": str, "batch": int, "ctx": int, "sum_ctx": int, "max_ctx": int,
+                    **_CFG, "block": int, "ms": float},
+    "elementwise": {"op": str, "M": int, "H": int, "ms": float},
+}
+# HBM bytes an elementwise op moves per (token × H) element in bf16: rmsnorm reads x and
+# writes y; residual_add and silu_mul read two inputs and write one; rotary reads x and
+# cos/sin, writes x; kv_write copies K and V (H = 2·hkv·d); embedding copies one row.
+ELEMENTWISE_BYTES = {"rmsnorm": 4, "residual_add": 6, "silu_mul": 6, "rotary": 6,
+                     "kv_write": 4, "embedding": 4}
+IMPLS = {"attn_prefill": ("flash", "naive"),
+         "attn_decode": ("contiguous", "paged", "paged_reference", "paged_gather",
+                         "contiguous_per_head"),
+         "elementwise": tuple(ELEMENTWISE_BYTES)}
+# decode kernels with their own roofline terms (and possibly a table); `paged` is derived
+# from `contiguous` with the profile's paged_decode_overhead (see GPUProfile);
+# `contiguous_per_head`: `contiguous` reading each KV head once per query head of its GQA
+# group (TensorRT-LLM <= 0.6's masked MHA kernel; no L2 reuse assumed: an upper bound)
+BF16 = 2
+_MEMO_MAX = 1 << 20  # cached lookups per profile before the cache is cleared
+
+
+def _memoised(method: Callable) -> Callable:
+    """Cache a lookup on the instance, keyed by its arguments (the simulator's hot path)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def lookup(self: GPUProfile, *args, **kw) -> tuple[float, str]:
+        key = (name, *args, *kw.items())
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) >= _MEMO_MAX:
+                self._memo.clear()
+            hit = self._memo[key] = method(self, *args, **kw)
+        return hit
+    return lookup
+
+
+class GPUProfile:
+    """Kernel-time lookups for one GPU; each returns (ms, tag) and is memoised."""
+
+    def __init__(self, facts: GPUFacts, tables: dict[str, list[dict]],
+                 all_reduce: dict[tuple[float, float], float] | None = None,
+                 capped: dict[str, int] | None = None, timing_note: str = ""):
+        self.facts, self.name, self._memo, self.timing_note = facts, facts.name, {}, timing_note
+        self.comm = Collectives(facts.interconnect, all_reduce)  # see sim/costmodel/comm.py
+        self.capped = capped or {}  # rows per table raised to a ceiling (profile_sanity)
+        self.rows = {t: len(tables.get(t, [])) for t in TABLES}
+        e = facts.efficiency
+        self._gemm_rate = facts.datasheet_tflops * 1e9 * e.flops  # FLOP per ms
+        self._bw = facts.datasheet_mem_bw_tbs * 1e9 * e.mem_bw  # bytes per ms
+        cfg, bs = ("impl", "hq", "hkv", "d"), ("batch", "seq")
+        self._gemm = {k: Grid(p, lambda m, _, k=k: self.gemm_model(m, *k))
+                      for k, p in group(tables.get("gemm", []), ("K", "N"), ("M",)).items()}
+        elem = group(tables.get("elementwise", []), ("op", "H"), ("M",))
+        self._elem = {k: Grid(p, lambda m, _, k=k: self.elementwise_model(k[0], m, k[1]))
+                      for k, p in elem.items()}
+        pre = tables.get("attn_prefill", [])
+        self._pre = {c: Grid(p, lambda b, s, c=c: self.prefill_model(c[0], b, s, s, *c[1:]))
+                     for c, p in group(pre, cfg, bs).items()}
+        self._pre_mem = {c: Grid({k: mib * 2**20 for k, mib in p.items()},
+                                  lambda b, s, c=c: self.prefill_mem_model(c[0], b, s, *c[1:]),
+                                  floor_below=False)
+                         for c, p in group(pre, cfg, bs, "peak_mib").items()}
+        dec = tables.get("attn_decode", [])
+        self.mixed_decode_rows = [r for r in dec if not _uniform(r)]
+        uniform = group([r for r in dec if _uniform(r)], cfg, ("batch", "ctx"))
+        self._dec = {c: Grid(p, lambda b, x, c=c: self.decode_model(c[0], b, b * x, *c[1:]))
+                     for c, p in uniform.items()}
+        self._derived: set[tuple] = set()  # decode configs derived from another kernel's table
+        slower = 1 + e.paged_decode_overhead
+        for c, p in uniform.items():
+            paged = ("paged", *c[1:])
+            if c[0] == "contiguous" and paged not in uniform:
+                self._dec[paged] = Grid({k: v * slower for k, v in p.items()},
+                                        lambda b, x, c=paged: self.decode_model(c[0], b, b * x, *c[1:]))
+                self._derived.add(paged)
+        mixed = group(self.mixed_decode_rows, cfg, ("batch", "sum_ctx", "max_ctx"))
+        self._mix = fit_mix_weights(mixed, self._dec)  # cfg -> weights (sim/costmodel/mixed_decode.py)
+
+    # ---- roofline models (ms; bytes for memory) --------------------------------------
+
+    def gemm_model(self, M: float, K: float, N: float) -> float:
+        flops, nbytes = 2 * M * K * N, (M * K + K * N + M * N) * BF16
+        return self.facts.efficiency.gemm_floor_ms + max(flops / self._gemm_rate, nbytes / self._bw)
+
+    def elementwise_model(self, op: str, M: float, H: float) -> float:
+        return self.facts.efficiency.elementwise_floor_ms + M * H * ELEMENTWISE_BYTES[op] / self._bw
+
+    def decode_model(self, impl: str, batch: float, sum_ctx: float,
+                     hq: int, hkv: int, d: int) -> float:
+        """floor + KV bytes / bw; `paged` is the contiguous kernel's time × (1 + overhead);
+        `paged_reference` reads K/V once per query head (it does not share a GQA group's)."""
+        e = self.facts.efficiency
+        if impl == "paged":
+            contiguous = self.decode_model("contiguous", batch, sum_ctx, hq, hkv, d)
+            return contiguous * (1 + e.paged_decode_overhead)
+        heads = hq if impl == "paged_reference" else hkv
+        nbytes = (sum_ctx * 2 * heads * d + batch * 2 * hq * d) * BF16  # K, V read; q in, out
+        bw = self.facts.datasheet_mem_bw_tbs * 1e9 * e.attn_decode_bw[impl]
+        return e.attn_decode_floor_ms[impl] + nbytes / bw
+
+    def prefill_model(self, impl: str, batch: float, q_len: float, kv_len: float,
+                      hq: int, hkv: int, d: int) -> float:
+        e = self.facts.efficiency
+        flops = 4 * batch * hq * d * (q_len * kv_len - q_len * q_len / 2)  # causal QKᵀ and PV
+        if impl == "naive":  # materialised scores: bound by their HBM traffic
+            scores = batch * hq * q_len * kv_len * e.naive_bytes_per_score / self._bw
+            t = max(flops / self._gemm_rate, scores)
+        else:
+            t = flops / (self.facts.datasheet_tflops * 1e9 * e.attn_prefill_flops)
+        read = self.decode_model("contiguous", batch, batch * kv_len, hq, hkv, d)
+        return max(e.attn_prefill_floor_ms + t, read)
+
+    def prefill_mem_model(self, impl: str, batch: float, seq: float,
+                          hq: int, hkv: int, d: int) -> float:
+        out = batch * seq * hq * d * BF16
+        if impl == "naive":  # fp32 scores, fp32 softmax, bf16 probs (10 B); K, V expanded for GQA
+            return batch * hq * seq * seq * 10 + out * (3 if hkv < hq else 1)
+        return out + batch * hq * seq * 4  # output and the fp32 log-sum-exp
+
+    # ---- lookups ---------------------------------------------------------------------
+
+    @_memoised
+    def gemm(self, M: int, K: int, N: int) -> tuple[float, str]:
+        """F.linear(x[M, K], W[N, K]) in bf16: table by (K, N), log-log in M."""
+        if min(M, K, N) < 1:
+            raise ValueError(f"gemm sizes must be >= 1, got M={M}, K={K}, N={N}")
+        # an unmeasured (K, N): both roofline terms scale as K·N at equal M; never below the floor
+        hit = scaled(self._gemm, (K, N), M, 1, lambda k: K * N / (k[0] * k[1]), by_x=False)
+        if hit is None:
+            return self.gemm_model(M, K, N), ANALYTIC
+        return max(hit[0], self.facts.efficiency.gemm_floor_ms), hit[1]
+
+    @_memoised
+    def gemm_fp8(self, M: int, K: int, N: int) -> tuple[float, str]:
+        """The bf16 lookup at the same shape scaled by the roofline ratio fp8 / bf16: the
+        datasheet's dense FP8 rate at the measured bf16 efficiency, fp8 weights and inputs
+        (1 byte), bf16 output. Always tagged analytic (no FP8 GEMM measured)."""
+        fp8 = self.facts.datasheet_fp8_tflops
+        if fp8 is None:
+            raise ValueError(f"{self.name} has no FP8 tensor cores (datasheet_fp8_tflops)")
+        e = self.facts.efficiency
+        flops, nbytes = 2 * M * K * N, M * K + K * N + M * N * BF16
+        model = e.gemm_floor_ms + max(flops / (fp8 * 1e9 * e.flops), nbytes / self._bw)
+        return self.gemm(M, K, N)[0] * model / self.gemm_model(M, K, N), ANALYTIC
+
+    @_memoised
+    def elementwise(self, op: str, M: int, H: int) -> tuple[float, str]:
+        """rmsnorm, residual_add, silu_mul (measured) or rotary, kv_write, embedding on M×H."""
+        _check(op, "elementwise", M=M, H=H)
+        return (scaled(self._elem, (op, H), M, 1, lambda k: H / k[1])
+                or (self.elementwise_model(op, M, H), ANALYTIC))
+
+    @_memoised
+    def prefill_attn(self, impl: str, batch: int, q_len: int, kv_len: int,
+                     hq: int, hkv: int, d: int) -> tuple[float, str]:
+        """Causal attention of `batch` sequences, q_len new tokens each over kv_len in all.
+
+        kv_len > q_len is looked up at the square prefill of equal FLOPs,
+        seq = sqrt(2·q·kv − q²) (so q·kv − q²/2 = seq²/2), tagged extrapolated, and
+        is never below a contiguous decode over the same KV cache (reading it).
+        """
+        _check(impl, "attn_prefill", batch=batch, q_len=q_len, hq=hq, hkv=hkv, d=d)
+        if kv_len < q_len:
+            raise ValueError(f"need kv_len >= q_len, got q_len={q_len}, kv_len={kv_len}")
+        seq = math.sqrt(2 * q_len * kv_len - q_len * q_len)
+        hit = (_other_head_dim(self._pre, (impl, hq, hkv, d), batch, seq,
+                               lambda c: math.sqrt(d / c[3]))  # equal FLOPs: seq² · d
+               or scaled(self._pre, (impl, hq, hkv, d), batch, seq, lambda c: hq * d / (c[1] * c[3])))
+        if hit is None:
+            return self.prefill_model(impl, batch, q_len, kv_len, hq, hkv, d), ANALYTIC
+        if kv_len == q_len:
+            return hit
+        read = self.decode_attn("contiguous", batch, batch * kv_len, hq, hkv, d)[0]
+        return max(hit[0], read), EXTRAPOLATED
+
+    @_memoised
+    def prefill_attn_mem_bytes(self, impl: str, batch: int, seq: int,
+                               hq: int, hkv: int, d: int) -> tuple[float, str]:
+        """Extra GPU memory of a prefill call: naive O(batch·hq·seq²), flash O(batch·seq)."""
+        _check(impl, "attn_prefill", batch=batch, seq=seq, hq=hq, hkv=hkv, d=d)
+        per_seq = (lambda c: hq / c[1]) if impl == "naive" else (lambda c: hq * d / (c[1] * c[3]))
+        cfg = (impl, hq, hkv, d)
+        per_token = (lambda c: 1.0) if impl == "naive" else (lambda c: (2 * d + 4) / (2 * c[3] + 4))
+        return (_other_head_dim(self._pre_mem, cfg, batch, seq, per_token)
+                or scaled(self._pre_mem, cfg, batch, seq, per_seq)
+                or (self.prefill_mem_model(impl, batch, seq, hq, hkv, d), ANALYTIC))
+
+    @_memoised
+    def decode_attn(self, impl: str, batch: int, sum_ctx: int, hq: int, hkv: int, d: int,
+                    max_ctx: int | None = None) -> tuple[float, str]:
+        """One decode step of attention: `batch` sequences, sum_ctx cached tokens in all.
+
+        Looked up at (batch, sum_ctx / batch). With `max_ctx` (the longest context)
+        above that mean, moved towards the time at (batch, max_ctx) by the weight
+        fitted to the mixed-length rows (sim/costmodel/mixed_decode.py); a profile without
+        mixed rows ignores `max_ctx`.
+        """
+        _check(impl, "attn_decode", batch=batch, hq=hq, hkv=hkv, d=d)
+        if sum_ctx < batch or (max_ctx is not None and not sum_ctx / batch <= max_ctx <= sum_ctx):
+            raise ValueError(f"need batch <= sum_ctx and mean <= max_ctx <= sum_ctx, got "
+                             f"batch={batch}, sum_ctx={sum_ctx}, max_ctx={max_ctx}")
+        if impl == "contiguous_per_head":  # KV bytes x group size (see IMPLS)
+            g = hq // hkv
+            ms, tag = self.decode_attn("contiguous", batch, sum_ctx * g, hq, hkv, d,
+                                       None if max_ctx is None else max_ctx * g)
+            return ms, (_derived(tag) if g > 1 else tag)
+        cfg = (impl, hq, hkv, d)
+        lo = (_other_head_dim(self._dec, cfg, batch, sum_ctx / batch,
+                              lambda c: d / c[3])  # equal KV bytes: ctx · d
+              or scaled(self._dec, cfg, batch, sum_ctx / batch, lambda c: hkv * d / (c[2] * c[3])))
+        if lo is None:
+            return self.decode_model(impl, batch, sum_ctx, hq, hkv, d), ANALYTIC
+        if cfg in self._derived or nearest(tuple(self._dec), cfg) in self._derived:
+            lo = lo[0], _derived(lo[1])
+        # a derived `paged` kernel mixes lengths as the measured split-K paged kernel does
+        mix_cfg = ("paged_reference", *cfg[1:]) if impl == "paged" else cfg
+        near = mix_cfg if mix_cfg in self._mix else nearest(tuple(self._mix), mix_cfg)
+        if max_ctx is None or max_ctx * batch == sum_ctx or near is None:
+            return lo
+        hi = self.decode_attn(impl, batch, max_ctx * batch, hq, hkv, d)
+        own = INTERPOLATED if near == cfg else DERIVED if near == mix_cfg else EXTRAPOLATED
+        tag = max(lo[1], hi[1], own, key=_RANK.__getitem__)
+        return blend(lo[0], hi[0], self._mix[near].at(batch)), tag
+
+    def summary(self) -> dict:
+        """Name, analytic flag, table rows, measured points lowered by the envelope, rows
+        capped at a ceiling per table, the decode configs derived from another table, and
+        the timing correction applied at load (sim/costmodel/l2flush.py; "" when none)."""
+        grids = [*self._gemm.values(), *self._elem.values(), *self._pre.values(),
+                 *(g for c, g in self._dec.items() if c not in self._derived)]
+        return {"name": self.name, "analytic": self.facts.analytic, "tables": dict(self.rows),
+                "envelope_adjusted": sum(g.adjusted for g in grids),
+                "capped": dict(self.capped), "derived_decode": sorted(self._derived),
+                "mixed_decode_rows": len(self.mixed_decode_rows), "timing": self.timing_note}
+
+
+def _derived(tag: str) -> str:
+    """A lookup in a derived table: `derived` unless it was extrapolated beyond it."""
+    return DERIVED if _RANK[tag] < _RANK[DERIVED] else tag
+
+
+def _other_head_dim(grids: dict[tuple, Grid], cfg: tuple, x: float, y: float,
+                    y_scale: Callable[[tuple], float]) -> tuple[float, str] | None:
+    """A config measured only at another head dim (same impl and heads): that table at
+    the same batch and the length of equal work, y · y_scale(measured cfg) (decode: equal
+    KV bytes; prefill: equal FLOPs), tagged derived. Monotone as the table is; None
+    when cfg is measured or no table differs from it in head dim alone."""
+    if cfg in grids:
+        return None
+    same = [c for c in grids if c[:-1] == cfg[:-1]]
+    if not same:
+        return None
+    near = min(same, key=lambda c: abs(math.log(c[-1] / cfg[-1])))
+    t, tag = grids[near].lookup(x, y * y_scale(near))
+    return t, _derived(tag)
+
+
+def _uniform(row: dict) -> bool:
+    """A decode row whose sequences all have the same context (a grid point)."""
+    return row["max_ctx"] == row["ctx"] and row["sum_ctx"] == row["batch"] * row["ctx"]
+
+
+def _check(impl: str, table: str, **sizes: int) -> None:
+    """A ValueError for an unknown impl (or op) or a size below 1."""
+    if impl not in IMPLS[table]:
+        raise ValueError(f"unknown {table} impl {impl!r} (known: {', '.join(IMPLS[table])})")
+    for k, v in sizes.items():
+        if v < 1:
+            raise ValueError(f"{k} must be >= 1, got {v}")
+
+
+# ---- loading ------------------------------------------------------------------------
+
+
+def known_profiles() -> list[str]:
+    """Names of the profile folders in ROOT/gpu_profiles/, sorted."""
+    names = known_names(PROFILES_DIR, "")
+    return [n for n in names if (PROFILES_DIR / n / "profile.yaml").is_file()]
+
+
+_LOADED: FileCache[GPUProfile] = FileCache()  # by folder, while its files are unchanged
+
+
+def load_profile(name: str, *, file: str | Path | None = None, path: str = "gpu") -> GPUProfile:
+    """The profile for a name (ROOT/gpu_profiles/NAME/) or a path to a profile folder.
+
+    Errors inside the profile name its profile.yaml or CSV file. A folder is read again
+    only when one of the files it was loaded from (profile.yaml, the tables, the
+    all-reduce table) has changed, appeared or gone; otherwise every caller shares one
+    `GPUProfile` (and its memoised lookups)."""
+    folder = profile_folder(name, file=file, path=path)
+    return _LOADED.get(folder, lambda watch: _read_profile(folder, watch))
+
+
+def profile_folder(name: str, *, file: str | Path | None = None, path: str = "gpu") -> Path:
+    """The resolved folder of a profile name or path; `file` and `path` are the caller's,
+    where an unknown name is reported (a relative folder is taken from `file`'s folder)."""
+    known = known_profiles()
+    folder = PROFILES_DIR / name if name in known else Path(name)
+    if name not in known and not folder.is_absolute() and file is not None:
+        folder = Path(file).parent / folder
+    if not is_file(folder / "profile.yaml"):
+        raise SpecError(file, path, f"unknown {show(name)} (known: {', '.join(known)})")
+    return folder.resolve()
+
+
+def _read_profile(folder: Path, watch: Callable[[Path], Path]) -> GPUProfile:
+    yaml_file = watch(folder / "profile.yaml")
+    facts = build(GPUFacts, load_yaml(yaml_file), file=yaml_file)
+    if facts.name != folder.name:
+        raise SpecError(yaml_file, "name", f"{facts.name!r} differs from the folder name "
+                        f"(allowed: {folder.name!r})")
+    tables, lowered, capped = _tables(folder, facts, watch)
+    link, all_reduce = facts.interconnect, None
+    if link is not None and link.all_reduce_table:
+        if not is_file(watch(folder / link.all_reduce_table)):
+            raise SpecError(yaml_file, "interconnect.all_reduce_table",
+                            f"file not found: {show(link.all_reduce_table)}")
+        all_reduce = read_all_reduce(folder / link.all_reduce_table)
+    return GPUProfile(facts, tables, all_reduce, capped, describe(facts.timing, lowered))
+
+
+def _tables(folder: Path, facts: GPUFacts, watch: Callable[[Path], Path]
+            ) -> tuple[dict[str, list[dict]], dict[str, int], dict[str, int]]:
+    """The folder's tables, the flush's write-back removed (sim/costmodel/l2flush.py), then rates
+    above the GPU's ceilings capped (sim/costmodel/profile_sanity.py); rows lowered, rows capped."""
+    tables = {t: read_table(folder / f"{t}.csv", cols, IMPLS.get(t, ()))
+              for t, cols in TABLES.items() if watch(folder / f"{t}.csv").is_file()}
+    ceiling = facts.peak_tflops or facts.datasheet_tflops
+    lowered = remove_write_back(tables, facts.timing, ceiling, ELEMENTWISE_BYTES)  # before the caps
+    capped = cap_tables(tables, ceiling, facts.datasheet_mem_bw_tbs, ELEMENTWISE_BYTES)
+    return tables, lowered, capped
+
+
+def tables_as_used(name: str) -> tuple[GPUFacts, dict[str, list[dict]]]:
+    """A profile's facts and tables as lookups see them, before the grids are made
+    monotone: what its roofline efficiencies are fitted to (sim/fit/profile_convert.py)."""
+    facts = load_profile(name).facts
+    return facts, _tables(profile_folder(name), facts, lambda p: p)[0]

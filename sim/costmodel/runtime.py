@@ -1,0 +1,76 @@
+"""Runtime profiles (`gpu_profiles/runtimes/NAME.yaml`, one per serving stack): how the
+stack's host side adds to each step's kernel time.
+
+A `RuntimeSpec` holds the host's costs per step, per layer, per sequence and layer, and per
+sequence, the serial part that does not overlap the GPU, GPU scale factors, how host and
+GPU combine (max or sum), the stall on a new prefill shape, the step-time jitter model,
+and which all-reduce and elementwise kernels the stack runs. `sim/costmodel/latency.py` turns them
+into a step's time (its module docstring gives the formula); `sim/fit/runtime_fit.py` fits
+them to a warm grid, `sim/fit/logfit.py` to a live serving log.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from sim.costmodel.jitter import JitterSpec
+from sim.io.filecache import FileCache
+from sim.io.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
+
+RUNTIMES_DIR = ROOT / "gpu_profiles" / "runtimes"
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """How the serving stack's host side adds to each step."""
+
+    name: str
+    description: str = ""
+    host_ms_per_step: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_layer: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_layer_decode_extra: float = field(default=0.0, metadata={"ge": 0})  # decode's host path
+    host_ms_per_prefill_seq_layer: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_verify_seq_layer: float = field(default=0.0, metadata={"ge": 0})
+    host_ms_per_prefill_seq: float = field(default=0.0, metadata={"ge": 0})  # per prefill sequence (input prep, sampling)
+    host_ms_per_decode_seq: float = field(default=0.0, metadata={"ge": 0})  # per decode sequence (sampling, detokenise)
+    serial_ms_per_step: float = field(default=0.0, metadata={"ge": 0})  # host time not overlapped with the GPU
+    serial_ms_per_seq: float = field(default=0.0, metadata={"ge": 0})  # likewise, per sequence in the step
+    gpu_scale: float = field(default=1.0, metadata={"gt": 0})
+    gpu_scale_decode: float = field(default=1.0, metadata={"gt": 0})
+    # max: the host issues kernels ahead of an asynchronous GPU, so the slower of the two
+    # sets the pace; sum: host work and kernels run one after the other (a CPU "device",
+    # where the host thread runs the kernels itself)
+    combine: Literal["max", "sum"] = "max"
+    # a stall, not overlapped, the first time a prefill attention shape (new tokens, context)
+    # is seen on a replica: per-shape plan building / kernel specialisation (sim/fit/logfit.py)
+    serial_ms_per_new_prefill_shape: float = field(default=0.0, metadata={"ge": 0})
+    jitter: JitterSpec | None = None  # step-time jitter (sim/costmodel/jitter.py); None: deterministic
+    # the stack reduces small messages with its own NVLink kernel (sim/costmodel/comm.py), not NCCL
+    custom_all_reduce: bool = False
+    # RMSNorm, residual add, SiLU·mul as the stack runs them (sim/costmodel/fused.py): fused (vLLM,
+    # TensorRT-LLM), unfused (eager PyTorch) or as_measured (whatever the profile timed)
+    elementwise: Literal["fused", "unfused", "as_measured"] = "as_measured"
+    source: str = ""
+
+
+def load_runtime(name: str, *, file=None, path: str = "runtime",
+                 base_dir: str | Path | None = None) -> RuntimeSpec:
+    """A runtime by name (gpu_profiles/runtimes/NAME.yaml) or by a path ending in .yaml
+    (relative paths from the scenario's folder, then the current one)."""
+    if name.endswith((".yaml", ".yml")):
+        f = Path(name)
+        if not f.is_absolute() and base_dir and is_file(Path(base_dir) / f):
+            f = Path(base_dir) / f
+        if not is_file(f):
+            raise SpecError(file, path, f"file not found: {show(name)}")
+        return _LOADED.get(f.resolve(), lambda watch: build(RuntimeSpec, load_yaml(watch(f)), file=f))
+    known = known_names(RUNTIMES_DIR)
+    if name not in known:
+        raise SpecError(file, path, f"unknown {show(name)} (known: {', '.join(known)})")
+    f = RUNTIMES_DIR / f"{name}.yaml"
+    return _LOADED.get(f.resolve(), lambda watch: build(RuntimeSpec, load_yaml(watch(f)), file=f))
+
+
+_LOADED: FileCache[RuntimeSpec] = FileCache()  # by path, while the file is unchanged

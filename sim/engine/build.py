@@ -1,0 +1,222 @@
+"""The one place a replica is built from a scenario.
+
+`replica_configs(sc)` resolves a scenario (and each group of its `cluster` section)
+into frozen `ReplicaConfig`s — model, GPU profile, runtime, memory budget, KV manager
+settings, policy, attention kernels, speculative settings — and checks up front that
+each fits its GPU. `build_replica(cfg, ...)` gives a config its run-time state (KV
+manager, running batch, policy, prefix cache, speculator): a `Replica` ready for the
+engine. The runner, `llmsim validate`, the benchmarks and the fleet all come here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.config.cluster import ClusterSpec, KVTransferSpec, Link
+from sim.config.scenario import Scenario, group_scenario
+from sim.costmodel.jitter import jittered
+from sim.costmodel.latency import StepLatency
+from sim.costmodel.models import ModelSpec, context_window, load_model
+from sim.costmodel.parallel import check_layout, with_dtypes
+from sim.costmodel.profiles import GPUProfile, load_profile
+from sim.costmodel.runtime import RuntimeSpec, load_runtime
+from sim.engine.memory import MemoryBudget, memory_budget
+from sim.engine.replica import Replica
+from sim.io.specload import ROOT, SpecError, load_yaml
+from sim.policies.batch import RunningBatch
+from sim.policies.chunked import ChunkedPolicy
+from sim.policies.kv import ContiguousKV, make_kv
+from sim.policies.prefix import PrefixCache
+from sim.policies.router import make_router
+from sim.policies.scheduler import ContinuousPolicy, ReplicaState, StaticPolicy
+from sim.policies.speculative import SpecBatch, Speculator
+
+POLICIES = {"continuous": ContinuousPolicy, "static": StaticPolicy, "chunked": ChunkedPolicy}
+LINKS_FILE = ROOT / "gpu_profiles" / "links.yaml"
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """Everything fixed about one replica (its run-time state comes from build_replica)."""
+
+    name: str              # "r0", or "<group>-<i>" in a cluster
+    group: str
+    role: str              # both | prefill | decode
+    scenario: Scenario     # the scenario as this replica sees it (group fields laid over it)
+    model: ModelSpec
+    profile: GPUProfile
+    runtime: RuntimeSpec
+    budget: MemoryBudget
+    draft: ModelSpec | None
+    latency: StepLatency   # shared by the replicas of a group (a memo of step times)
+    draft_latency: StepLatency | None
+
+    @property
+    def max_model_len(self) -> int:
+        return self.scenario.kv.max_model_len or self.model.max_len
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes one token holds on each GPU of the replica (heads split by tensor parallelism)."""
+        return self.model.shard(self.scenario.parallel.tensor).kv_bytes_per_token
+
+    @property
+    def swap_blocks(self) -> int:
+        sc = self.scenario
+        bs = sc.kv.block_size if sc.kv.manager == "paged" else 1
+        return int(sc.kv.swap_space_gib * 1024**3 // (self.kv_bytes_per_token * bs))
+
+
+def replica_configs(sc: Scenario, *, runtime: RuntimeSpec | None = None,
+                    kv_tokens: int | None = None) -> list[ReplicaConfig]:
+    """One config per replica; each group resolved (and checked to fit) once.
+
+    `runtime` and `kv_tokens` override what the scenario implies (`llmsim validate`
+    replays a measured run with its fitted runtime and its real KV pool)."""
+    cluster = sc.cluster
+    if cluster is None:
+        return [_resolve(sc, "r0", "", "both", "", runtime, kv_tokens)]
+    out: list[ReplicaConfig] = []
+    for gi, group in enumerate(cluster.groups):
+        where = f"cluster.groups[{gi}]"
+        gsc = group_scenario(sc, group, where)
+        label = group.name or f"g{gi}"
+        first = _resolve(gsc, f"{label}-0", label, group.role, where, runtime, kv_tokens)
+        out.append(first)
+        out.extend(dataclasses.replace(first, name=f"{label}-{i}") for i in range(1, group.count))
+    _check_roles(sc, cluster, out)
+    if cluster.disaggregated:
+        load_link(cluster.kv_transfer, file=sc.file or None)  # an unknown link fails up front
+    return out
+
+
+def _check_roles(sc: Scenario, cluster: ClusterSpec, configs: list[ReplicaConfig]) -> None:
+    if not cluster.disaggregated:
+        return
+    for c in configs:
+        s = c.scenario
+        if c.role != "both" and (s.kv.manager != "paged" or s.scheduler.policy == "static"):
+            raise SpecError(sc.file or None, "cluster.groups",
+                            f"group '{c.group}' with role '{c.role}' needs kv.manager: paged and "
+                            "scheduler.policy: continuous or chunked")
+    models = {c.model.name for c in configs}
+    if len(models) > 1:
+        raise SpecError(sc.file or None, "cluster.groups", "prefill and decode groups must "
+                        f"serve one model (got {', '.join(sorted(models))})")
+
+
+def _resolve(sc: Scenario, name: str, group: str, role: str, where: str,
+             runtime: RuntimeSpec | None, kv_tokens: int | None) -> ReplicaConfig:
+    f = sc.file or None
+    prefix = f"{where}." if where else ""
+    profile = load_profile(sc.gpu, file=f, path=f"{prefix}gpu")
+    model = with_dtypes(load_model(sc.model, file=f, path="model"), sc.dtype, profile, file=f)
+    context_window(model, sc.kv.max_model_len, file=f, path=f"{prefix}kv.max_model_len")  # vLLM refuses more
+    if runtime is None:
+        runtime = load_runtime(sc.runtime, file=f, path=f"{prefix}runtime",
+                               base_dir=sc.base_dir or None)
+    if sc.elementwise is not None:  # the scenario names its stack's kernels
+        runtime = dataclasses.replace(runtime, elementwise=sc.elementwise)
+    draft = None
+    if sc.speculative.method == "draft_model":
+        draft = load_model(sc.speculative.draft_model, file=f, path="speculative.draft_model")
+    check_layout(sc.parallel, model, profile, file=f, draft=draft)
+    budget = memory_budget(sc, model, profile, draft)
+    if kv_tokens is not None:
+        budget = dataclasses.replace(budget, kv_tokens=kv_tokens)
+    tp = sc.parallel.tensor
+    lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
+                      verify_impl=_verify_impl(sc), tensor=tp, fp8_weights=sc.dtype.fp8_weights)
+    draft_lat = StepLatency(draft, profile, runtime, sc.attention.prefill,
+                            sc.decode_attention, tensor=tp) if draft else None
+    return ReplicaConfig(name, group, role, sc, model, profile, runtime, budget, draft, lat,
+                         draft_lat)
+
+
+def _verify_impl(sc: Scenario) -> str:
+    v = sc.attention.verify
+    return sc.decode_attention if v == "decode_kernel" else v
+
+
+def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
+                  acceptance: np.ndarray | None = None, prefix_tokens: int | None = None,
+                  index: int = 0, seed: int | None = None) -> Replica:
+    """A replica with fresh state: KV manager, running batch, policy, prefix cache, speculator.
+
+    `seed` (default: the scenario's) seeds step-time jitter where the runtime has it.
+    `rng` feeds speculative acceptance draws; `prefix_tokens` is the workload's tokens per
+    prefix hash (None: the workload declares no prefixes, so nothing can be cached)."""
+    sc = cfg.scenario
+    kv = make_kv(sc.kv.manager, cfg.budget.kv_tokens, sc.kv.block_size)
+    paged = not isinstance(kv, ContiguousKV)
+    policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
+    spec = None
+    if sc.speculative.method != "none":
+        if sc.speculative.acceptance.kind == "trace" and acceptance is None:
+            raise SpecError(sc.file or None, "speculative.acceptance.kind",
+                            "'trace' needs a csv trace with an 'acceptance' column")
+        spec = Speculator(sc.speculative, cfg.latency, cfg.draft_latency, rng, acceptance)
+        batch = SpecBatch(kv.block_size, paged, spec)
+    else:
+        batch = RunningBatch(kv.block_size, paged, keep_finished=isinstance(policy, StaticPolicy))
+    state = ReplicaState(kv=kv, batch=batch, max_model_len=cfg.max_model_len,
+                         swap_free_blocks=cfg.swap_blocks,
+                         reserve_max_model_len=sc.kv.reserve == "max_model_len")
+    if sc.kv.prefix_caching and prefix_tokens is not None and paged:
+        unit = math.lcm(prefix_tokens, kv.block_size)  # whole KV blocks (sim/prefix.regroup)
+        state.prefix = PrefixCache(kv, unit, int(sc.kv.prefix_cache_host_gib * 1024**3
+                                                 // (cfg.kv_bytes_per_token * unit)))
+    latency = jittered(cfg.latency, sc.seed if seed is None else seed, index)
+    rep = Replica(state, policy, latency, cfg.kv_bytes_per_token,
+                  cfg.profile.facts.pcie_gbs * 1e9)
+    rep.name, rep.index, rep.config, rep.speculator = cfg.name, index, cfg, spec
+    return rep
+
+
+
+@dataclass
+class FleetSetup:
+    """A scenario's replicas with fresh state, and how requests reach them."""
+
+    replicas: list[Replica]
+    router: object                 # sim.policies.router policy for arrivals (front replicas)
+    decode_router: object | None   # disaggregated: picks the decode replica of a hand-off
+    link: Link | None              # disaggregated: the prefill -> decode KV link
+    staleness_s: float
+
+
+def build_fleet(sc: Scenario, configs: list[ReplicaConfig], rng: np.random.Generator, *,
+                acceptance: np.ndarray | None = None,
+                prefix_tokens: int | None = None) -> FleetSetup:
+    """Fresh replicas for `configs` (from `replica_configs(sc)`), a router and, for
+    prefill/decode pools, the KV link. Routers draw from their own stream of the seed."""
+    replicas = []
+    for i, cfg in enumerate(configs):
+        tokens = prefix_tokens if cfg.role != "decode" else None  # decode pools reuse nothing
+        replicas.append(build_replica(cfg, rng, acceptance=acceptance, prefix_tokens=tokens,
+                                      index=i))
+    cluster = sc.cluster or ClusterSpec()
+    router_rng = np.random.default_rng([sc.seed, 2])
+    router = make_router(cluster.router, router_rng)
+    decode_router = link = None
+    if cluster.disaggregated:
+        decode_router = make_router(cluster.router, router_rng)
+        link = load_link(cluster.kv_transfer, file=sc.file or None)
+    return FleetSetup(replicas, router, decode_router, link, cluster.router.staleness_s)
+
+
+def load_link(spec: KVTransferSpec, *, file=None) -> Link:
+    """The KV link of a disaggregated cluster: a named link (gpu_profiles/links.yaml)
+    with the scenario's bandwidth / latency overrides."""
+    links = load_yaml(LINKS_FILE)
+    if spec.link not in links:
+        raise SpecError(file, "cluster.kv_transfer.link",
+                        f"unknown '{spec.link}' (known: {', '.join(sorted(links))})")
+    known = links[spec.link]
+    gbs = spec.bandwidth_gbs if spec.bandwidth_gbs is not None else float(known["bandwidth_gbs"])
+    us = spec.latency_us if spec.latency_us is not None else float(known["latency_us"])
+    return Link(gbs * 1e9, us * 1e-6)

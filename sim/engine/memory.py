@@ -1,0 +1,123 @@
+"""GPU memory budget: what is left for the KV cache once weights and activations are in.
+
+Per GPU of a replica split `tensor` ways (sim/costmodel/parallel.py):
+KV capacity = GPU memory x gpu_memory_utilization - weights/tensor - activation scratch,
+where the scratch is what the largest step the scheduler can build allocates
+on top of the weights: the activations of its token count (the widest
+intermediate is the MLP's gate/up output), the attention call's own scratch
+from the profile (flash grows O(N) with the prompt, naive's materialised score
+matrix O(N^2)) and fp32 logits for one row per sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.config.scenario import Scenario
+from sim.costmodel.models import ModelSpec
+from sim.costmodel.parallel import valid_tensor_degrees
+from sim.costmodel.profiles import GPUProfile
+from sim.io.specload import SpecError
+
+GIB = 1024**3
+ACTIVATION_BYTES = 2  # bf16
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    gpu_bytes: float
+    usable_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    attention_scratch_bytes: float
+    kv_bytes: float
+    kv_tokens: int
+
+    def as_dict(self) -> dict[str, float]:
+        """The budget as `summary.json` → `memory_gib` writes it: sizes in GiB, keys named so."""
+        return {SUMMARY_KEYS.get(k, k): (v / GIB if k in SUMMARY_KEYS else v)
+                for k, v in self.__dict__.items()}
+
+
+# MemoryBudget field (bytes) -> summary key (GiB)
+SUMMARY_KEYS = {"gpu_bytes": "gpu_gib", "usable_bytes": "usable_gib", "weight_bytes": "weights_gib",
+                "activation_bytes": "activations_gib",
+                "attention_scratch_bytes": "attention_scratch_gib", "kv_bytes": "kv_gib"}
+
+
+def memory_budget(sc: Scenario, model: ModelSpec, profile: GPUProfile,
+                  draft: ModelSpec | None = None) -> MemoryBudget:
+    """The budget of one GPU of the replica (`sc.parallel.tensor` GPUs share the model);
+    a speculative draft model adds its weights and its own KV per token. A model or
+    layout that cannot hold even one `max_model_len` sequence is a SpecError naming the
+    shortfall in GiB."""
+    max_len = sc.kv.max_model_len or model.max_len
+    tp = sc.parallel.tensor
+    gpu = profile.facts.memory_gib * GIB
+    usable = gpu * sc.kv.gpu_memory_utilization
+    weights, activations, scratch, kv_per_token = _per_gpu(sc, model, profile, draft, tp)
+    kv_bytes = usable - weights - activations - scratch
+    if sc.kv.num_blocks is not None:
+        bs = sc.kv.block_size if sc.kv.manager == "paged" else 1
+        kv_tokens = sc.kv.num_blocks * bs
+    else:
+        one_sequence = max_len * kv_per_token
+        if kv_bytes < one_sequence:
+            raise _does_not_fit(sc, model, profile, draft, usable, max_len)
+        kv_tokens = int(kv_bytes // kv_per_token)
+    return MemoryBudget(gpu, usable, weights, activations, scratch, max(kv_bytes, 0.0), kv_tokens)
+
+
+def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSpec | None,
+             tp: int) -> tuple[float, float, float, int]:
+    """Weights, activations, attention scratch (bytes) and KV bytes per token on one GPU
+    of a `tp`-way tensor-parallel replica."""
+    max_len = sc.kv.max_model_len or model.max_len
+    if sc.scheduler.policy == "static":
+        step_tokens = sc.scheduler.max_batch_size * max_len
+        rows = sc.scheduler.max_batch_size
+        longest = max_len
+    else:
+        step_tokens = sc.scheduler.max_num_batched_tokens
+        rows = sc.scheduler.max_num_seqs
+        longest = min(max_len, sc.scheduler.max_num_batched_tokens)
+    shard = model.shard(tp)
+    draft_shard = draft.shard(tp) if draft else None
+    weights = float(shard.weight_bytes) + (draft_shard.weight_bytes if draft_shard else 0)
+    kv_per_token = shard.kv_bytes_per_token + (draft_shard.kv_bytes_per_token if draft_shard else 0)
+    # bf16 activations (also with fp8 weights); fp32 logits over the whole vocabulary
+    # (gathered on the first GPU of the group)
+    act_width = shard.hidden * 2 + shard.q_dim + 2 * shard.kv_dim + 2 * shard.ffn
+    activations = step_tokens * act_width * ACTIVATION_BYTES + rows * model.vocab * 4
+    scratch, _ = profile.prefill_attn_mem_bytes(
+        sc.attention.prefill, 1, longest, shard.heads, shard.kv_heads, shard.head_dim
+    )
+    return weights, activations, scratch, kv_per_token
+
+
+def _does_not_fit(sc: Scenario, model: ModelSpec, profile: GPUProfile,
+                  draft: ModelSpec | None, usable: float, max_len: int) -> SpecError:
+    tp = sc.parallel.tensor
+    weights, activations, scratch, kv_per_token = _per_gpu(sc, model, profile, draft, tp)
+    field = "model" if tp == 1 else "parallel.tensor"
+    if weights + activations + scratch < usable:
+        field = "kv.max_model_len"
+    short = weights + activations + scratch + max_len * kv_per_token - usable
+    what = model.name + (f" with its draft {draft.name}" if draft else "")
+    hints = []
+    for t in valid_tensor_degrees(model, profile):
+        w, a, s, k = _per_gpu(sc, model, profile, draft, t)
+        if t > tp and w + a + s + max_len * k <= usable and (draft is None or draft.tensor_problem(t) is None):
+            hints.append(f"parallel.tensor >= {t}")
+            break
+    if sc.dtype.weights == "bf16" and profile.facts.datasheet_fp8_tflops is not None:
+        hints.append("dtype.weights: fp8")
+    hints += ["a smaller kv.max_model_len", "a larger GPU"]
+    return SpecError(
+        sc.file or None, field,
+        f"does not fit: weights {weights / GIB:.1f} GiB + activations {(activations + scratch) / GIB:.1f} GiB "
+        f"+ KV for one max_model_len sequence {max_len * kv_per_token / GIB:.1f} GiB "
+        f"> {usable / GIB:.1f} GiB usable per GPU, {short / GIB:.1f} GiB short "
+        f"({what} on {profile.name} at tensor {tp}, "
+        f"kv.gpu_memory_utilization {sc.kv.gpu_memory_utilization}; allowed: {', '.join(hints)})",
+    )

@@ -1,0 +1,353 @@
+"""Per-request and per-step tables and the run summary.
+
+Definitions follow vLLM's benchmark (`benchmark_serving.py`):
+* TTFT  = first token time - arrival time;
+* TPOT  = (E2E - TTFT) / (output tokens - 1), for requests with more than one output token;
+* ITL   = every gap between consecutive tokens of a request, pooled over all requests
+          (a gap that spans a preemption counts as one long gap; the rare request
+          dropped after it started, because it outgrew the whole KV cache, keeps
+          the gaps it had);
+* E2E   = finish time - arrival time;
+* duration = last finish - first arrival; throughputs divide by it;
+* goodput = finished requests per second that met every SLO given.
+Percentiles use numpy's default (linear) method; ITL, kept in weighted form,
+uses the inverted-CDF method on its weights.
+
+The tables are dicts of numpy columns (sim/io/tablefile.py), built without Python loops
+over steps: a replica's step columns are views of its step log (no copy), and the
+summary's step figures are sums per replica, so a fleet's 10^7 steps are never stacked
+or masked per replica. `requests_frame` / `steps_frame` give pandas frames.
+"""
+
+from __future__ import annotations
+
+import math
+from operator import attrgetter
+
+import numpy as np
+
+from sim.engine.replica import ReplicaResult, RunResult
+from sim.io.tablefile import Labels, Table, frame, num_rows
+from sim.policies.batch import FINISHED
+
+REQUEST_COLUMNS = [
+    "id", "arrival_s", "prompt_tokens", "output_tokens", "status", "first_token_s", "finish_s",
+    "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions", "generated_tokens", "cached_tokens",
+    "reject_reason", "replica",
+]
+LOG_COLUMNS = ["t_start", "t_end", "kind", "num_seqs", "num_tokens", "kv_blocks_used", "kv_tokens"]
+STEP_COLUMNS = LOG_COLUMNS + ["replica"]
+KIND_NAMES = ("prefill", "decode", "verify", "mixed")
+PCTS = (50, 90, 99)
+
+
+def _column(seqs: list, attr: str, dtype) -> np.ndarray:
+    return np.fromiter(map(attrgetter(attr), seqs), dtype=dtype, count=len(seqs))
+
+
+def request_table(res: RunResult) -> dict:
+    """One row per request, in REQUEST_COLUMNS (+ prefill_replica when disaggregated)."""
+    seqs = res.seqs
+    names = tuple(r.name for r in res.replicas)
+    arrival = _column(seqs, "arrival", float)
+    first = _column(seqs, "first_token_t", float)
+    first[first < 0] = np.nan
+    status = _column(seqs, "state", object)
+    finish = _column(seqs, "finish_t", float)
+    finish[status != FINISHED] = np.nan
+    sched = _column(seqs, "sched_t", float)
+    sched[sched < 0] = np.nan
+    output = _column(seqs, "output", np.int64)
+    ttft, e2e = first - arrival, finish - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), np.nan)
+    table = {
+        "id": _column(seqs, "rid", np.int64),
+        "arrival_s": arrival,
+        "prompt_tokens": _column(seqs, "prompt", np.int64),
+        "output_tokens": output,
+        "status": status,
+        "first_token_s": first,
+        "finish_s": finish,
+        "ttft_s": ttft,
+        "tpot_s": tpot,
+        "e2e_s": e2e,
+        "queue_s": sched - arrival,
+        "preemptions": _column(seqs, "preemptions", np.int64),
+        "generated_tokens": _column(seqs, "generated", np.int64),
+        "cached_tokens": _column(seqs, "cached_tokens", np.int64),
+        "reject_reason": _column(seqs, "reject_reason", object),
+        "replica": Labels(_column(seqs, "replica", np.int64), names),
+    }
+    if any(r.role == "prefill" for r in res.replicas):  # disaggregated: where the prefill ran
+        table["prefill_replica"] = Labels(_column(seqs, "prefill_replica", np.int64) + 1,
+                                          ("",) + names)
+    return table
+
+
+def _log_column(log, name: str) -> np.ndarray:
+    dtype = float if name.startswith("t_") else np.int64
+    buf = getattr(log, name)
+    return np.frombuffer(buf, dtype=dtype) if len(buf) else np.zeros(0, dtype=dtype)
+
+
+def step_tables(res: RunResult) -> list[dict]:
+    """Each replica's iterations as a table in STEP_COLUMNS (views of its step log)."""
+    names = tuple(r.name for r in res.replicas)
+    out = []
+    for i, r in enumerate(res.replicas):
+        cols = {c: _log_column(r.steps, c) for c in LOG_COLUMNS}
+        cols["kind"] = Labels(cols["kind"], KIND_NAMES)
+        cols["replica"] = Labels(np.full(len(cols["t_start"]), i, dtype=np.int16), names)
+        out.append(cols)
+    return out
+
+
+def requests_frame(res: RunResult):
+    return frame(request_table(res))
+
+
+def steps_frame(res: RunResult):
+    """Every replica's iterations, replica by replica, with a `replica` column."""
+    return frame(step_tables(res))
+
+
+def itl_table(res: RunResult) -> dict:
+    """Weighted inter-token gaps: columns gap_s, count."""
+    return {"gap_s": np.frombuffer(res.itl_gaps, dtype=float) if len(res.itl_gaps)
+            else np.zeros(0),
+            "count": np.frombuffer(res.itl_weights, dtype=np.int64) if len(res.itl_weights)
+            else np.zeros(0, dtype=np.int64)}
+
+
+def percentiles(x: np.ndarray, pcts=PCTS) -> np.ndarray:
+    """np.percentile(x, pcts) (its default linear method, the same arithmetic), without
+    the np.unique call that imports numpy.ma (20 ms at start-up)."""
+    xs = np.sort(x)
+    virt = (len(xs) - 1) * (np.asarray(pcts) / 100)
+    lo = np.floor(virt).astype(np.intp)
+    gamma = virt - lo
+    a, b = xs[lo], xs[np.minimum(lo + 1, len(xs) - 1)]
+    diff = b - a
+    return np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)
+
+
+def _stats(x: np.ndarray) -> dict[str, float | None]:
+    x = x[~np.isnan(x)]
+    if len(x) == 0:
+        return {"mean": None, **{f"p{p}": None for p in PCTS}}
+    q = percentiles(x)
+    return {"mean": float(x.mean()), **{f"p{p}": float(v) for p, v in zip(PCTS, q, strict=True)}}
+
+
+def weighted_stats(values, weights) -> dict[str, float | None]:
+    """Mean and percentiles of values repeated by integer weights (ITL's gaps); one sort,
+    a few temporaries the size of the input."""
+    v = np.asarray(values, dtype=float)
+    w = np.asarray(weights)
+    if len(w) and w.min() <= 0:
+        keep = w > 0
+        v, w = v[keep], w[keep]
+    if len(v) == 0:
+        return {"mean": None, **{f"p{p}": None for p in PCTS}}
+    total = float(w.sum())
+    out: dict[str, float | None] = {"mean": float((v * w).sum() / total)}
+    order = np.argsort(v)  # ties need no order: a percentile picks among equal values
+    cum = w[order]
+    np.cumsum(cum, out=cum)
+    for p in PCTS:
+        out[f"p{p}"] = float(v[order[min(np.searchsorted(cum, p / 100 * cum[-1]), len(v) - 1)]])
+    return out
+
+
+def _col(table, name: str, dtype=float) -> np.ndarray:
+    """A numeric column of a table or a pandas frame, as a numpy array."""
+    return np.asarray(table[name], dtype=dtype)
+
+
+def _replica_codes(req, res: RunResult, name: str = "replica") -> np.ndarray:
+    """Each request's replica index (-1: none) from a table's Labels or a frame's names."""
+    col = req[name]
+    if isinstance(col, Labels):
+        shift = 1 if col.names[:1] == ("",) else 0
+        return col.codes - shift
+    index = {r.name: i for i, r in enumerate(res.replicas)}
+    return np.fromiter((index.get(v, -1) for v in np.asarray(col, dtype=object)),
+                       dtype=np.int64, count=len(col))
+
+
+class StepSums:
+    """One replica's step figures, summed from its step log a block of rows at a time
+    (numpy, no copy of the log; temporaries bounded by BLOCK rows)."""
+
+    BLOCK = 1 << 20
+
+    def __init__(self, rep: ReplicaResult):
+        log = rep.steps
+        cols = {c: _log_column(log, c) for c in LOG_COLUMNS}
+        self.n = len(cols["t_start"])
+        self.by_kind = np.bincount(cols["kind"], minlength=len(KIND_NAMES))
+        self.busy = self.seqs_dur = self.used_dur = self.toks_dur = self.used_peak = 0.0
+        for lo in range(0, self.n, self.BLOCK):
+            part = {c: v[lo:lo + self.BLOCK] for c, v in cols.items()}
+            dur = part["t_end"] - part["t_start"]
+            self.busy += float(dur.sum())
+            self.seqs_dur += float((part["num_seqs"] * dur).sum())
+            self.used_dur += float((part["kv_blocks_used"] * dur).sum())  # block-seconds
+            self.toks_dur += float((part["kv_tokens"] * dur).sum())
+            self.used_peak = max(self.used_peak, float(part["kv_blocks_used"].max()))
+        self.num_blocks = rep.kv.num_blocks
+        self.block_size = rep.kv.block_size
+
+
+def _duration(arrival: np.ndarray, finish: np.ndarray, done: np.ndarray) -> tuple[float, float]:
+    start = float(arrival.min()) if len(arrival) else 0.0
+    end = float(finish[done].max()) if done.any() else start
+    return start, max(end - start, 1e-12)
+
+
+def summarize(req, steps, res: RunResult, slo=None) -> dict:
+    """The run summary. `req`: the request table (or frame); the step figures are summed
+    from each replica's step log in `res` (the rows of `steps`, which is not read again)."""
+    del steps
+    status = np.asarray(req["status"], dtype=object)
+    done = status == FINISHED
+    n_fin = int(done.sum())
+    arrival = _col(req, "arrival_s")
+    _, duration = _duration(arrival, _col(req, "finish_s"), done)
+    sums = [StepSums(r) for r in res.replicas]
+    busy = sum(s.busy for s in sums)
+    by_kind = sum(s.by_kind for s in sums)
+    out_tokens = int(_col(req, "output_tokens", np.int64)[done].sum())
+    in_tokens = int(_col(req, "prompt_tokens", np.int64)[done].sum())
+    s = {
+        "requests": {
+            "total": len(arrival),
+            "finished": n_fin,
+            "rejected": int((status == "rejected").sum()),
+        },
+        "duration_s": duration,
+        "request_throughput": n_fin / duration,
+        "output_token_throughput": out_tokens / duration,
+        "total_token_throughput": (out_tokens + in_tokens) / duration,
+        "ttft_s": _stats(_col(req, "ttft_s")[done]),
+        "tpot_s": _stats(_col(req, "tpot_s")[done]),
+        "itl_s": weighted_stats(*itl_table(res).values()),
+        "e2e_s": _stats(_col(req, "e2e_s")[done]),
+        "queue_s": _stats(_col(req, "queue_s")[done]),
+        "gpu_busy_fraction": min(1.0, busy / duration / len(res.replicas)),
+        "gpu_kernel_fraction": _fraction(sum(r.kernel_busy_s for r in res.replicas)
+                                         / duration / len(res.replicas)),
+        "iterations": {
+            "total": sum(s.n for s in sums),
+            **{KIND_NAMES[k]: int(by_kind[k]) for k in sorted(range(len(KIND_NAMES)),
+                                                              key=KIND_NAMES.__getitem__)
+               if by_kind[k]},
+        },
+        "mean_batch_size": sum(s.seqs_dur for s in sums) / busy if busy else 0.0,
+        "preemptions": int(_col(req, "preemptions", np.int64).sum()),
+        "kv": _kv_figures(sums, res),
+    }
+    s["goodput"] = goodput({k: _col(req, k)[done] for k in ("ttft_s", "tpot_s", "e2e_s")},
+                           duration, slo)
+    return s
+
+
+def _kv_figures(sums: list[StepSums], res: RunResult) -> dict:
+    """KV use over the run, time-weighted; a fleet's figures pool its replicas (each step
+    weighed against its own replica's capacity)."""
+    kvs = [r.kv for r in res.replicas]
+    busy = sum(s.busy for s in sums)
+    wsum = max(sum(s.used_dur * s.block_size for s in sums), 1e-12)
+    return {
+        "manager": kvs[0].kind,
+        "block_size": kvs[0].block_size,
+        "capacity_tokens": int(sum(k.capacity_tokens for k in kvs)),
+        "util_mean": sum(s.used_dur / s.num_blocks for s in sums) / busy if busy else 0.0,
+        "util_peak": max((s.used_peak / s.num_blocks for s in sums if s.n), default=0.0),
+        "reserved_unused_share": 1.0 - sum(s.toks_dur for s in sums) / wsum if busy else 0.0,
+        "swap_gib": res.swap_bytes / 1024**3,
+        **({"transfer_gib": sum(r.transfer_bytes for r in res.replicas) / 1024**3}
+           if any(r.role != "both" for r in res.replicas) else {}),
+    }
+
+
+def _groups(codes: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order, bounds): rows of group g are order[bounds[g]:bounds[g + 1]], in row order."""
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(count + 1), side="left")
+    return order, bounds
+
+
+def per_replica(req, steps, res: RunResult) -> list[dict]:
+    """Each replica's share of the run: requests served, latency, busy time, KV use (one
+    grouping of the requests; step figures summed per replica from its log)."""
+    del steps
+    status = np.asarray(req["status"], dtype=object)
+    done = status == FINISHED
+    rejected = status == "rejected"
+    _, duration = _duration(_col(req, "arrival_s"), _col(req, "finish_s"), done)
+    n = len(res.replicas)
+    codes = _replica_codes(req, res)
+    order, bounds = _groups(codes, n)
+    prefills = None
+    if "prefill_replica" in req:
+        pre = _replica_codes(req, res, "prefill_replica")
+        prefills = np.bincount(pre[pre >= 0], minlength=n)
+    cols = {k: _col(req, k) for k in ("ttft_s", "tpot_s", "e2e_s")}
+    output = _col(req, "output_tokens")
+    preempt = _col(req, "preemptions", np.int64)
+    out = []
+    for i, r in enumerate(res.replicas):
+        rows = order[bounds[i]:bounds[i + 1]]
+        fin = rows[done[rows]]
+        steps_i = StepSums(r)
+        busy = steps_i.busy
+        out.append({
+            "replica": r.name, "group": r.group, "role": r.role, "gpu": r.gpu,
+            "requests": int(len(rows)), "finished": int(len(fin)),
+            **({"prefills": int(prefills[i]), "prefill_throughput": int(prefills[i]) / duration}
+               if prefills is not None else {}),
+            "rejected": int(rejected[rows].sum()),
+            "request_throughput": len(fin) / duration,
+            "output_token_throughput": float(output[fin].sum()) / duration,
+            "ttft_s": _stats(cols["ttft_s"][fin]),
+            "tpot_s": _stats(cols["tpot_s"][fin]),
+            "e2e_s": _stats(cols["e2e_s"][fin]),
+            "gpu_busy_fraction": min(1.0, busy / duration),
+            "gpu_kernel_fraction": _fraction(r.kernel_busy_s / duration),
+            "mean_batch_size": steps_i.seqs_dur / busy if busy else 0.0,
+            "iterations": steps_i.n,
+            "preemptions": int(preempt[rows].sum()),
+            "kv_util_mean": steps_i.used_dur / r.kv.num_blocks / busy if busy else 0.0,
+            "kv_util_peak": steps_i.used_peak / r.kv.num_blocks,
+            "kv_capacity_tokens": int(r.kv.capacity_tokens),
+        })
+    return out
+
+
+def _fraction(x: float) -> float | None:
+    """A share of the run's time, at most 1; None when not modelled (NaN: a measured run's
+    reference engine has no kernel time of its own)."""
+    return None if math.isnan(x) else min(1.0, x)
+
+
+def goodput(fin, duration: float, slo) -> dict | None:
+    """`fin`: the finished requests' ttft_s, tpot_s, e2e_s (a table or a frame)."""
+    if slo is None or all(v is None for v in (slo.ttft_s, slo.tpot_s, slo.e2e_s)):
+        return None
+    ok = np.ones(len(_col(fin, "ttft_s")), dtype=bool)
+    for col, limit in (("ttft_s", slo.ttft_s), ("tpot_s", slo.tpot_s), ("e2e_s", slo.e2e_s)):
+        if limit is not None:
+            v = _col(fin, col)
+            ok &= np.isnan(v) | (v <= limit)
+    return {
+        "slo": {k: v for k, v in (("ttft_s", slo.ttft_s), ("tpot_s", slo.tpot_s), ("e2e_s", slo.e2e_s)) if v is not None},
+        "requests_per_s": float(ok.sum() / duration),
+        "fraction_met": float(ok.mean()) if len(ok) else 0.0,
+    }
+
+
+__all__ = ["REQUEST_COLUMNS", "STEP_COLUMNS", "LOG_COLUMNS", "KIND_NAMES", "Table", "num_rows",
+           "request_table", "step_tables", "itl_table", "requests_frame", "steps_frame",
+           "summarize", "per_replica", "goodput", "weighted_stats"]

@@ -1,0 +1,291 @@
+"""The SimPy engine: arrivals, a router, replicas, and (disaggregated) KV links.
+
+`arrivals(env, ...)` releases requests at their arrival times and hands each to the
+fleet's router; `replica(env, ...)` loops: ask the policy for a plan, start it
+(`sim/engine/replica.py`: admit, preempt, swap, allocate KV), hold the clock for the step's
+latency, then finish it (first tokens, finished requests, freed KV). With prefill and
+decode pools, `kv_link(env, ...)` moves each finished prefill's KV to a decode replica
+once that replica has room (bytes / bandwidth + latency; `sim/engine/handoff.py`); `reporter(env, ...)` refreshes
+what the router knows of each replica every `router.staleness_s`. Policies and routers
+never see `env`; SimPy stays in this module.
+"""
+
+from __future__ import annotations
+
+import gc
+from array import array
+from collections import deque
+
+import numpy as np
+import simpy
+
+from sim.config.cluster import Link
+from sim.engine.handoff import (
+    hand_over,
+    join_arrived,
+    reject_at_handoff,
+    reserve_transfer,
+    take_over,
+)
+from sim.engine.replica import Replica, ReplicaResult, RunResult
+from sim.engine.results import Event
+from sim.policies.batch import Seq
+from sim.policies.prefix import regroup
+from sim.workload.requests import Workload
+
+
+class Node:
+    """The engine's handle on one replica: its SimPy wake-up and what waits for its room."""
+
+    __slots__ = ("rep", "wake", "room", "transfers", "link_wake")
+
+    def __init__(self, rep: Replica):
+        self.rep = rep
+        self.wake: simpy.Event | None = None   # the replica process sleeps on this when idle
+        self.room: simpy.Event | None = None   # a KV link waits on this for free blocks
+        self.transfers: deque[tuple[Seq, Node]] = deque()  # decode side: KV moves queued
+        self.link_wake: simpy.Event | None = None
+
+    def poke(self) -> None:
+        if self.wake is not None and not self.wake.triggered:
+            self.wake.succeed()
+
+    def stepped(self) -> None:
+        """After a step or preemption: wake a KV link waiting for room here."""
+        if self.room is not None and not self.room.triggered:
+            self.room.succeed()
+
+
+class Fleet:
+    """The replicas, the router's view of them, and the KV hand-off between pools."""
+
+    def __init__(self, env: simpy.Environment, replicas: list[Replica], router, *,
+                 decode_router=None, link: Link | None = None, staleness_s: float = 0.0):
+        self.env = env
+        self.nodes = [Node(r) for r in replicas]
+        self.front = [n for n in self.nodes if n.rep.config is None or n.rep.config.role != "decode"]
+        self.back = [n for n in self.nodes if n.rep.config is not None and n.rep.config.role == "decode"]
+        self.router, self.decode_router, self.link = router, decode_router, link
+        self.loads = [n.rep.load for n in self.front]
+        self.back_loads = [n.rep.load for n in self.back]
+        self.fresh_reports = staleness_s == 0  # reports refreshed at every choice
+        for n in self.front:
+            if self.back:
+                n.rep.handoff = self._handoff_from(n)
+
+    # ---- routing ----------------------------------------------------------------------
+    def dispatch(self, s: Seq) -> None:
+        """A request arrives: the router picks a front replica (it sees `self.loads`)."""
+        if len(self.front) == 1:
+            i = 0
+        else:
+            if self.fresh_reports and self.router.uses_reports:
+                self.report(self.front)
+            i = self.router.choose(s.prefix[0] if s.prefix else None, self.loads)
+        node = self.front[i]
+        rep = node.rep
+        rep.load.outstanding += 1
+        s.replica = rep.index
+        if rep.prefix_view is not None:
+            s.prefix = rep.prefix_view[s.rid]
+        node.rep.st.waiting.append(s)
+        node.poke()
+
+    def report(self, nodes: list[Node] | None = None) -> None:
+        """Replicas report their queue and KV use (the part of the router's view that can
+        be stale; outstanding counts are the router's own and always current)."""
+        for n in self.nodes if nodes is None else nodes:
+            rep = n.rep
+            rep.load.waiting = len(rep.st.waiting)
+            rep.load.kv_used = rep.st.kv.used_blocks / rep.st.kv.num_blocks
+
+    # ---- disaggregated hand-off ----------------------------------------------------------
+    def _handoff_from(self, src: Node):
+        def handoff(s: Seq, t: float) -> None:
+            need = src.rep.st.kv.blocks_for(s.prompt + s.generated - 1)
+            fits = [i for i, n in enumerate(self.back)
+                    if need <= n.rep.st.kv.num_blocks - n.rep.policy_watermark]
+            if not fits:
+                reject_at_handoff(src.rep, s, f"its prompt's KV ({need} blocks) is larger "
+                                              "than any decode replica's cache")
+                return
+            if self.fresh_reports and self.decode_router.uses_reports:
+                self.report(self.back)
+            loads = [self.back_loads[i] for i in fits]
+            dst = self.back[fits[self.decode_router.choose(None, loads)]]
+            dst.rep.load.outstanding += 1
+            dst.transfers.append((s, src))
+            if dst.link_wake is not None and not dst.link_wake.triggered:
+                dst.link_wake.succeed()
+        return handoff
+
+
+def arrivals(env: simpy.Environment, fleet: Fleet, seqs: list[Seq]):
+    """Release each request at its arrival time to the router."""
+    t = 0.0
+    for s in seqs:
+        if s.arrival > t:
+            yield env.timeout(s.arrival - t)
+            t = s.arrival
+        fleet.dispatch(s)
+
+
+def reporter(env: simpy.Environment, fleet: Fleet, every_s: float, until: list[bool]):
+    """Replicas report their load every `every_s` seconds while requests remain."""
+    while not until[0]:
+        fleet.report()
+        yield env.timeout(every_s)
+
+
+def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
+    """Move finished prefills' KV into `dst`, first come first served, one at a time,
+    each once `dst` has the blocks for it (back-pressure: the prefill replica keeps the
+    blocks, and so admits less, while it waits)."""
+    rep = dst.rep
+    kv = rep.st.kv
+    # each GPU of the decode replica receives its own heads' share over its own link
+    bytes_per_token = rep.config.kv_bytes_per_token
+    max_seqs = rep.config.scenario.scheduler.max_num_seqs
+    in_flight = [0]  # a transfer under way holds a place in the batch
+    while True:
+        if not dst.transfers:
+            dst.link_wake = env.event()
+            yield dst.link_wake
+            dst.link_wake = None
+            continue
+        s, src = dst.transfers[0]
+        need = kv.blocks_for(s.prompt + s.generated - 1)
+        if (not kv.can_allocate(need, rep.policy_watermark)
+                or len(rep.st.batch) + len(rep.arrived) + in_flight[0] >= max_seqs):
+            dst.room = env.event()
+            yield dst.room
+            dst.room = None
+            continue
+        dst.transfers.popleft()
+        nbytes = reserve_transfer(rep, s) * bytes_per_token
+        in_flight[0] = 1
+        seconds = fleet.link.seconds(nbytes)
+        rep.events.append(Event(env.now, s.rid, "kv_transfer", seconds, src.rep.name))
+        yield env.timeout(seconds)
+        in_flight[0] = 0
+        rep.transfer_bytes += nbytes
+        hand_over(src.rep, s)
+        src.poke()
+        s.prefill_replica, s.replica = src.rep.index, rep.index
+        take_over(rep, s, env.now)
+        dst.poke()
+
+
+def replica(env: simpy.Environment, node: Node, progress=None):
+    """Run iterations for as long as there is work; sleep when there is none."""
+    rep = node.rep
+    st, log, policy = rep.st, rep.log, rep.policy
+    while True:
+        now = env.now
+        if rep.arrived:
+            join_arrived(rep)
+        plan = policy.schedule(st, now)
+        step = rep.start(plan, now)
+        if step is not None:
+            yield env.timeout(step.seconds)
+            rep.finish(step, now, now + step.seconds)
+        else:
+            if plan.kind == "idle":
+                node.wake = env.event()
+                if plan.wake_at is not None:
+                    yield node.wake | env.timeout(max(0.0, plan.wake_at - now))
+                else:
+                    yield node.wake  # a new request, a KV hand-off, or nothing ever again
+                node.wake = None
+            rep.end_of_step()
+        if node.room is not None:
+            node.stepped()
+        if progress is not None and len(log.t_end) % 2000 == 0:
+            progress(env.now)
+
+
+def make_seqs(workload: Workload, max_model_len: int) -> list[Seq]:
+    """The workload's requests; as in vLLM, generation stops at the context window (a
+    longer prompt is rejected by the policy)."""
+    arr = np.asarray(workload.arrival_s, dtype=float).tolist()
+    seqs = [
+        Seq(i, a, p, max(1, min(o, max_model_len - p)), m)
+        for i, (a, p, o, m) in enumerate(zip(
+            arr,
+            np.asarray(workload.prompt_tokens).tolist(),
+            np.asarray(workload.output_tokens).tolist(),
+            np.asarray(workload.max_tokens).tolist(),
+            strict=True,
+        ))
+    ]
+    if workload.prefix_hashes is not None:
+        for s, h in zip(seqs, workload.prefix_hashes, strict=True):
+            s.prefix = h
+    return seqs
+
+
+def prefix_views(workload: Workload, replicas: list[Replica]) -> None:
+    """Give each prefix-caching replica whose KV block does not divide the workload's
+    prefix-hash block the hashes regrouped into whole KV blocks (`sim/prefix.regroup`);
+    a request dispatched there carries that replica's view of its prefix."""
+    if workload.prefix_hashes is None:
+        return
+    views: dict[int, tuple] = {}
+    for r in replicas:
+        cache = r.st.prefix
+        if cache is None or cache.hash_tokens == workload.block_tokens:
+            continue
+        if cache.hash_tokens not in views:
+            views[cache.hash_tokens] = regroup(workload.prefix_hashes, workload.block_tokens,
+                                               r.st.kv.block_size)[0]
+        r.prefix_view = views[cache.hash_tokens]
+
+
+def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode_router=None,
+             link: Link | None = None, staleness_s: float = 0.0, progress=None) -> RunResult:
+    """Replay `workload` through the replicas; every request ends finished or rejected."""
+    max_len = min(r.st.max_model_len for r in replicas)
+    seqs = make_seqs(workload, max_len)
+    prefix_views(workload, replicas)
+    env = simpy.Environment()
+    fleet = Fleet(env, replicas, router, decode_router=decode_router, link=link,
+                  staleness_s=staleness_s)
+    finished = [False]
+    if staleness_s > 0 and len(fleet.front) > 1 and fleet.router.uses_reports:
+        # reports first: a report and an arrival at the same instant see the state before it
+        env.process(reporter(env, fleet, staleness_s, finished))
+
+        def watch():  # stop the reporter once every request is accounted for
+            while sum(r.done for r in replicas) < len(seqs):
+                yield env.timeout(max(staleness_s, 1.0))
+            finished[0] = True
+        env.process(watch())
+    env.process(arrivals(env, fleet, seqs))
+    for i, node in enumerate(fleet.nodes):
+        env.process(replica(env, node, progress if i == 0 else None))
+    for node in fleet.back:
+        env.process(kv_link(env, fleet, node))
+    # The run makes no cyclic garbage (SimPy drops a processed event's callbacks; a run of
+    # the Azure hour leaves 14 unreachable objects), so the cyclic collector would only
+    # re-walk the live requests again and again: off while the clock runs, as it was after.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        env.run()
+    finally:
+        if collecting:
+            gc.enable()
+    done = sum(r.done for r in replicas)
+    if done != len(seqs):
+        raise RuntimeError(f"simulation ended with {len(seqs) - done} requests unaccounted for")
+    for r in replicas:
+        r.check_conserved()
+    gaps, weights = array("d"), array("q")
+    for r in replicas:
+        gaps.extend(r.gaps)
+        weights.extend(r.weights)
+    results = [ReplicaResult.of(r) for r in replicas]
+    end = env.now if not finished[0] else max(
+        (r.steps.t_end[-1] for r in results if len(r.steps.t_end)), default=0.0)
+    return RunResult(seqs, results, gaps, weights, end)
+

@@ -1,0 +1,198 @@
+"""Run a scenario end to end: the Python API behind `llmsim run`.
+
+    >>> from sim import run
+    >>> out = run("scenarios/quickstart.yaml")
+    >>> out.requests.ttft_s.median(), out.summary["output_token_throughput"]
+    >>> out.write("runs/quickstart")   # requests.csv, steps.csv, summary.json, plots
+    >>> out.write("runs/q", plots=False, fmt="parquet")   # requests.parquet, steps.parquet
+
+The tables are numpy columns (sim/io/tablefile.py); `out.requests`, `out.steps` and
+`out.itl` make pandas frames of them on first use, so a run that only writes its
+files never imports pandas.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from sim.config.scenario import Scenario, load_scenario
+from sim.costmodel.latency import StepLatency
+from sim.engine.build import POLICIES, ReplicaConfig, build_fleet, replica_configs
+from sim.engine.metrics import itl_table, per_replica, request_table, step_tables, summarize
+from sim.engine.processes import simulate
+from sim.engine.replica import RunResult
+from sim.io.outputs import write_atomically
+from sim.io.tablefile import frame, write_csv, write_parquet
+from sim.policies.prefix import combine_summaries
+from sim.policies.speculative import summarize_speculators
+from sim.workload.requests import Workload, generate
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["POLICIES", "RunOutput", "prepare", "run"]
+
+
+TABLE_FORMATS = ("csv", "parquet")
+
+
+@dataclass
+class RunOutput:
+    scenario: Scenario
+    request_table: dict  # numpy columns (sim/engine/metrics.py request_table)
+    step_tables: list[dict]  # one per replica, views of its step log
+    summary: dict
+    result: RunResult
+    itl_table: dict  # weighted inter-token gaps: gap_s, count
+
+    @cached_property
+    def requests(self) -> pd.DataFrame:
+        return frame(self.request_table)
+
+    @cached_property
+    def steps(self) -> pd.DataFrame:
+        """Every replica's iterations, replica by replica."""
+        return frame(self.step_tables)
+
+    @cached_property
+    def itl(self) -> pd.DataFrame:
+        """Weighted inter-token gaps: columns gap_s, count."""
+        return frame(self.itl_table)
+
+    def write(self, out_dir: str | Path, plots: bool = True, fmt: str = "csv") -> Path:
+        """Write all outputs into the folder `out_dir`, replacing an earlier llmsim run
+        there atomically; any other non-empty folder is refused (see sim.io.outputs)."""
+        return write_atomically(out_dir, lambda folder: self.write_files(folder, plots, fmt),
+                                {"scenario": self.scenario.name})
+
+    def write_files(self, folder: Path, plots: bool = True, fmt: str = "csv") -> None:
+        """requests.csv, steps.csv (or .parquet), summary.json (and the plots) into an
+        existing folder."""
+        if fmt not in TABLE_FORMATS:
+            raise ValueError(f"table format {fmt!r} (known: {', '.join(TABLE_FORMATS)})")
+        write = write_parquet if fmt == "parquet" else write_csv
+        write(folder / f"requests.{fmt}", self.request_table)
+        write(folder / f"steps.{fmt}", self.step_tables)
+        (folder / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        if plots:
+            from sim.engine.plots import plot_run
+
+            plot_run(self, folder)
+
+
+class Prepared(NamedTuple):
+    configs: list[ReplicaConfig]  # one per replica (sim/engine/build.py)
+    workload: Workload
+    rng: np.random.Generator
+
+
+def prepare(sc: Scenario) -> Prepared:
+    """Resolve a scenario into replica configs (checked to fit) and its workload."""
+    configs = replica_configs(sc)
+    rng = np.random.default_rng(sc.seed)
+    base = Path(sc.base_dir) if sc.base_dir else None
+    wl = generate(sc.workload, rng, file=sc.file or None, path="workload", base_dir=base)
+    return Prepared(configs, wl, rng)
+
+
+def run(scenario: Scenario | str | Path, overrides: dict | None = None,
+        progress: bool = False) -> RunOutput:
+    """Simulate a scenario (object or YAML path) and return its tables and summary."""
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
+    t0 = time.perf_counter()
+    configs, wl, rng = prepare(sc)
+    fleet = build_fleet(sc, configs, rng, acceptance=wl.acceptance, prefix_tokens=wl.block_tokens
+                        if wl.prefix_hashes is not None else None)
+    bar = _progress_bar(float(wl.arrival_s[-1]) if len(wl) else 0.0) if progress else None
+    t_sim = time.perf_counter()
+    res = simulate(wl, fleet.replicas, fleet.router, decode_router=fleet.decode_router,
+                   link=fleet.link, staleness_s=fleet.staleness_s,
+                   progress=bar.update_to if bar else None)
+    t_sim = time.perf_counter() - t_sim
+    if bar:
+        bar.close()
+    req = request_table(res)
+    steps = step_tables(res)
+    first = configs[0]
+    lats = list({id(c.latency): c.latency for c in configs}.values())
+    summary = {
+        "scenario": sc.name,
+        "model": first.model.name,
+        "gpu": "+".join(dict.fromkeys(c.profile.name for c in configs)),
+        "gpu_analytic": first.profile.facts.analytic,
+        "runtime": "+".join(dict.fromkeys(c.runtime.name for c in configs)),
+        "policy": "+".join(dict.fromkeys(c.scenario.scheduler.policy for c in configs)),
+        "kv_manager": first.scenario.kv.manager,
+        "attention": {"prefill": first.scenario.attention.prefill,
+                      "decode": first.scenario.decode_attention},
+        "seed": sc.seed,
+        "replicas": len(configs),
+        "parallel": {"tensor": first.scenario.parallel.tensor,
+                     "pipeline": first.scenario.parallel.pipeline},
+        "dtype": {"weights": first.scenario.dtype.weights,
+                  "kv_cache": first.scenario.dtype.kv_cache},
+        **summarize(req, steps, res, sc.slo),
+        "memory_gib": first.budget.as_dict(),
+        "prefix_cache": combine_summaries([r.prefix_cache for r in res.replicas]),
+        "speculative": speculative_summary([r.speculator for r in res.replicas]),
+        "lookup_provenance": merged_provenance(lats),
+        "wall_s": time.perf_counter() - t0,
+        "simulate_wall_s": t_sim,  # the engine alone (wall_s adds loading, tables, summary)
+    }
+    if len(configs) > 1:
+        summary["per_replica"] = per_replica(req, steps, res)
+        summary["groups"] = [{"group": c.group, "role": c.role, "gpu": c.profile.name,
+                              "runtime": c.runtime.name, "tensor": c.scenario.parallel.tensor,
+                              "memory_gib": c.budget.as_dict()}
+                             for c in {c.group: c for c in configs}.values()]
+    if summary["prefix_cache"] is not None:
+        summary["prefix_cache"].update(prefill_saved(req, first.latency))
+    return RunOutput(sc, req, steps, summary, res, itl_table(res))
+
+
+def merged_provenance(lats: list) -> dict[str, float]:
+    """Share of simulated GPU time by lookup kind, over every distinct step-latency model."""
+    if len(lats) == 1:
+        return lats[0].provenance()
+    weights = [lat.provenance_seconds() for lat in lats]
+    total = sum(sum(w.values()) for w in weights) or 1.0
+    return {k: sum(w[k] for w in weights) / total for k in weights[0]}
+
+
+def speculative_summary(specs: list) -> dict | None:
+    specs = [s for s in specs if s is not None]
+    if not specs:
+        return None
+    return summarize_speculators(specs)
+
+
+def prefill_saved(req, lat: StepLatency) -> dict[str, float]:
+    """Prefill time the prefix cache saved, request by request: a lone prefill of the
+    whole prompt minus one of the uncached rest (queueing effects not included; compare
+    a run without caching for those). `req`: the request table (or frame)."""
+    cached = np.asarray(req["cached_tokens"], dtype=np.int64)
+    hit = cached > 0
+    prompt = np.asarray(req["prompt_tokens"], dtype=np.int64)[hit].tolist()
+    saved = [lat.prefill([(p, 0)]) - lat.prefill([(p - c, c)])
+             for p, c in zip(prompt, cached[hit].tolist(), strict=True)]
+    total = float(sum(saved))
+    return {"requests_hit": len(prompt), "prefill_s_saved_total": total,
+            "prefill_s_saved_per_request": total / len(cached) if len(cached) else 0.0}
+
+
+def _progress_bar(total_s: float):
+    from tqdm import tqdm
+
+    class Bar(tqdm):
+        def update_to(self, now: float) -> None:
+            self.update(min(now, self.total) - self.n)
+
+    return Bar(total=round(total_s, 1), unit="sim-s", desc="simulating", leave=False,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} sim-s [{elapsed}]")

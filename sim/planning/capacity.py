@@ -1,0 +1,168 @@
+"""What one replica sustains: SLO checks, a steady-state throughput measure, and the
+bisection on the request rate that `llmsim plan` and `llmsim curve` share.
+
+A probe runs the scenario at one Poisson rate for several seeds. It passes when every
+seed (or `need` of them) meets the SLOs:
+* p99 TTFT, p99 TPOT, p99 E2E under their bounds, and the share of requests meeting
+  all of them (goodput) at least `goodput_min`, over finished requests;
+* no request rejected;
+* optionally, steady throughput at least `min_throughput_ratio` of offered load. Steady throughput
+  counts completions while the middle half of the arrivals come in (between the 25th
+  and 75th percentile arrival times) divided by that window; an overloaded replica
+  completes at its service rate whatever the offered load, while the drain at the end
+  of a finite run, which makes whole-run throughput look low, is left out.
+The bisection brackets the highest passing rate geometrically (doubling or halving from
+`rate_start`), then halves the bracket in log space until hi/lo <= 1 + rel_tol. The
+answer is the highest rate where every seed passed; the spread across seeds at that
+rate is reported with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from sim.policies.batch import FINISHED
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_p99_s: float | None = field(default=None, metadata={"gt": 0})
+    tpot_p99_s: float | None = field(default=None, metadata={"gt": 0})
+    e2e_p99_s: float | None = field(default=None, metadata={"gt": 0})
+    goodput_min: float | None = field(default=None, metadata={"gt": 0, "le": 1})
+    # off by default: over a few hundred requests the window count is noisy (about +-10 %)
+    min_throughput_ratio: float | None = field(default=None, metadata={"ge": 0, "le": 1})
+
+    def check(self):
+        if all(v is None for v in (self.ttft_p99_s, self.tpot_p99_s, self.e2e_p99_s, self.goodput_min)):
+            return "ttft_p99_s", "give at least one of ttft_p99_s, tpot_p99_s, e2e_p99_s, goodput_min"
+        return None
+
+    def as_scenario_slo(self) -> dict:
+        """The per-request bounds, as a scenario's `slo:` (goodput counts against them)."""
+        return {k: v for k, v in (("ttft_s", self.ttft_p99_s), ("tpot_s", self.tpot_p99_s),
+                                  ("e2e_s", self.e2e_p99_s)) if v is not None}
+
+
+def steady_throughput(req: pd.DataFrame) -> dict[str, float]:
+    """Offered and achieved request rates over the middle half of the arrivals."""
+    if len(req) < 8:
+        return {"offered_rate": float("nan"), "achieved_rate": float("nan"), "ratio": float("nan")}
+    t0, t1 = np.percentile(req.arrival_s.to_numpy(dtype=float), [25, 75])
+    width = max(t1 - t0, 1e-12)
+    arrived = int(((req.arrival_s >= t0) & (req.arrival_s < t1)).sum())
+    fin = req.finish_s[req.status == FINISHED]
+    done = int(((fin >= t0) & (fin < t1)).sum())
+    return {"offered_rate": arrived / width, "achieved_rate": done / width,
+            "ratio": done / arrived if arrived else float("nan")}
+
+
+def violations(summary: dict, slo: SLO) -> list[str]:
+    """What a run's summary breaks, in words ('p99 TTFT 2.31 s > 2 s'); empty if none."""
+    out = []
+    for key, bound, label in (("ttft_s", slo.ttft_p99_s, "TTFT"), ("tpot_s", slo.tpot_p99_s, "TPOT"),
+                              ("e2e_s", slo.e2e_p99_s, "E2E")):
+        if bound is None:
+            continue
+        v = summary[key]["p99"]
+        if v is None or v > bound:
+            out.append(f"p99 {label} {_s(v)} > {bound:g} s")
+    gp = summary.get("goodput")
+    if slo.goodput_min is not None and gp is not None and gp["fraction_met"] < slo.goodput_min:
+        out.append(f"goodput {gp['fraction_met']:.1%} < {slo.goodput_min:.1%}")
+    if summary["requests"]["rejected"]:
+        out.append(f"{summary['requests']['rejected']} rejected")
+    ratio = summary.get("steady", {}).get("ratio")
+    if slo.min_throughput_ratio is not None and ratio is not None and not math.isnan(ratio) \
+            and ratio < slo.min_throughput_ratio:
+        out.append(f"steady throughput {ratio:.0%} of offered < {slo.min_throughput_ratio:.0%}")
+    return out
+
+
+def _s(v) -> str:
+    return "-" if v is None else f"{v:.4g} s"
+
+
+def rate_overrides(arrival, rate: float, requests: int) -> dict:
+    """Overrides that run a scenario at `rate` req/s for `requests` requests. Trace or
+    constant arrivals become Poisson (a trace then lends its lengths, in order)."""
+    kind = arrival.kind if arrival is not None and arrival.kind in ("poisson", "gamma") else "poisson"
+    spec = {"kind": kind, "rate": float(rate)}
+    if kind == "gamma":
+        spec["cv"] = arrival.cv
+    return {"workload.arrival": spec, "workload.num_requests": int(requests), "workload.duration_s": None}
+
+
+@dataclass
+class Probe:
+    rate: float
+    passed: bool
+    seeds_passed: int
+    seeds_run: int
+    summaries: list[dict]
+    broke: list[str]  # the first failing seed's violations
+
+
+def probe(run_at, rate: float, seeds: list[int], slo: SLO, need: int) -> Probe:
+    """Run seeds at `rate` until the verdict is known (`need` passes, or too many fails)."""
+    summaries, passed, broke = [], 0, []
+    for i, seed in enumerate(seeds):
+        s = run_at(rate, seed)
+        summaries.append(s)
+        v = violations(s, slo)
+        passed += not v
+        broke = broke or v
+        if passed >= need or (len(seeds) - i - 1) + passed < need:
+            break
+    return Probe(rate, passed >= need, passed, len(summaries), summaries, broke)
+
+
+@dataclass
+class Capacity:
+    rate: float  # highest probed rate that passed (0 if none)
+    fail_rate: float | None  # lowest probed rate that failed (None: never failed up to rate_max)
+    at_rate: Probe | None
+    at_fail: Probe | None
+    probes: list[Probe]
+
+    def spread(self, key: str = "ttft_s") -> tuple[float, float] | None:
+        """Min and max p99 of `key` across the seeds run at the sustained rate."""
+        if self.at_rate is None:
+            return None
+        vals = [s[key]["p99"] for s in self.at_rate.summaries if s[key]["p99"] is not None]
+        return (min(vals), max(vals)) if vals else None
+
+
+def max_rate(run_at, slo: SLO, seeds: list[int], need: int | None = None, rate_start: float = 4.0,
+             rate_min: float = 0.05, rate_max: float = 1024.0, rel_tol: float = 0.08,
+             max_probes: int = 16) -> Capacity:
+    """Bisection (in log rate) for the highest rate whose probe passes."""
+    need = len(seeds) if need is None else need
+    probes: list[Probe] = []
+    lo: Probe | None = None
+    hi: Probe | None = None
+    r = rate_start
+    while len(probes) < max_probes:
+        p = probe(run_at, r, seeds, slo, need)
+        probes.append(p)
+        if p.passed:
+            lo = p if lo is None or p.rate > lo.rate else lo
+        else:
+            hi = p if hi is None or p.rate < hi.rate else hi
+        if lo is None:
+            if r / 2 < rate_min:
+                break
+            r = r / 2
+        elif hi is None:
+            if r * 2 > rate_max:
+                break
+            r = r * 2
+        elif hi.rate / lo.rate <= 1 + rel_tol:
+            break
+        else:
+            r = math.sqrt(lo.rate * hi.rate)
+    return Capacity(lo.rate if lo else 0.0, hi.rate if hi else None, lo, hi, probes)

@@ -1,0 +1,323 @@
+"""`llmsim plan`: the cheapest fleet that serves a target rate within SLOs, validated.
+
+```yaml
+name: chat-8b
+scenario: ../scenarios/quickstart.yaml    # model, runtime, lengths (relative to this file)
+target_rate: 24                           # requests/s the fleet must serve
+slo: {ttft_p99_s: 1.0, tpot_p99_s: 0.06}  # also e2e_p99_s, goodput_min, min_throughput_ratio
+prices: null                              # default gpu_profiles/prices.yaml
+search: {seeds: 2, requests: 300}         # see SearchSpec (also fleet_checks: 3)
+router: {policy: random}                  # the fleet check's load balancer (default random)
+candidates:                               # a grid; short names or dotted scenario fields
+  gpu: [a100-80gb, h100-sxm, h200-sxm]
+  tensor: [1, 2, 4]                       # parallel.tensor
+  policy: [continuous, chunked]           # scheduler.policy
+```
+
+Per candidate (`sim/planning/capacity.py`): the highest Poisson rate one replica (one TP group)
+sustains with every seed meeting the SLOs, by bisection; then replicas =
+ceil(target / that rate), GPUs = replicas x TP, $/hour from the prices file, $/M output
+tokens = $/hour / (target x mean output tokens x 3600) x 1e6, and p99 latencies of one
+replica at its share of the target (target / replicas). The binding constraint is read
+from the first probe that broke the SLOs (`binding`). That is the *estimate*.
+
+The candidates are then **checked as fleets** (`sim/planning/fleet.py`: the cluster engine,
+behind `router`) at the target rate, cheapest estimate first (ties: lower p99 TTFT):
+a check moves the replica count until the fleet meets the SLOs for every seed and one
+replica fewer does not, and prices that count. A check can raise a candidate's cost
+above the next candidates' estimates, so the next candidate is checked too while its
+estimated cost is at most the cheapest validated cost so far, up to
+`search.fleet_checks` checks (default 3). The recommendation is the cheapest validated
+fleet (ties: lower p99 TTFT in its check); every figure in `recommended` is that
+fleet's (replicas, GPUs, $/hour, $/M output tokens from its runs' output tokens, p99s
+measured in its check), with the per-replica estimate kept apart under
+`recommended.estimate`. `fleet_checks` lists every check made, `fleet_check` the
+recommended one's, and `unchecked_within` how many candidates estimated at or below the
+recommended cost were left unchecked by the bound. The Pareto front is taken over each
+candidate's validated point where it was checked, else its estimate.
+
+Candidates are checked before any run (`sim/planning/candidates.py`): a key that is no
+scenario field or a value wrong on its own (an unknown GPU, model or runtime name, a
+wrong type) refuses the plan with one line; a combination of known values the
+scenario refuses (TP 3 for 32 heads, weights that do not fit) and a GPU with no price
+are listed as skipped with the reason, and the plan goes on with the rest.
+
+`router` is the mapping of a scenario's `cluster.router` (`sim/config/cluster.py` RouterSpec:
+`policy`, `staleness_s`, `affinity_slack`, checked the same way) for the load balancer
+the fleet will sit behind; only `policy` defaults differently: `random`. A random router
+is the blind, conservative choice (it neither smooths arrivals like round robin nor
+balances load like least outstanding on current counts; a router acting on stale
+reports can still do worse), and behind it each replica sees an unbiased random
+thinning of the fleet's arrivals, which is what the per-replica sizing at
+target / replicas assumes. Behind another router that sizing is an estimate and the
+fleet check, which moves the count either way, settles it."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from sim.config.scenario import Scenario, load_scenario
+from sim.io.specload import SpecError
+from sim.planning.candidates import ALIASES, check_candidates, label, resolve
+from sim.planning.capacity import Capacity, max_rate, rate_overrides
+from sim.planning.fleet import validate_fleet
+from sim.planning.planspec import (
+    PlanSpec,
+    SearchSpec,
+    _resolve,
+    candidate_grid,
+    load_plan,
+    load_prices,
+    plan_scenario,
+)
+
+__all__ = ["ALIASES", "PlanSpec", "SearchSpec", "binding", "candidate_grid", "evaluate", "label",
+           "load_plan", "load_prices", "pareto", "run_plan", "validate_fleet", "write_plan"]
+
+
+def _base(spec: PlanSpec) -> dict:
+    return {"slo": spec.slo.as_scenario_slo()}
+
+
+def screen(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict | None:
+    """The skipped row of a candidate the scenario refuses or that has no price (its
+    one-line reason in `note`); None for a candidate to evaluate."""
+    row: dict[str, Any] = {"candidate": label(cand), **cand, "status": "skipped"}
+    sc = resolve(plan_scenario(spec), {**_base(spec), **cand})
+    if isinstance(sc, SpecError):
+        return {**row, "note": f"refused by the scenario: {sc.path}: {sc.message}"}
+    if sc.gpu not in prices:
+        return {**row, "note": f"no price for GPU '{sc.gpu}' in the prices file"}
+    return None
+
+
+def evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
+    """One candidate: sustained rate, fleet size, cost, latency at its share, binding.
+    Never raises SpecError (it runs in worker processes): a refusal is a skipped row."""
+    row: dict[str, Any] = {"candidate": label(cand), **cand}
+    try:
+        return {**row, **_evaluate(spec, cand, prices)}
+    except SpecError as e:
+        return {**row, "status": "skipped", "note": f"refused by the scenario: {e.path}: {e.message}"}
+
+
+def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
+    scen = plan_scenario(spec)
+    base = {**_base(spec), **cand}
+    sc = load_scenario(scen, base)
+    gpu, tp = sc.gpu, sc.parallel.tensor
+    if gpu not in prices:
+        return {"status": "skipped", "note": f"no price for GPU '{gpu}' in the prices file"}
+    s = spec.search
+    run_at = _runner(scen, base, sc, s.requests)
+    seeds = [sc.seed + i for i in range(s.seeds)]
+    cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
+                   s.rel_tol, s.max_probes)
+    row = _capacity_row(cap, gpu)
+    if cap.rate <= 0:
+        return {**row, "status": "infeasible", "note": "SLOs broken even at the lowest rate tried"}
+    replicas = math.ceil(spec.target_rate / cap.rate - 1e-9)
+    if replicas > s.max_replicas:
+        return {**row, "status": "infeasible", "note": f"needs {replicas} replicas > max_replicas"}
+    at_share = run_at(spec.target_rate / replicas, sc.seed)
+    out_per_req = at_share["output_token_throughput"] / max(at_share["request_throughput"], 1e-12)
+    usd_h = replicas * tp * prices[gpu]
+    return {**row, "status": "ok", "note": "", "tp": tp, "replicas": replicas, "gpus": replicas * tp,
+            "usd_per_hour": usd_h, "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate, out_per_req),
+            "ttft_p99_at_target_s": at_share["ttft_s"]["p99"],
+            "tpot_p99_at_target_s": at_share["tpot_s"]["p99"],
+            "e2e_p99_at_target_s": at_share["e2e_s"]["p99"]}
+
+
+def _usd_per_m(usd_per_hour: float, rate: float, output_tokens_per_request: float) -> float:
+    return usd_per_hour / (rate * output_tokens_per_request * 3600) * 1e6
+
+
+def _runner(scen: str, base: dict, sc: Scenario, requests: int):
+    from sim.engine.runner import run
+    from sim.planning.capacity import steady_throughput
+
+    def run_at(rate: float, seed: int) -> dict:
+        out = run(scen, {**base, **rate_overrides(sc.workload.arrival, rate, requests), "seed": seed})
+        return {**out.summary, "steady": steady_throughput(out.requests)}
+    return run_at
+
+
+def _capacity_row(cap: Capacity, gpu: str) -> dict:
+    spread = cap.spread("ttft_s")
+    fail = cap.at_fail
+    return {"sustained_rate": cap.rate, "fail_rate": cap.fail_rate,
+            "seeds_passed_at_fail": f"{fail.seeds_passed}/{fail.seeds_run}" if fail else "",
+            "ttft_p99_spread_s": f"{spread[0]:.3g}-{spread[1]:.3g}" if spread else "",
+            "broke": "; ".join(fail.broke) if fail else "",
+            "binding": binding(fail.summaries[-1], gpu) if fail else "none up to rate_max",
+            "probes": len(cap.probes), "runs": sum(p.seeds_run for p in cap.probes)}
+
+
+def binding(summary: dict, gpu: str) -> str:
+    """What ran out first at the first failing probe (derived from its summary):
+    KV capacity when requests were preempted or rejected or the cache peaked >= 95 %;
+    else, when steps ran >= 85 % of the time: host overhead when under half of that was
+    GPU kernels (the serving loop's CPU work paced it), else compute or memory bandwidth
+    by a roofline test: mean tokens per iteration (~FLOPs per weight byte at bf16)
+    against the GPU's FLOP/byte ridge; else queueing (idle time, requests waited)."""
+    from sim.costmodel.profiles import load_profile
+
+    kv = summary["kv"]
+    if summary["preemptions"] or summary["requests"]["rejected"] or kv["util_peak"] >= 0.95:
+        return "KV capacity"
+    busy = summary["gpu_busy_fraction"]
+    if busy >= 0.85:
+        kernels = summary["gpu_kernel_fraction"]  # None: not modelled (a measured run)
+        if kernels is not None and kernels < 0.5 * busy:
+            return "host overhead"
+        f = load_profile(gpu).facts
+        ridge = (f.peak_tflops or f.datasheet_tflops) / (f.mem_bw_tbs or f.datasheet_mem_bw_tbs)
+        iters = max(summary["iterations"]["total"], 1)
+        per_iter = summary["total_token_throughput"] * summary["duration_s"] / iters
+        return "compute" if per_iter >= ridge else "memory bandwidth"
+    return "queueing"
+
+
+def pareto(rows: list[dict]) -> list[str]:
+    """Candidates no other beats on both $/hour and p99 TTFT at the target: each
+    candidate's validated point where it was checked as a fleet, else its estimate."""
+    ok = [(r["candidate"], point(r)) for r in rows if r.get("status") == "ok"]
+    return [name for name, a in ok
+            if not any(b != a and b[0] <= a[0] and b[1] <= a[1] for _, b in ok)]
+
+
+def point(row: dict) -> tuple[float, float]:
+    """($/hour, p99 TTFT) of a candidate: its fleet check's where it has one, else the estimate."""
+    if row.get("fleet_usd_per_hour") is not None:
+        return row["fleet_usd_per_hour"], row["fleet_ttft_p99_s"]
+    return row["usd_per_hour"], row["ttft_p99_at_target_s"]
+
+
+def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int | None = None,
+             progress: bool = False) -> dict:
+    """Check every candidate, evaluate the runnable ones (in parallel), then check the
+    cheapest as fleets and recommend the cheapest validated one."""
+    prices = load_prices(prices_path or (_resolve(spec, spec.prices) if spec.prices else None))
+    scen = plan_scenario(spec)
+    load_scenario(scen)  # a bad scenario fails before any run
+    check_candidates(spec.file, spec.candidates, scen, _base(spec))  # a typo fails before any run
+    cands = candidate_grid(spec)
+    rows: list[dict | None] = [screen(spec, c, prices) for c in cands]
+    todo = [i for i, r in enumerate(rows) if r is None]
+    if not todo:
+        first = rows[0]
+        raise SpecError(spec.file, "candidates", f"every candidate is skipped, e.g. {first['candidate']}: "
+                        f"{first['note']}")
+    for i, r in zip(todo, _map(spec, [cands[i] for i in todo], prices,
+                               workers or os.cpu_count() or 1, progress), strict=True):
+        rows[i] = r
+    result = {"name": spec.name, "target_rate": spec.target_rate, "slo": spec.slo.__dict__,
+              "max_replicas": spec.search.max_replicas,
+              "scenario": spec.scenario, "candidates": rows, "recommended": None, "fleet_check": None,
+              "fleet_checks": [], "unchecked_within": 0}
+    result.update(_fleet_checks(spec, rows, cands))
+    front = set(pareto(rows))
+    for r in rows:
+        r["pareto"] = r["candidate"] in front
+    return result
+
+
+def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
+    """Check candidates as fleets, cheapest estimate first, while one's estimate is at most
+    the cheapest validated cost so far (at most `search.fleet_checks`); recommend the
+    cheapest validated fleet (ties: lower p99 TTFT in its check)."""
+    ranked = sorted((i for i, r in enumerate(rows) if r["status"] == "ok"),
+                    key=lambda i: (rows[i]["usd_per_hour"], rows[i]["ttft_p99_at_target_s"] or math.inf))
+    done: list[tuple[int, dict]] = []
+
+    def cheapest() -> float:
+        return min((c["usd_per_hour"] for _, c in done if c["holds"]), default=math.inf)
+
+    for i in ranked:
+        if rows[i]["usd_per_hour"] > cheapest() * (1 + 1e-9):
+            break
+        if len(done) == spec.search.fleet_checks:
+            break
+        row = rows[i]
+        check = validate_fleet(spec, row, cands[i])
+        at_n = next(c for c in check["checks"] if c["replicas"] == check["replicas"])
+        usd_h = check["replicas"] * row["tp"] * row["usd_per_hour"] / row["gpus"]  # the GPU's price
+        check.update({"tp": row["tp"], "gpus": check["replicas"] * row["tp"], "usd_per_hour": usd_h,
+                      "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate,
+                                                            at_n["output_tokens_per_request"]),
+                      **{k: at_n[k] for k in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")}})
+        row.update({"fleet_replicas": check["replicas"], "fleet_usd_per_hour": usd_h,
+                    "fleet_ttft_p99_s": at_n["ttft_p99_s"], "fleet_holds": check["holds"]})
+        done.append((i, check))
+    if not done:
+        return {}
+    held = [(i, c) for i, c in done if c["holds"]]
+    if not held:  # no fleet checked met the SLOs: nothing is recommended
+        return {"recommended": None, "fleet_check": done[0][1], "fleet_checks": [c for _, c in done],
+                "unchecked_within": 0}
+    i, check = min(held, key=lambda ic: (ic[1]["usd_per_hour"], ic[1]["ttft_p99_s"]))
+    checked = {j for j, _ in done}
+    unchecked = sum(1 for j in ranked if j not in checked
+                    and rows[j]["usd_per_hour"] <= check["usd_per_hour"] * (1 + 1e-9))
+    return {"recommended": _recommended(rows[i], cands[i], check, spec), "fleet_check": check,
+            "fleet_checks": [c for _, c in done], "unchecked_within": unchecked}
+
+
+def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec) -> dict:
+    """The recommended fleet, every figure from its fleet check; the per-replica
+    estimate apart under `estimate`."""
+    estimate = {k: row[k] for k in ("replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
+                                    "ttft_p99_at_target_s", "tpot_p99_at_target_s", "e2e_p99_at_target_s",
+                                    "sustained_rate", "binding")}
+    estimate["stands_on"] = ("per-replica sizing: one replica's sustained rate (bisection) and its p99s "
+                             "at target / replicas")
+    return {"candidate": row["candidate"], **cand, "tp": row["tp"],
+            **{k: check[k] for k in ("replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
+                                     "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")},
+            "holds": check["holds"],
+            "stands_on": f"fleet check: {check['replicas']} x {row['candidate']} behind a {check['router_label']} at "
+                         f"{spec.target_rate:g} req/s, seeds {check['seeds']} (p99s: the worst seed)",
+            "estimate": estimate}
+
+
+def _map(spec, cands, prices, workers, progress) -> list[dict]:
+    if workers <= 1 or len(cands) <= 1:
+        return [evaluate(spec, c, prices) for c in cands]
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    from sim.planning.sweep import _START_METHOD
+
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(_START_METHOD)) as pool:
+        futs = [pool.submit(evaluate, spec, c, prices) for c in cands]
+        if progress:
+            from tqdm import tqdm
+
+            for _ in tqdm(cf.as_completed(futs), total=len(futs), desc="plan", unit="candidate", leave=False):
+                pass
+        return [f.result() for f in futs]
+
+
+def write_plan(result: dict, out_dir: str | Path) -> Path:
+    """plan.json (everything), candidates.csv and fleet_check.csv (every fleet checked,
+    one row per replica count tried) in an output folder."""
+    import json
+
+    import pandas as pd
+
+    from sim.io.outdir import write_output
+
+    checks = result.get("fleet_checks") or ([result["fleet_check"]] if result["fleet_check"] else [])
+
+    def write(folder: Path) -> None:
+        (folder / "plan.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        pd.DataFrame(result["candidates"]).to_csv(folder / "candidates.csv", index=False)
+        if checks:
+            pd.DataFrame([{"candidate": c["candidate"], **k} for c in checks for k in c["checks"]]).to_csv(
+                folder / "fleet_check.csv", index=False)
+
+    return write_output(out_dir, "plan", write, {"name": result["name"]})

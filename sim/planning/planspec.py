@@ -1,0 +1,88 @@
+"""A plan file (`plans/*.yaml`): the target rate, the SLOs, the candidates and the search.
+
+`llmsim plan` reads it (`sim/planning/plan.py`); the fleet check (`sim/planning/fleet.py`)
+reads the scenario it names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.io.specload import ROOT, SpecError, build, load_yaml
+from sim.planning.candidates import candidate_grid as _grid
+from sim.planning.capacity import SLO
+from sim.policies.router import RouterSpec
+
+DEFAULT_PRICES = ROOT / "gpu_profiles" / "prices.yaml"
+
+
+@dataclass(frozen=True)
+class SearchSpec:
+    seeds: int = field(default=2, metadata={"ge": 1})  # seeds per probe
+    need: int | None = field(default=None, metadata={"ge": 1})  # seeds that must pass; default all
+    requests: int = field(default=300, metadata={"ge": 20})  # requests per replica per run
+    rate_start: float = field(default=4.0, metadata={"gt": 0})
+    rate_min: float = field(default=0.05, metadata={"gt": 0})
+    rate_max: float = field(default=1024.0, metadata={"gt": 0})
+    rel_tol: float = field(default=0.1, metadata={"gt": 0})  # stop when hi/lo <= 1 + rel_tol
+    max_probes: int = field(default=14, metadata={"ge": 2})
+    max_replicas: int = field(default=256, metadata={"ge": 1})
+    fleet_checks: int = field(default=3, metadata={"ge": 1})  # candidates checked as fleets, at most
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    scenario: str
+    target_rate: float = field(metadata={"gt": 0})
+    slo: SLO
+    candidates: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    name: str = "plan"
+    prices: str | None = None
+    search: SearchSpec = SearchSpec()
+    router: RouterSpec = RouterSpec(policy="random")  # the fleet check's router
+    file: str = field(default="", init=False, compare=False)
+
+
+def load_plan(file: str | Path) -> PlanSpec:
+    p = Path(file)
+    data = load_yaml(p)
+    if isinstance(data.get("router"), dict):  # a plan's router is random unless it says otherwise
+        data = {**data, "router": {"policy": "random", **data["router"]}}
+    spec = build(PlanSpec, data, file=p)
+    object.__setattr__(spec, "file", str(p))
+    for k, values in spec.candidates.items():
+        if not values:
+            raise SpecError(p, f"candidates.{k}", "empty list (allowed: one or more values)")
+    return spec
+
+
+def _resolve(spec: PlanSpec, rel: str) -> Path:
+    q = Path(rel)
+    return q if q.is_absolute() else (Path(spec.file).resolve().parent / q)
+
+
+def plan_scenario(spec: PlanSpec) -> str:
+    """The plan's scenario file (a relative path is taken from the plan's folder)."""
+    return str(_resolve(spec, spec.scenario))
+
+
+def load_prices(path: str | Path | None) -> dict[str, float]:
+    p = Path(path) if path else DEFAULT_PRICES
+    gpus = load_yaml(p).get("gpus")
+    if not isinstance(gpus, dict):
+        raise SpecError(p, "gpus", "missing (allowed: a mapping gpu -> {usd_per_hour, source})")
+    out = {}
+    for name, rec in gpus.items():
+        v = rec.get("usd_per_hour") if isinstance(rec, dict) else None
+        if not isinstance(v, int | float) or v <= 0:
+            raise SpecError(p, f"gpus.{name}.usd_per_hour", f"expected a positive number, got {v!r}")
+        out[str(name)] = float(v)
+    return out
+
+
+def candidate_grid(spec: PlanSpec) -> list[dict]:
+    """Every candidate as scenario overrides (short names expanded)."""
+    return _grid(spec.candidates)
+

@@ -1,0 +1,112 @@
+"""Chunked prefill (Sarathi-Serve; vLLM's chunked prefill): every step runs every
+running decode first, then fills what is left of the token budget
+(`max_num_batched_tokens`) with prefill chunks, oldest request first, so a long
+prompt is spread over several steps that also decode, instead of one long step
+that stalls every decode. A chunk attends over the earlier chunks of its own
+prompt. Decode growth that cannot get a block preempts the newest request
+(a prefill under way first), by recomputation.
+"""
+
+from __future__ import annotations
+
+from sim.policies.batch import Seq
+from sim.policies.kv import PagedKV
+from sim.policies.scheduler import (
+    IDLE,
+    Admission,
+    Chunk,
+    Rejection,
+    ReplicaState,
+    SchedulerSpec,
+    StepPlan,
+    never_fits,
+    resumed,
+)
+
+
+class ChunkedPolicy:
+    def __init__(self, spec: SchedulerSpec, kv: PagedKV):
+        self.spec = spec
+        self.watermark = int(spec.watermark * kv.num_blocks)
+
+    def schedule(self, st: ReplicaState, now: float) -> StepPlan:
+        batch, kv, spec = st.batch, st.kv, self.spec
+        if not len(batch) and not st.prefilling and not st.waiting:
+            return IDLE
+        plan = StepPlan("mixed")
+        need = batch.new_blocks_needed()
+        free = kv.free_blocks
+        if need > free:
+            free, need = self.preempt(st, plan, free, need)
+        gone = set(plan.preempt)
+        budget = spec.max_num_batched_tokens - (len(batch) - len(gone))
+        free -= need
+        for s in st.prefilling:
+            if s in gone:
+                continue
+            q = min(s.tokens_to_prefill - s.prefilled, budget)
+            blocks = kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled)
+            if q <= 0 or blocks > free:
+                break
+            plan.chunks.append(Chunk(s, q))
+            budget -= q
+            free -= blocks
+        seqs = len(batch) + len(st.prefilling) - len(gone)
+        for s in st.waiting if not plan.preempt else ():
+            reason = never_fits(st, s) or self.first_chunk_never_fits(st, s)
+            if reason:
+                plan.reject.append(Rejection(s, reason))
+                continue
+            if budget <= 0 or seqs + 1 > spec.max_num_seqs:
+                break
+            h, cached, _ = st.admission(s)
+            q = min(s.tokens_to_prefill - cached, budget)
+            if st.prefix is not None and s.prefix:
+                blocks = st.prefix.admission_blocks(s, h, cached + q)
+            else:
+                blocks = kv.blocks_for(cached + q)
+            if free - blocks < self.watermark and h and not seqs:
+                # the cached prefix's blocks do not fit, and nothing else runs that could
+                # free any: start from scratch (its first chunk fits, or it was rejected)
+                h, cached, q = 0, 0, min(s.tokens_to_prefill, budget)
+                blocks = kv.blocks_for(q)
+            if free - blocks < self.watermark:
+                break
+            plan.admit.append(Admission(s, h, q))
+            plan.chunks.append(Chunk(s, q))
+            budget -= q
+            free -= blocks
+            seqs += 1
+        if not plan.chunks and len(batch) == len(gone):
+            stuck = [s for s in st.prefilling if s not in gone]
+            if stuck and not plan.reject:  # prefills under way hold the blocks each needs
+                plan.preempt.append(stuck[-1])
+            plan.kind = "reject" if plan.reject else ("preempt" if plan.preempt else "idle")
+        return plan
+
+    def first_chunk_never_fits(self, st: ReplicaState, s: Seq) -> str:
+        """Why the first chunk of `s` cannot be admitted even into an empty replica, whose
+        whole token budget it gets, for want of blocks above the watermark ("" if it can)."""
+        first = st.kv.blocks_for(min(s.tokens_to_prefill, self.spec.max_num_batched_tokens))
+        room = st.kv.num_blocks - self.watermark
+        if first <= room:
+            return ""
+        return resumed(s, f"its first prefill chunk needs {first} KV blocks, more than the {room} "
+                          f"an empty cache offers above its watermark")
+
+    @staticmethod
+    def preempt(st: ReplicaState, plan: StepPlan, free: int, need: int) -> tuple[int, int]:
+        """Victims, newest first: prefills under way, then running requests."""
+        batch, kv = st.batch, st.kv
+        for v in reversed(st.prefilling):
+            plan.preempt.append(v)
+            free += st.freed_by(v, kv.blocks_for(v.prefilled))
+            if need <= free:
+                return free, need
+        for v in reversed(batch.members):
+            plan.preempt.append(v)
+            free += st.freed_by(v, batch.held_blocks(v))
+            need -= batch.needs_block(v)
+            if need <= free:
+                break
+        return free, need

@@ -1,0 +1,114 @@
+"""`llmsim report DIR`: one self-contained HTML page (plus Markdown and CSV) for a run,
+sweep, curve or plan folder.
+
+The HTML has inline CSS and its plots as base64 PNG data URIs: it opens with no
+network and can be mailed as one file. `report.md` carries the same text and tables,
+with the plots as PNG files beside it; each table is also a CSV (`report_<table>.csv`).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from sim.io.outdir import add_to_output, folder_kind, manifest, write_output
+from sim.io.specload import SpecError
+from sim.report.document import Report, Section, fmt_cell, slug, to_html, to_markdown
+
+
+def report_files(rep: Report, out: Path) -> None:
+    """report.html, report.md, report_<table>.csv and report_<plot>.png into `out`."""
+    for s in rep.sections:
+        for name, df in s.tables:
+            df.to_csv(out / f"report_{slug(name)}.csv", index=False)
+        for name, data in s.images:
+            (out / f"report_{slug(name)}.png").write_bytes(data)
+    (out / "report.md").write_text(to_markdown(rep))
+    (out / "report.html").write_text(to_html(rep))
+
+
+def is_report_file(name: str) -> bool:
+    """A file `report_files` writes (an earlier report's, replaced by the next one)."""
+    return name in ("report.html", "report.md") or name.startswith("report_")
+
+
+def write_report(rep: Report, folder: str | Path, out: str | Path | None = None) -> Path:
+    """Add the report to the llmsim folder it describes (rewritten atomically, its
+    manifest listing the report too), or write it to its own folder `out`."""
+    if out is not None and Path(out).resolve() != Path(folder).resolve():
+        write_output(out, "report", lambda f: report_files(rep, f), {"of": str(folder)})
+        return Path(out) / "report.html"
+    add_to_output(folder, lambda f: report_files(rep, f), is_report_file)
+    return Path(folder) / "report.html"
+
+
+def build_report(folder: str | Path) -> Report:
+    """A report for whatever llmsim folder `folder` is (run, sweep, curve, plan)."""
+    p = Path(folder)
+    kind = folder_kind(p) or ("run" if (p / "summary.json").is_file() else None)
+    makers = {"run": run_report, "sweep": sweep_report, "curve": curve_report, "plan": plan_report}
+    allowed = "(allowed: a run, sweep, curve or plan folder)"
+    if kind is None:
+        raise SpecError(p, "", f"{'not an llmsim output folder' if p.exists() else 'folder not found'} {allowed}")
+    if kind not in makers:
+        raise SpecError(p, "", f"an llmsim {kind} folder has no report {allowed}")
+    try:
+        return makers[kind](p)
+    except OSError as e:  # a file its manifest promises is missing or unreadable
+        raise SpecError(p, Path(e.filename or "").name, f"{e.strerror or e} (allowed: the complete "
+                        f"{kind} folder llmsim wrote)") from None
+    except (ValueError, KeyError, TypeError, IndexError) as e:  # damaged JSON or CSV
+        what = " ".join(str(e).split())[:120]
+        raise SpecError(p, "", f"damaged {kind} folder: {type(e).__name__}: {what} "
+                        f"(allowed: the complete {kind} folder llmsim wrote)") from None
+
+
+def run_report(p: Path) -> Report:
+    from sim.report.text import ROWS
+
+    s = json.loads((p / "summary.json").read_text())
+    rows = []
+    for label, f in ROWS:
+        try:
+            rows.append((label, str(f(s))))
+        except (KeyError, TypeError):
+            continue
+    sec = Section("summary", tables=[("summary", pd.DataFrame(rows, columns=["metric", "value"]))])
+    sec.images = [(f.stem, f.read_bytes()) for f in sorted(p.glob("*.png")) if not f.name.startswith("report_")]
+    keys = [("requests/s", fmt_cell(s["request_throughput"])), ("p99 TTFT (s)", fmt_cell(s["ttft_s"]["p99"])),
+            ("p99 TPOT (s)", fmt_cell(s["tpot_s"]["p99"]))]
+    return Report(f"llmsim run: {s.get('scenario', p.name)}", keys, [sec])
+
+
+def sweep_report(p: Path) -> Report:
+    meta = manifest(p) or {}  # the sweep's fields and scenario (sim/planning/sweep.py)
+    t = pd.read_csv(p / "results.csv")
+    fields = [c for c in meta.get("fields", []) if c in t.columns]
+    cols = fields + [c for c in ("request_throughput", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99",
+                                 "goodput.fraction_met", "gpu_busy_fraction", "gpu_kernel_fraction", "preemptions")
+                                 if c in t.columns]
+    sec = Section("results", [f"{len(t)} configurations of <code>{html.escape(str(meta.get('scenario')))}</code>;"
+                              " the full table is results.csv / results.parquet."], [("results", t[cols])])
+    return Report(f"llmsim sweep: {p.name}", [("configurations", str(len(t)))], [sec])
+
+
+def curve_report(p: Path) -> Report:
+    t = pd.read_csv(p / "curve.csv")
+    k = pd.read_csv(p / "knees.csv")
+    from sim.planning.curve import KNEE_THROUGHPUT_RATIO
+
+    text = [f"Knee: the highest offered rate at which this and every lower rate keep p99 TTFT under the "
+            f"bound and steady throughput at least {KNEE_THROUGHPUT_RATIO:.0%} of offered."]
+    sec = Section("throughput-latency curves", text, [("knees", k), ("curve", t)],
+                  [("curves", (p / "curve.png").read_bytes())])
+    keys = [(f"knee: {n}", f"{fmt_cell(r)} req/s") for n, r in zip(k.scenario, k.knee_rate, strict=True)]
+    return Report(f"llmsim curve: {p.name}", keys, [sec])
+
+
+def plan_report(p: Path) -> Report:
+    from sim.report.plan_page import plan_sections
+
+    return plan_sections(json.loads((p / "plan.json").read_text()))

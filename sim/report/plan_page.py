@@ -1,0 +1,133 @@
+"""The plan's report: recommendation, the fleet checks, candidates, Pareto plot.
+
+A plan.json written before the fleet checks were re-ranked (one `fleet_check`, no
+`fleet_checks`, the recommended figures partly the estimate's) still renders."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from sim.report.document import Report, Section, png
+
+CANDIDATE_COLUMNS = ["candidate", "status", "sustained_rate", "seeds_passed_at_fail", "ttft_p99_spread_s",
+                     "binding", "replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
+                     "ttft_p99_at_target_s", "tpot_p99_at_target_s", "fleet_replicas", "fleet_usd_per_hour",
+                     "fleet_ttft_p99_s", "pareto", "note"]
+CHECK_COLUMNS = ["candidate", "estimated_replicas", "replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
+                 "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "holds", "one_fewer_breaks"]
+
+
+def pareto_plot(rows: pd.DataFrame, best: str | None) -> Figure:
+    """Each candidate's estimate; where it was checked as a fleet, an arrow to its
+    validated point; the recommended fleet ringed at its validated point."""
+    fig = Figure(figsize=(8, 5), layout="constrained")
+    ax = fig.subplots()
+    ok = rows[rows.status == "ok"]
+    ax.scatter(ok.usd_per_hour, ok.ttft_p99_at_target_s, color="C0", label="estimate (per-replica sizing)")
+    checked = ok[ok.fleet_usd_per_hour.notna()] if "fleet_usd_per_hour" in ok else ok.iloc[:0]
+    for r in checked.itertuples():
+        ax.annotate("", (r.fleet_usd_per_hour, r.fleet_ttft_p99_s), (r.usd_per_hour, r.ttft_p99_at_target_s),
+                    arrowprops={"arrowstyle": "->", "color": "C2", "alpha": 0.7})
+    if len(checked):
+        ax.scatter(checked.fleet_usd_per_hour, checked.fleet_ttft_p99_s, marker="D", color="C2",
+                   label="fleet check (validated)")
+    x, y = _points(ok)
+    front = pd.DataFrame({"x": x, "y": y})[ok.pareto.astype(bool).to_numpy()].sort_values("x")
+    ax.plot(front.x, front.y, "-", color="C1", label="Pareto front")
+    for r, xi, yi in zip(ok.itertuples(), x, y, strict=True):
+        ax.annotate(r.candidate, (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    if best is not None and best in set(ok.candidate):
+        i = list(ok.candidate).index(best)
+        validated = len(checked) and best in set(checked.candidate)
+        ax.scatter([x[i]], [y[i]], s=160, facecolors="none", edgecolors="C3",
+                   label="recommended (fleet check)" if validated else "recommended (estimate)")
+    ax.set_xlabel("fleet cost at the target rate ($/hour)")
+    ax.set_ylabel("p99 TTFT (s): fleet check, else one replica at its share")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _points(ok: pd.DataFrame) -> tuple[list[float], list[float]]:
+    """Each candidate's point: its fleet check's where it has one, else its estimate."""
+    fx = ok.fleet_usd_per_hour if "fleet_usd_per_hour" in ok else pd.Series([None] * len(ok), index=ok.index)
+    fy = ok.fleet_ttft_p99_s if "fleet_ttft_p99_s" in ok else fx
+    x = [e if pd.isna(f) else f for e, f in zip(ok.usd_per_hour, fx, strict=True)]
+    y = [e if pd.isna(f) else f for e, f in zip(ok.ttft_p99_at_target_s, fy, strict=True)]
+    return x, y
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _router(check: dict) -> str:
+    """The router the fleet check ran behind (plans written before `router:` used random)."""
+    return check.get("router_label") or "random router"
+
+
+def _recommendation(plan: dict, rec: dict, check: dict) -> Section:
+    verdict = "<span class='ok'>hold</span>" if check["holds"] else "<span class='bad'>do NOT hold</span>"
+    fewer = ("<span class='ok'>breaks them</span>" if check["one_fewer_breaks"]
+             else "<span class='bad'>still meets them</span>")
+    checks = plan.get("fleet_checks") or [check]
+    p99 = (f", p99 TTFT {rec['ttft_p99_s']:.3g} s, p99 TPOT {rec['tpot_p99_s']:.3g} s"
+           if rec.get("ttft_p99_s") is not None else "")
+    text = [f"Recommended: <b>{rec['candidate']}</b> x <b>{_n(rec['replicas'], 'replica')}</b> "
+            f"({_n(rec['gpus'], 'GPU')}), ${rec['usd_per_hour']:.2f}/hour, "
+            f"${rec['usd_per_m_output_tokens']:.3f} per million output tokens{p99}.",
+            f"Simulated as a fleet at {plan['target_rate']:g} req/s ({_router(check)}, seeds "
+            f"{check['seeds']}): the SLOs {verdict} with {_n(check['replicas'], 'replica')}; one replica "
+            f"fewer {fewer}. The per-replica estimate was {check['estimated_replicas']}."]
+    est = rec.get("estimate")
+    if est:
+        text.append(f"Estimate before the fleet check (per-replica sizing): {_n(est['replicas'], 'replica')}, "
+                    f"${est['usd_per_hour']:.2f}/hour, p99 TTFT {est['ttft_p99_at_target_s']:.3g} s at each "
+                    f"replica's share.")
+    if plan.get("fleet_checks") is not None:
+        text.append(f"{len(checks)} candidate(s) checked as fleets, cheapest estimate first, while the "
+                    "estimate was at most the cheapest validated cost; the cheapest validated fleet "
+                    "is recommended.")
+        if plan.get("unchecked_within"):
+            text.append(f"<span class='bad'>{plan['unchecked_within']} more candidate(s) estimated at or "
+                        f"below ${rec['usd_per_hour']:.2f}/hour were not checked</span> "
+                        "(search.fleet_checks).")
+    table = pd.DataFrame([{k: c.get(k) for k in CHECK_COLUMNS} for c in checks])
+    return Section("recommendation", text, [("fleet checks", table),
+                                            ("fleet check", pd.DataFrame(check["checks"]))])
+
+
+def plan_sections(plan: dict) -> Report:
+    rows = pd.DataFrame(plan["candidates"])
+    for c in CANDIDATE_COLUMNS:
+        if c not in rows.columns:
+            rows[c] = None
+    rec, check = plan.get("recommended"), plan.get("fleet_check")
+    slo = ", ".join(f"{k} {v}" for k, v in plan["slo"].items() if v is not None)
+    if rec:
+        secs = [_recommendation(plan, rec, check)]
+    else:
+        checks = plan.get("fleet_checks") or ([check] if check else [])
+        secs = [Section("recommendation", ["<span class='bad'>No candidate meets the SLOs"
+                                           + (" as a fleet (the fleet checks below)" if checks else "")
+                                           + ".</span>"],
+                        [("fleet checks", pd.DataFrame([{k: c.get(k) for k in CHECK_COLUMNS}
+                                                        for c in checks]))] if checks else [])]
+    ok = rows[rows.status == "ok"]
+    imgs = [("pareto", png(pareto_plot(rows, rec["candidate"] if rec else None)))] if len(ok) else []
+    secs.append(Section("candidates", [
+        "Sustained rate: the highest Poisson rate one replica serves with every seed meeting the SLOs "
+        "(bisection on the rate). Binding: what ran out first at the first failing probe. "
+        "replicas to TTFT/TPOT p99: the per-replica estimate; fleet_*: the fleet check, where one ran. "
+        "Skipped: refused by the scenario, or no price."],
+        [("candidates", rows[CANDIDATE_COLUMNS])], imgs))
+    keys = [("target", f"{plan['target_rate']:g} req/s"), ("SLOs", slo or "-")]
+    if rec:
+        keys += [("recommended", rec["candidate"]), ("replicas", str(rec["replicas"])),
+                 ("$/hour", f"{rec['usd_per_hour']:.2f}"),
+                 ("$/M output tokens", f"{rec['usd_per_m_output_tokens']:.3f}"
+                  if not math.isnan(rec["usd_per_m_output_tokens"]) else "-")]
+    return Report(f"llmsim plan: {plan['name']}", keys, secs)
