@@ -1,4 +1,4 @@
-"""benchmarks/device_check.py: issue 9's device checks in one budgeted command. The
+"""benchmarks/fidelity/device_check.py: issue 9's device checks in one budgeted command. The
 comparison of measured CUDA-graph steps with the simulator on hand-made grids of known
 error, the environment gate, the budget's skips, and one CPU dry run end to end."""
 
@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from benchmarks import device_check as dc
+from benchmarks.fidelity import device_check as dc
 from sim.costmodel.runtime import load_runtime
 from sim.fit.runtime_fit import gpu_times
 

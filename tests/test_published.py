@@ -1,4 +1,4 @@
-"""The published-measurements check (benchmarks/published_check.py): its machinery, and
+"""The published-measurements check (benchmarks/fidelity/published_check.py): its machinery, and
 one regression guard on the figure it measured."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from benchmarks import published_check as pc
+from benchmarks.fidelity import published_check as pc
 
 
 @pytest.fixture(scope="module")

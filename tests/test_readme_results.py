@@ -1,4 +1,4 @@
-"""README's generated blocks (benchmarks/readme_results.py and its readme_* modules): the
+"""README's generated blocks (benchmarks/readme/readme_results.py and its readme_* modules): the
 markers are well-formed, every marked block has a generator and sits in the section it
 names, and replacing blocks touches nothing else. The whole regeneration (~45 s) is not run
 here; one fast block is, for its shape."""
@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from benchmarks import readme_format as fmt
-from benchmarks import readme_markers as markers
-from benchmarks import readme_results as rr
-from benchmarks.readme_runs import Runs
+from benchmarks.readme import readme_format as fmt
+from benchmarks.readme import readme_markers as markers
+from benchmarks.readme import readme_results as rr
+from benchmarks.readme.readme_runs import Runs
 
 README_TEXT = rr.README.read_text(encoding="utf-8")
 
@@ -69,7 +69,7 @@ def test_rounding_is_half_up_and_counts_are_grouped():
 def test_a_fast_block_keeps_the_readme_block_shape():
     """The TP table (step model only, no simulation, 0.3 s): README's block as generated,
     so a change to the step model that moves it fails here until the README is regenerated
-    (`python benchmarks/readme_results.py --write`)."""
+    (`python benchmarks/readme/readme_results.py --write`)."""
     made = rr.BLOCKS["tp-scaling"].make(Runs()).splitlines()
     there = markers.current(README_TEXT, markers.readme_blocks(README_TEXT)["tp-scaling"]).splitlines()
     assert made == there

@@ -148,7 +148,7 @@ def test_max_output_tokens_caps_outputs_and_sets_max_tokens():
 
 
 def test_azure_conv_trace_loads_an_hour_of_19366_requests():
-    traces._CACHE.clear()  # parsed from the file, not the cache (its speed: benchmarks/run_speed.py)
+    traces._CACHE.clear()  # parsed from the file, not the cache (its speed: benchmarks/speed/run_speed.py)
     w = make({"trace": AZURE_CONV})
     assert len(w) == 19_366
     assert w.arrival_s[0] == 0.0 and 3400 < w.arrival_s[-1] <= 3600

@@ -1,6 +1,6 @@
 """Issue 9's held-out device checks in one command, within a wall-clock budget.
 
-    python benchmarks/device_check.py --out DIR [--device cuda|cpu] [--quick] [--budget-s 480]
+    python benchmarks/fidelity/device_check.py --out DIR [--device cuda|cpu] [--quick] [--budget-s 480]
 
 For a session lent an H200 for a few minutes (docs/calibration.md, "Device check").
 Each step runs in its own process under a hard time limit, so a crash, a poisoned CUDA
@@ -51,7 +51,7 @@ import traceback
 from dataclasses import asdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # the repository (sim) and this folder, first: a `benchmarks` or `sim` package installed on
 # the machine must not shadow them
 for _path in (str(Path(__file__).resolve().parent), str(ROOT)):
@@ -118,7 +118,7 @@ def measure_iterations(models: list[str], out: Path, device: str, quick: bool,
     points = sorted(itergrid.iteration_points(specs, g, resident),
                     key=lambda p: (" decode step " not in p.label, p.tier))
     meta = metadata(dev, models, grid, [])
-    meta["command"] = " ".join(["benchmarks/device_check.py", *sys.argv[1:]])
+    meta["command"] = " ".join(["benchmarks/fidelity/device_check.py", *sys.argv[1:]])
     if dev.cuda:
         meta["triton_paged_check"] = triton_check(dev)
     w = TableWriter(out)
@@ -385,7 +385,7 @@ def orchestrate(a, argv: list[str]) -> int:
     a.models = a.models or plan["models"]
     scenarios = a.scenarios.split(",") if a.scenarios else plan["scenarios"]
     c = report.Check(args={
-        "command": shlex.join(["python", "benchmarks/device_check.py", *argv]),
+        "command": shlex.join(["python", "benchmarks/fidelity/device_check.py", *argv]),
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "budget_s": a.budget_s, "device": a.device, "quick": a.quick, "models": a.models,
         "scenarios": scenarios, "runs": a.runs, "work": str(work)})

@@ -2,7 +2,7 @@
 Azure conversation trace's rate for one hour (~1.24 M requests, the trace's lengths
 wrapping around, Poisson arrivals at 64 x 5.38 req/s).
 
-    python benchmarks/fleet_speed.py [--replicas 64] [--router round_robin] [--write DIR]
+    python benchmarks/speed/fleet_speed.py [--replicas 64] [--router round_robin] [--write DIR]
 
 Runs the scenario once, as `llmsim run` does, and prints the engine's wall time
 (iterations/s, simulated requests/s), the whole run's wall and CPU time and the peak
@@ -20,7 +20,7 @@ from pathlib import Path
 from sim.config.scenario import scenario_from_dict
 from sim.engine.runner import run
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 CONV_RATE = 19366 / 3600  # the Azure conversation trace's mean rate, requests/s
 
 

@@ -1,6 +1,6 @@
 """Digests of requests.csv, steps.csv and summary.json for every shipped scenario.
 
-    python benchmarks/scenario_digests.py [--out FILE] [--check FILE]
+    python benchmarks/fidelity/scenario_digests.py [--out FILE] [--check FILE]
 
 Runs each scenario in scenarios/ as shipped (seed as shipped), writes its tables
 into a temporary folder (no plots) and prints one line per file: scenario, file,
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
 
 from sim import run  # noqa: E402

@@ -1,4 +1,4 @@
-"""README blocks about scheduling and caching features (benchmarks/readme_results.py):
+"""README blocks about scheduling and caching features (benchmarks/readme/readme_results.py):
 speculative decoding, chunked prefill, prefix caching on the Mooncake trace, and the
 capacity curves of chunked vs prefill-first scheduling."""
 
@@ -10,8 +10,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.readme_format import grouped, ms, pct, prose, table, times
-from benchmarks.readme_runs import ROOT, SCENARIOS, Runs
+from benchmarks.readme.readme_format import grouped, ms, pct, prose, table, times
+from benchmarks.readme.readme_runs import ROOT, SCENARIOS, Runs
 
 SPEC_BATCHES = (1, 4, 16, 64, 256)
 SELF_DRAFT = {"speculative.method": "self_draft", "speculative.draft_model": None,

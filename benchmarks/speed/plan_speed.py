@@ -1,7 +1,7 @@
 """Wall time of `llmsim plan` on the README's example (plans/chat_8b.yaml:
 3 GPU types x 3 TP degrees x 2 policies), with 2 worker processes.
 
-    python benchmarks/plan_speed.py
+    python benchmarks/speed/plan_speed.py
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from sim.planning.plan import run_plan
 from sim.planning.planspec import load_plan
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 if __name__ == "__main__":
     spec = load_plan(ROOT / "plans" / "chat_8b.yaml")

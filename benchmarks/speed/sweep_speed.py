@@ -1,7 +1,7 @@
 """A 200-configuration sweep on each executor: identical rows, and the speed-up over
 the sequential sweep.
 
-    python benchmarks/sweep_speed.py [--workers 2] [--no-ray]
+    python benchmarks/speed/sweep_speed.py [--workers 2] [--no-ray]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sim.planning.sweep import configurations, run_sweep
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "quickstart.yaml"
 GRID = [("workload.arrival.rate", [0.5 * (i + 1) for i in range(20)]),
         ("scheduler.policy", ["continuous", "chunked"]),

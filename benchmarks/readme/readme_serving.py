@@ -1,4 +1,4 @@
-"""README blocks about how a deployment is laid out (benchmarks/readme_results.py): the
+"""README blocks about how a deployment is laid out (benchmarks/readme/readme_results.py): the
 batching, KV-layout and attention comparisons of "Scenarios", tensor parallelism and
 memory feasibility, and clusters of replicas (routers, disaggregated prefill/decode, a
 mixed fleet)."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from benchmarks.readme_format import grouped, ms, pct, sig3, table
-from benchmarks.readme_runs import ROOT, SCENARIOS, Runs
+from benchmarks.readme.readme_format import grouped, ms, pct, sig3, table
+from benchmarks.readme.readme_runs import ROOT, SCENARIOS, Runs
 
 
 def scenario_comparisons(runs: Runs) -> str:

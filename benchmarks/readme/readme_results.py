@@ -1,9 +1,9 @@
 """Every simulated result quoted in README.md, regenerated from the shipped scenarios.
 
-    python benchmarks/readme_results.py [--only NAME,...]   # print each block
-    python benchmarks/readme_results.py --check             # list blocks that differ; exit 1
-    python benchmarks/readme_results.py --write             # replace them in README.md
-    python benchmarks/readme_results.py --list              # block names and README sections
+    python benchmarks/readme/readme_results.py [--only NAME,...]   # print each block
+    python benchmarks/readme/readme_results.py --check             # list blocks that differ; exit 1
+    python benchmarks/readme/readme_results.py --write             # replace them in README.md
+    python benchmarks/readme/readme_results.py --list              # block names and README sections
 
 README.md marks each generated block with HTML comments,
 
@@ -24,10 +24,10 @@ blocks' text: readme_serving.py (scenarios, tensor parallelism, clusters),
 readme_features.py (speculative decoding, chunked prefill, prefix caching, capacity
 curves) and readme_accuracy.py (the refitted eager reference runtime).
 
-Not here: wall-time figures (benchmarks/*_speed.py: they depend on the machine), the
-published check (benchmarks/published_check.py writes docs/fidelity.md and its
+Not here: wall-time figures (benchmarks/speed/*_speed.py: they depend on the machine), the
+published check (benchmarks/fidelity/published_check.py writes docs/fidelity.md and its
 summary), and the live-log fit and replay tables of "Live serving"
-(benchmarks/live_check.py).
+(benchmarks/fidelity/live_check.py).
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's sim and benchmarks, not an installed one
 
-from benchmarks.readme_accuracy import warm_grid_accuracy, warm_grid_fit  # noqa: E402
-from benchmarks.readme_features import (  # noqa: E402
+from benchmarks.readme.readme_accuracy import warm_grid_accuracy, warm_grid_fit  # noqa: E402
+from benchmarks.readme.readme_features import (  # noqa: E402
     chunked,
     curve_knees,
     prefix_caching,
@@ -51,9 +51,9 @@ from benchmarks.readme_features import (  # noqa: E402
     speculative,
     speculative_batch1,
 )
-from benchmarks.readme_markers import current, readme_blocks, replace_blocks  # noqa: E402
-from benchmarks.readme_runs import Runs  # noqa: E402
-from benchmarks.readme_serving import (  # noqa: E402
+from benchmarks.readme.readme_markers import current, readme_blocks, replace_blocks  # noqa: E402
+from benchmarks.readme.readme_runs import Runs  # noqa: E402
+from benchmarks.readme.readme_serving import (  # noqa: E402
     clusters,
     memory_refusal,
     scenario_comparisons,

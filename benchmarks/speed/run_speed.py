@@ -1,7 +1,7 @@
 """Speed of `llmsim run` end to end on the Azure 2023 conversation hour (19,366 requests,
 ~110 k iterations under the reference stack), and of its phases.
 
-    python benchmarks/run_speed.py [--repeat 3] [--scenario FILE] [--plots] [--format csv]
+    python benchmarks/speed/run_speed.py [--repeat 3] [--scenario FILE] [--plots] [--format csv]
                                    [--checkout DIR [--extra ARGS]]
 
 End to end: `python -m sim run SCENARIO --out TMP --no-progress` in a child process,
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
 SCENARIO = ROOT / "scenarios" / "azure_conv_reference.yaml"
 

@@ -1,6 +1,6 @@
 """Speed of the simulator's hot loop on the Azure 2023 conversation trace.
 
-    python benchmarks/engine_speed.py [--repeat 3]
+    python benchmarks/speed/engine_speed.py [--repeat 3]
 
 Simulates the 19,366-request, one-hour trace on one replica (the reference
 stack's scheduler settings) under both runtimes and prints wall time, simulated
@@ -21,7 +21,7 @@ from sim.engine.build import build_fleet
 from sim.engine.processes import simulate
 from sim.engine.runner import prepare
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "azure_conv_reference.yaml"
 
 

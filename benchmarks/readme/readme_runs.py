@@ -1,11 +1,11 @@
 """The scenario runs behind README's generated blocks: the shipped scenario files, each
-run once per invocation of benchmarks/readme_results.py however many blocks quote it."""
+run once per invocation of benchmarks/readme/readme_results.py however many blocks quote it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
 
 

@@ -5,7 +5,7 @@
     <!-- /results:NAME -->
 
 as text: offsets of each block's body, its current text, and a copy of the README with
-some bodies replaced and every other byte kept (benchmarks/readme_results.py)."""
+some bodies replaced and every other byte kept (benchmarks/readme/readme_results.py)."""
 
 from __future__ import annotations
 

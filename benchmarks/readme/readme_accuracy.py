@@ -1,4 +1,4 @@
-"""README blocks of "Accuracy" (benchmarks/readme_results.py): the eager reference
+"""README blocks of "Accuracy" (benchmarks/readme/readme_results.py): the eager reference
 runtime refitted from its H200 iteration grid, its errors by model and step kind, and the
 fitted host model in words."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from benchmarks.readme_format import half_up, pct, prose, table
-from benchmarks.readme_runs import ROOT, Runs
+from benchmarks.readme.readme_format import half_up, pct, prose, table
+from benchmarks.readme.readme_runs import ROOT, Runs
 
 if TYPE_CHECKING:
     from sim.costmodel.runtime import RuntimeSpec

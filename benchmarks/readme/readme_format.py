@@ -1,6 +1,6 @@
 """How README's generated blocks write numbers, sentences and tables: grouped counts,
 three significant figures, milliseconds, percentages, half-up decimals, paragraphs wrapped
-as README's are, and Markdown tables (benchmarks/readme_results.py)."""
+as README's are, and Markdown tables (benchmarks/readme/readme_results.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The live runtime against the shared live log: the tables of README "Live serving".
 
-    python benchmarks/live_check.py [--runtime YAML] [--seeds 5] [--only fit,replay,cv,sensitivity]
+    python benchmarks/fidelity/live_check.py [--runtime YAML] [--seeds 5] [--only fit,replay,cv,sensitivity]
 
 Prints markdown. `fit`: `llmsim fit-log`'s step errors on the log (in-sample). `replay`:
 the logged trace through the simulator (`sim/fit/replay.py`) under the warm-grid runtime,
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
 
 from sim.config.scenario import load_scenario  # noqa: E402

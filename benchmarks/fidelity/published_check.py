@@ -17,10 +17,10 @@ The error is simulated / published - 1 on the row's own metric; `time_error` sta
 on time (for throughput rows published / simulated - 1), so a negative time error always
 means the simulator is faster than the stack. Summaries use the time error.
 
-    python benchmarks/published_check.py                 # the table and summaries
-    python benchmarks/published_check.py --markdown      # the same as Markdown tables
-    python benchmarks/published_check.py --runtime cuda-graph   # kernels only, every row
-    python benchmarks/published_check.py --decode contiguous    # one decode kernel, every row
+    python benchmarks/fidelity/published_check.py                 # the table and summaries
+    python benchmarks/fidelity/published_check.py --markdown      # the same as Markdown tables
+    python benchmarks/fidelity/published_check.py --runtime cuda-graph   # kernels only, every row
+    python benchmarks/fidelity/published_check.py --decode contiguous    # one decode kernel, every row
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

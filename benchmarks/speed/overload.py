@@ -1,6 +1,6 @@
 """Speed of the simulator under overload with rejections.
 
-    python benchmarks/overload.py [--requests 200000] [--repeat 1]
+    python benchmarks/speed/overload.py [--requests 200000] [--repeat 1]
 
 Llama-3-8B on one H200, continuous batching, 10,000 requests/s (far above what one
 replica serves, so the waiting queue grows to most of the run), prompts uniform in

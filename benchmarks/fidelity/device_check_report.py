@@ -1,4 +1,4 @@
-"""The device check's record and its summary (benchmarks/device_check.py runs the steps).
+"""The device check's record and its summary (benchmarks/fidelity/device_check.py runs the steps).
 
 `compare` sets each measured whole-step row of a grid (`model,kind,batch,new_tokens,ctx,ms`,
 as `llmsim calibrate` writes it) beside the simulator's time for that step with the shipped
@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROFILE = "gpu_profiles/h200-sxm"
 LIVE_RUNTIME = "gpu_profiles/runtimes/h200-eager-live.yaml"
 # issue 9's targets for live runs of the reference stack (|simulated / real - 1| at most)
