@@ -1,11 +1,12 @@
 """Digests of requests.csv, steps.csv and summary.json for every shipped scenario.
 
-    python benchmarks/fidelity/scenario_digests.py [--out FILE] [--check FILE]
+    python benchmarks/fidelity/scenario_digests.py [--out FILE] [--check FILE] [--only NAME,...]
 
 Runs each scenario in scenarios/ as shipped (seed as shipped), writes its tables
 into a temporary folder (no plots) and prints one line per file: scenario, file,
 sha256 (summary.json without its wall-clock fields). `--check FILE` compares against digests written earlier and exits 1 on any
 difference: a refactor that must not change results runs this before and after.
+`--only` digests only the named scenarios (file stems) and checks only their lines.
 """
 
 from __future__ import annotations
@@ -33,9 +34,11 @@ def digest(path: Path) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def digests() -> list[str]:
+def digests(only: set[str] | None = None) -> list[str]:
     lines = []
     for path in sorted((ROOT / "scenarios").glob("*.yaml")):
+        if only is not None and path.stem not in only:
+            continue
         out = run(path)
         with tempfile.TemporaryDirectory() as tmp:
             folder = out.write(Path(tmp) / "run", plots=False)
@@ -50,12 +53,16 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--check")
+    ap.add_argument("--only", help="comma-separated scenario names (default: all)")
     a = ap.parse_args()
-    lines = digests()
+    only = set(a.only.split(",")) if a.only else None
+    lines = digests(only)
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
     if a.check:
         want = Path(a.check).read_text().splitlines()
+        if only is not None:
+            want = [w for w in want if w.split(" ", 1)[0] in only]
         diff = sorted(set(want) ^ set(lines))
         for d in diff:
             print("differs:", d)

@@ -7,20 +7,23 @@ wrapping around, Poisson arrivals at 64 x 5.38 req/s).
 Runs the scenario once, as `llmsim run` does, and prints the engine's wall time
 (iterations/s, simulated requests/s), the whole run's wall and CPU time and the peak
 resident memory (ru_maxrss). With --write, also the time to write requests.csv,
-steps.csv and summary.json.
+steps.csv and summary.json. The test suite runs `--replicas 2 --hours 0.005 --write DIR`.
 """
 
 from __future__ import annotations
 
 import argparse
 import resource
+import sys
 import time
 from pathlib import Path
 
-from sim.config.scenario import scenario_from_dict
-from sim.engine.runner import run
-
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
+
+from sim.config.scenario import scenario_from_dict  # noqa: E402
+from sim.engine.runner import run  # noqa: E402
+
 CONV_RATE = 19366 / 3600  # the Azure conversation trace's mean rate, requests/s
 
 

@@ -8,6 +8,7 @@ replica serves, so the waiting queue grows to most of the run), prompts uniform 
 the scheduler reaches them. Before issue 7 every rejection rebuilt the waiting
 queue, so the run took time quadratic in the queue length. Prints wall and CPU
 seconds of `simulate()` alone, the requests, rejections and iterations per wall second.
+The test suite runs `--requests 2000`.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ import argparse
 import statistics
 import time
 
-from sim.config.scenario import scenario_from_dict
-from sim.costmodel.latency import StepLatency
-from sim.engine.processes import simulate
-from sim.engine.runner import POLICIES, prepare
-from sim.policies.batch import REJECTED
-from sim.policies.kv import make_kv
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
+
+from sim.config.scenario import scenario_from_dict  # noqa: E402
+from sim.engine.build import build_fleet  # noqa: E402
+from sim.engine.processes import simulate  # noqa: E402
+from sim.engine.runner import prepare  # noqa: E402
+from sim.policies.batch import REJECTED  # noqa: E402
 
 
 def scenario(requests: int):
@@ -39,14 +45,10 @@ def scenario(requests: int):
 
 def time_once(requests: int) -> tuple[float, float, int, int, int]:
     sc = scenario(requests)
-    p = prepare(sc)
-    kv = make_kv(sc.kv.manager, p.budget.kv_tokens, sc.kv.block_size)
-    policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
-    lat = StepLatency(p.model, p.profile, p.runtime, sc.attention.prefill, sc.decode_attention)
+    configs, wl, rng = prepare(sc)
+    fleet = build_fleet(sc, configs, rng)
     t0, c0 = time.perf_counter(), time.process_time()
-    res = simulate(p.workload, kv, policy, lat, max_model_len=sc.kv.max_model_len or p.model.max_len,
-                   kv_bytes_per_token=p.model.kv_bytes_per_token,
-                   pcie_bytes_per_s=p.profile.facts.pcie_gbs * 1e9)
+    res = simulate(wl, fleet.replicas, fleet.router)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     rejected = sum(s.state == REJECTED for s in res.seqs)
     return wall, cpu, len(res.seqs), rejected, len(res.steps.t_end)

@@ -1,24 +1,33 @@
 """Wall time of `llmsim plan` on the README's example (plans/chat_8b.yaml:
 3 GPU types x 3 TP degrees x 2 policies), with 2 worker processes.
 
-    python benchmarks/speed/plan_speed.py
+    python benchmarks/speed/plan_speed.py [--plan FILE] [--workers 2]
+
+`--plan` times another plan file instead (the test suite times a one-candidate plan).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import time
 from pathlib import Path
 
-from sim.planning.plan import run_plan
-from sim.planning.planspec import load_plan
-
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
+
+from sim.planning.plan import run_plan  # noqa: E402
+from sim.planning.planspec import load_plan  # noqa: E402
 
 if __name__ == "__main__":
-    spec = load_plan(ROOT / "plans" / "chat_8b.yaml")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--plan", type=Path, default=ROOT / "plans" / "chat_8b.yaml")
+    ap.add_argument("--workers", type=int, default=2)
+    a = ap.parse_args()
+    spec = load_plan(a.plan)
     t0, c0 = time.perf_counter(), time.process_time()
-    result = run_plan(spec, workers=2)
+    result = run_plan(spec, workers=a.workers)
     wall = time.perf_counter() - t0
     cpu = time.process_time() - c0 + sum(os.times()[2:4])  # this process + its workers
     rows = result["candidates"]

@@ -1,7 +1,11 @@
 """A 200-configuration sweep on each executor: identical rows, and the speed-up over
 the sequential sweep.
 
-    python benchmarks/speed/sweep_speed.py [--workers 2] [--no-ray]
+    python benchmarks/speed/sweep_speed.py [--workers 2] [--no-ray] [--configs N] [--requests N]
+
+`--configs N` runs only the grid's first N configurations and `--requests` sets the
+requests per configuration (default 100); the test suite runs `--configs 4 --requests 20
+--no-ray`.
 """
 
 from __future__ import annotations
@@ -10,12 +14,15 @@ import argparse
 import importlib.util
 import os
 import tempfile
+import sys
 import time
 from pathlib import Path
 
-from sim.planning.sweep import configurations, run_sweep
-
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
+
+from sim.planning.sweep import configurations, run_sweep  # noqa: E402
+
 SCENARIO = ROOT / "scenarios" / "quickstart.yaml"
 GRID = [("workload.arrival.rate", [0.5 * (i + 1) for i in range(20)]),
         ("scheduler.policy", ["continuous", "chunked"]),
@@ -25,9 +32,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-ray", action="store_true")
+    ap.add_argument("--configs", type=int, help="only the grid's first N configurations")
+    ap.add_argument("--requests", type=int, default=100, help="requests per configuration")
     a = ap.parse_args()
-    configs = configurations(GRID, [])
-    base = {"workload.num_requests": 100}
+    configs = configurations(GRID, [])[:a.configs]
+    base = {"workload.num_requests": a.requests}
     execs = ["sequential", "process"] + ([] if a.no_ray or not importlib.util.find_spec("ray") else ["ray"])
     times, tables = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
