@@ -11,9 +11,8 @@ import json
 import pytest
 
 from sim.cli.main import main
+from tests.conftest import QUICK_YAML as B
 
-B = ("name: base\nseed: 1\nworkload:\n  num_requests: 20\n  arrival: {kind: poisson, rate: 5}\n"
-     "  prompt: {kind: fixed, value: 100}\n  output: {kind: fixed, value: 20}\n")
 TRACE = "name: t\nworkload:\n  trace: {path: t.csv}\n"
 MOONCAKE = "name: m\nworkload:\n  trace: {path: m.jsonl, format: mooncake}\n"
 GOOD_ROW = {"timestamp": 0, "input_length": 600, "output_length": 20, "hash_ids": [1, 2]}

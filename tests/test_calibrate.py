@@ -29,11 +29,6 @@ TOL_P50 = 0.50
 TOL_THROUGHPUT = 0.10
 
 
-def _llmsim(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
-                          cwd=ROOT, env={**os.environ, **(env or {})}, timeout=300)
-
-
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory) -> Path:
     pytest.importorskip("torch")
@@ -276,11 +271,11 @@ def test_calibrate_without_pytorch_says_how_to_install_it_and_exits_2(tmp_path):
                                 "pip install 'llmsim[calibrate]'")
 
 
-def test_missing_cuda_device_is_one_line_and_exit_2(tmp_path):
+def test_missing_cuda_device_is_one_line_and_exit_2(tmp_path, llmsim):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    r = _llmsim("calibrate", "--models", "tiny-llama", "--device", "cuda", "--quick",
+    r = llmsim("calibrate", "--models", "tiny-llama", "--device", "cuda", "--quick",
                 "--out", str(tmp_path / "p"))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -14,12 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICK = (ROOT / "scenarios" / "quickstart.yaml").read_text()
 
 
-def llmsim(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, timeout=300)
-
-
-def test_run_writes_the_contracted_files_and_columns(tmp_path):
+def test_run_writes_the_contracted_files_and_columns(tmp_path, llmsim):
     out = tmp_path / "run"
     r = llmsim("run", str(ROOT / "scenarios" / "quickstart.yaml"), "--out", str(out),
                "--set", "workload.num_requests=200", "--plots")
@@ -42,7 +35,7 @@ def test_run_writes_the_contracted_files_and_columns(tmp_path):
     assert "TTFT p50" in r.stdout
 
 
-def test_compare_prints_one_column_per_scenario():
+def test_compare_prints_one_column_per_scenario(llmsim):
     r = llmsim("compare", "scenarios/quickstart.yaml", "scenarios/quickstart.yaml",
                "--set", "workload.num_requests=50")
     assert r.returncode == 0, r.stderr
@@ -50,7 +43,7 @@ def test_compare_prints_one_column_per_scenario():
     assert header.count("quickstart") == 2
 
 
-def test_sweep_prints_one_row_per_value(tmp_path):
+def test_sweep_prints_one_row_per_value(tmp_path, llmsim):
     r = llmsim("sweep", "scenarios/quickstart.yaml", "--field", "workload.arrival.rate",
                "--values", "1,4", "--set", "workload.num_requests=50", "--out", str(tmp_path / "s"))
     assert r.returncode == 0, r.stderr
@@ -78,7 +71,7 @@ BAD = {
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_bad_input_gets_one_line_exit_2_and_no_output(tmp_path, case):
+def test_bad_input_gets_one_line_exit_2_and_no_output(tmp_path, case, llmsim):
     text, expected = BAD[case]
     (tmp_path / "bad.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n1,abc,5\n")
     f = tmp_path / "s.yaml"
@@ -94,7 +87,7 @@ def test_bad_input_gets_one_line_exit_2_and_no_output(tmp_path, case):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
 
 
-def test_bad_override_names_the_field():
+def test_bad_override_names_the_field(llmsim):
     r = llmsim("run", "scenarios/quickstart.yaml", "--set", "kv.block_size=0", "--out", "/nonexistent/x")
     assert r.returncode == 2
     assert "kv.block_size: 0 is out of range (allowed: > 0)" in r.stderr

@@ -4,20 +4,14 @@ nothing written, nothing of the user's replaced (each in an empty temporary fold
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from sim.cli.main import main
+from tests.conftest import QUICK_YAML as B
 
-B = ("name: base\nseed: 1\nworkload:\n  num_requests: 20\n  arrival: {kind: poisson, rate: 5}\n"
-     "  prompt: {kind: fixed, value: 100}\n  output: {kind: fixed, value: 20}\n")
 PLAN = ("name: p\nscenario: b.yaml\ntarget_rate: 2\nslo: {ttft_p99_s: 1.0}\n"
         "search: {seeds: 1, requests: 20}\ncandidates: {gpu: [GPU], tensor: [1]}\n")
-
-
-def tree(root: Path) -> dict[str, bytes | None]:
-    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None for p in root.rglob("*")}
 
 
 @pytest.fixture
@@ -31,24 +25,13 @@ def user_cwd(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _refused(argv: list[str], root: Path, capsys, *needles: str) -> str:
-    before = tree(root)
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and err.startswith("llmsim: error: "), err
-    for n in needles:
-        assert n in err, err
-    assert tree(root) == before  # nothing written, nothing replaced
-    return err
-
-
 RUN = ["run", "b.yaml", "--out", "o", "--no-plots", "--no-progress"]
 
 
 @pytest.mark.parametrize("trace", ["userdir", "user.txt", "user.txt/t.json", "/proc/t.json", "/dev/null"])
 def test_trace_out_that_is_not_a_new_file_or_an_llmsim_trace_is_refused_before_the_run(
-        user_cwd, capsys, trace):
-    _refused(RUN + ["--trace-out", trace], user_cwd, capsys, "--trace-out")
+        user_cwd, refused, trace):
+    refused(RUN + ["--trace-out", trace], user_cwd, "--trace-out")
 
 
 def test_trace_out_replaces_a_trace_llmsim_wrote(user_cwd, capsys):
@@ -77,25 +60,25 @@ def test_worker_counts_request_counts_and_bounds_out_of_range_are_usage_errors(u
     assert not any((user_cwd / d).exists() for d in ("sw", "cv", "pl"))
 
 
-def test_plan_whose_only_gpu_is_unknown_is_a_one_line_error(user_cwd, capsys):
+def test_plan_whose_only_gpu_is_unknown_is_a_one_line_error(user_cwd, refused):
     (user_cwd / "p.yaml").write_text(PLAN.replace("GPU", "h200-sxmm"))
-    _refused(["plan", "p.yaml", "--workers", "1", "--out", "pl"], user_cwd, capsys, "h200-sxmm")
+    refused(["plan", "p.yaml", "--workers", "1", "--out", "pl"], user_cwd, "h200-sxmm")
 
 
 MANIFEST = '{"tool": "llmsim", "kind": "KIND", "files": []}'
 
 
 @pytest.mark.parametrize("kind", ["sweep", "curve", "plan"])
-def test_report_of_an_llmsim_folder_missing_its_tables_is_a_one_line_error(user_cwd, capsys, kind):
+def test_report_of_an_llmsim_folder_missing_its_tables_is_a_one_line_error(user_cwd, refused, kind):
     (user_cwd / "fk").mkdir()
     (user_cwd / "fk" / ".llmsim-output.json").write_text(MANIFEST.replace("KIND", kind))
-    _refused(["report", "fk"], user_cwd, capsys, "fk")
+    refused(["report", "fk"], user_cwd, "fk")
 
 
-def test_report_of_a_run_folder_with_a_damaged_summary_is_a_one_line_error(user_cwd, capsys):
+def test_report_of_a_run_folder_with_a_damaged_summary_is_a_one_line_error(user_cwd, refused):
     assert main(RUN) == 0
     (user_cwd / "o" / "summary.json").write_text("{")
-    _refused(["report", "o"], user_cwd, capsys, "damaged run folder")
+    refused(["report", "o"], user_cwd, "damaged run folder")
     os.remove(user_cwd / "o" / "summary.json")
 
 
@@ -104,7 +87,7 @@ def test_report_of_a_run_folder_with_a_damaged_summary_is_a_one_line_error(user_
     ("{bandwidth_gbs: 1e300}", "kv_transfer.bandwidth_gbs"),
     ("{latency_us: 1e300}", "kv_transfer.latency_us"),
 ])
-def test_kv_transfer_link_figures_far_outside_any_link_are_one_line_errors(user_cwd, capsys, transfer, needle):
+def test_kv_transfer_link_figures_far_outside_any_link_are_one_line_errors(user_cwd, refused, transfer, needle):
     (user_cwd / "b.yaml").write_text(B + "cluster: {groups: [{name: p, role: prefill}, "
                                      f"{{name: d, role: decode}}], kv_transfer: {transfer}}}\n")
-    _refused(RUN, user_cwd, capsys, needle)
+    refused(RUN, user_cwd, needle)

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.cli.main import main
-from tests.test_cli_contract import B, tree
+from tests.conftest import QUICK_YAML as B
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ROOT / "data" / "live" / "cb_r16_steps.csv"
@@ -28,65 +27,49 @@ def user_cwd(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _one_line_nothing_written(argv, root, capsys):
-    before = tree(root)
-    try:
-        rc = main(argv)
-    except SystemExit as e:
-        rc = e.code
-    except Exception:  # noqa: BLE001 - a traceback is the failure being recorded
-        rc = "traceback"
-    err = capsys.readouterr().err
-    assert rc == 2 and len(err.strip().splitlines()) == 1 and err.startswith("llmsim: error: ")
-    assert tree(root) == before
-    return err
-
-
 @pytest.mark.parametrize("out", ["user.txt", ".", "userdir", "user.txt/rt.yaml", "/proc/rt.yaml"])
-def test_fit_log_out_that_is_a_users_file_or_not_writable_is_refused_before_fitting(user_cwd, capsys, out):
-    _one_line_nothing_written(FIT + [out], user_cwd, capsys)
+def test_fit_log_out_that_is_a_users_file_or_not_writable_is_refused_before_fitting(user_cwd, refused, out):
+    refused(FIT + [out], user_cwd)
 
 
 @pytest.mark.parametrize("out", [".", "userdir", "user.txt", "user.txt/v", "/proc/v"])
-def test_validate_replay_out_that_is_a_users_folder_or_file_is_refused(user_cwd, capsys, out):
-    _one_line_nothing_written(REPLAY + [out], user_cwd, capsys)
+def test_validate_replay_out_that_is_a_users_folder_or_file_is_refused(user_cwd, refused, out):
+    refused(REPLAY + [out], user_cwd)
 
 
-def test_fit_log_of_a_log_without_rows_is_a_one_line_error(user_cwd, capsys):
+def test_fit_log_of_a_log_without_rows_is_a_one_line_error(user_cwd, refused):
     (user_cwd / "s.csv").write_text("t_start,t_end,kind,num_seqs,num_tokens,sum_ctx,free_blocks\n")
     argv = ["fit-log", "s.csv", "--model", "llama-3.2-1b", "--gpu", "h200-sxm", "--base-runtime", "vllm"]
-    _one_line_nothing_written(argv + ["--out", "rt.yaml"], user_cwd, capsys)
+    refused(argv + ["--out", "rt.yaml"], user_cwd)
 
 
 @pytest.mark.parametrize("flag", [["--budget-s", "nan"], ["--budget-s", "-1"], ["--threads", "0"]])
-def test_calibrate_numeric_flags_out_of_range_are_one_line(user_cwd, capsys, flag):
-    _one_line_nothing_written(["calibrate", "--out", "p", *flag], user_cwd, capsys)
+def test_calibrate_numeric_flags_out_of_range_are_one_line(user_cwd, refused, flag):
+    refused(["calibrate", "--out", "p", *flag], user_cwd)
 
 
-def test_calibrate_refuses_a_users_folder_before_measuring(user_cwd, capsys):
+def test_calibrate_refuses_a_users_folder_before_measuring(user_cwd, refused):
     pytest.importorskip("torch")
-    _one_line_nothing_written(["calibrate", "--out", "userdir", "--device", "cpu", "--quick"],
-                              user_cwd, capsys)
+    refused(["calibrate", "--out", "userdir", "--device", "cpu", "--quick"], user_cwd)
 
 
-def test_fit_log_with_a_non_finite_cell_is_a_one_line_error(user_cwd, capsys):
+def test_fit_log_with_a_non_finite_cell_is_a_one_line_error(user_cwd, refused):
     text = STEPS.read_text().splitlines()
     cells = text[2].split(",")
     cells[1] = "inf"
     (user_cwd / "s.csv").write_text("\n".join([text[0], text[1], ",".join(cells)] + text[3:]) + "\n")
     argv = ["fit-log", "s.csv", "--model", "llama-3.2-1b", "--gpu", "h200-sxm", "--base-runtime", "vllm"]
-    _one_line_nothing_written(argv + ["--out", "rt.yaml"], user_cwd, capsys)
+    refused(argv + ["--out", "rt.yaml"], user_cwd)
 
 
-def test_calibrate_refuses_a_shipped_profile_it_did_not_measure(tmp_path, capsys, monkeypatch):
+def test_calibrate_refuses_a_shipped_profile_it_did_not_measure(tmp_path, refused, monkeypatch):
     import shutil
 
     pytest.importorskip("torch")
     shipped = tmp_path / "h200-sxm"
     shutil.copytree(ROOT / "gpu_profiles" / "h200-sxm", shipped)
     monkeypatch.chdir(tmp_path)
-    _one_line_nothing_written(["calibrate", "--out", str(shipped), "--device", "cpu", "--quick"],
-                              tmp_path, capsys)
+    refused(["calibrate", "--out", str(shipped), "--device", "cpu", "--quick"], tmp_path)
 
 
 @pytest.mark.parametrize("log, column, value, message", [
@@ -95,7 +78,7 @@ def test_calibrate_refuses_a_shipped_profile_it_did_not_measure(tmp_path, capsys
     ("requests", "prompt_tokens", "-3", "prompt_tokens < 1"),
     ("requests", "finish_s", "0.0", "finish_s before first_token_s"),
 ])
-def test_fit_log_with_an_impossible_count_or_time_is_a_one_line_error(user_cwd, capsys, log, column,
+def test_fit_log_with_an_impossible_count_or_time_is_a_one_line_error(user_cwd, refused, log, column,
                                                                        value, message):
     source = STEPS if log == "steps" else REQS
     lines = source.read_text().splitlines()
@@ -107,12 +90,12 @@ def test_fit_log_with_an_impossible_count_or_time_is_a_one_line_error(user_cwd, 
     steps, reqs = (bad, REQS) if log == "steps" else (STEPS, bad)
     argv = ["fit-log", str(steps), "--requests", str(reqs), "--model", "llama-3.2-1b", "--gpu",
             "h200-sxm", "--base-runtime", "vllm", "--out", "rt.yaml"]
-    assert message in _one_line_nothing_written(argv, user_cwd, capsys)
+    assert message in refused(argv, user_cwd)
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--model", "llama-3-8x"), ("--gpu", "h10"),
                                              ("--base-runtime", "vlm")])
-def test_fit_log_unknown_name_names_the_flag_not_a_file(user_cwd, capsys, flag, value):
+def test_fit_log_unknown_name_names_the_flag_not_a_file(user_cwd, refused, flag, value):
     argv = [value if prev == flag else a for prev, a in zip([None, *FIT[:-1]], FIT, strict=True)]
-    err = _one_line_nothing_written(argv + ["rt.yaml"], user_cwd, capsys)
+    err = refused(argv + ["rt.yaml"], user_cwd)
     assert err.startswith(f"llmsim: error: {flag}: unknown '{value}' (known: "), err

@@ -249,13 +249,12 @@ def test_named_links_load_and_an_unknown_one_is_refused_with_the_known_names():
     ({"groups": [{"role": "prefill"}, {"role": "decode"}], "kv_transfer": {"link": "x"}},
      "cluster.kv_transfer.link: unknown 'x'"),
 ])
-def test_bad_cluster_sections_are_one_line_and_exit_2(tmp_path, cluster, message):
+def test_bad_cluster_sections_are_one_line_and_exit_2(tmp_path, cluster, message, llmsim):
     f = tmp_path / "c.yaml"
     f.write_text(json.dumps({"name": "c", "cluster": cluster, "workload": {
         "num_requests": 2, "arrival": {"kind": "constant", "rate": 1},
         "prompt": {"kind": "fixed", "value": 10}, "output": {"kind": "fixed", "value": 2}}}))
-    r = subprocess.run([sys.executable, "-m", "sim", "run", str(f), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, cwd=ROOT)
+    r = llmsim("run", str(f), "--out", str(tmp_path / "o"))
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
     assert not (tmp_path / "o").exists()

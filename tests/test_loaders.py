@@ -4,8 +4,6 @@ unusable name (too long for the file system, a NUL byte) is a one-line SpecError
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -172,9 +170,8 @@ def test_runtime_name_is_a_name_not_a_path():
     ["fit-log", f"{LONG}.csv", "--model", "llama-3-8b", "--gpu", "h200-sxm",
      "--base-runtime", "vllm", "--out", "unused.yaml"],
 ], ids=["gpu", "runtime", "runtime.yaml", "out", "fit-log"])
-def test_a_name_too_long_on_the_command_line_is_one_line_exit_2(args, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
-                       cwd=ROOT, timeout=300)
+def test_a_name_too_long_on_the_command_line_is_one_line_exit_2(args, tmp_path, llmsim):
+    r = llmsim(*args)
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("llmsim: error: ") and "Traceback" not in r.stderr

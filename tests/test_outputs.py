@@ -20,16 +20,10 @@ from hypothesis import strategies as st
 from sim.cli import main as cli
 from sim.io.foldernames import safe_folder_name, unique_names
 from sim.io.outputs import MANIFEST, TEMP_PREFIX, OutputError, check_out_dir, write_atomically
+from tests.conftest import QUICK_YAML as B_YAML
+from tests.conftest import tree
 
 ROOT = Path(__file__).resolve().parent.parent
-B_YAML = ("name: base\nseed: 1\nworkload:\n  num_requests: 20\n  arrival: {kind: poisson, rate: 5}\n"
-          "  prompt: {kind: fixed, value: 100}\n  output: {kind: fixed, value: 20}\n")
-
-
-def llmsim(*args, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's sim, from any cwd
-    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
 
 
 @pytest.fixture
@@ -38,11 +32,6 @@ def work(tmp_path) -> Path:
     (tmp_path / "b.yaml").write_text(B_YAML)
     (tmp_path / "notes.txt").write_text("my work\n")
     return tmp_path
-
-
-def tree(root: Path) -> dict[str, bytes | None]:
-    return {p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() else None)
-            for p in sorted(root.rglob("*"))}
 
 
 def temp_folders(root: Path) -> list[Path]:
@@ -58,14 +47,14 @@ def one_error_line(r: subprocess.CompletedProcess, start: str) -> str:
 
 # --- never deleting the user's files ------------------------------------------------------
 
-def test_out_dot_with_user_files_is_refused_and_deletes_nothing(work):
+def test_out_dot_with_user_files_is_refused_and_deletes_nothing(work, llmsim):
     before = tree(work)
     r = llmsim("run", "b.yaml", "--out", ".", "--no-plots", cwd=work)
     one_error_line(r, "llmsim: error: --out: .: folder exists, is not empty and was not written")
     assert tree(work) == before
 
 
-def test_out_parent_folder_is_refused_and_deletes_nothing(work):
+def test_out_parent_folder_is_refused_and_deletes_nothing(work, llmsim):
     inner = work / "project"
     inner.mkdir()
     (inner / "b.yaml").write_text(B_YAML)
@@ -75,7 +64,7 @@ def test_out_parent_folder_is_refused_and_deletes_nothing(work):
     assert tree(work) == before
 
 
-def test_out_folder_holding_user_files_is_refused(work):
+def test_out_folder_holding_user_files_is_refused(work, llmsim):
     (work / "mydir").mkdir()
     (work / "mydir" / "thesis.tex").write_text("chapter 1\n")
     before = tree(work)
@@ -84,7 +73,7 @@ def test_out_folder_holding_user_files_is_refused(work):
     assert tree(work) == before
 
 
-def test_user_file_added_to_an_llmsim_folder_blocks_replacing_it(work):
+def test_user_file_added_to_an_llmsim_folder_blocks_replacing_it(work, llmsim):
     assert llmsim("run", "b.yaml", "--out", "res", "--no-plots", cwd=work).returncode == 0
     (work / "res" / "analysis.ipynb").write_text("{}")
     r = llmsim("run", "b.yaml", "--out", "res", "--no-plots", cwd=work)
@@ -100,7 +89,7 @@ def test_a_folder_with_a_foreign_or_broken_manifest_is_not_llmsims(tmp_path):
             check_out_dir(tmp_path)
 
 
-def test_rerun_into_an_llmsim_folder_replaces_it(work):
+def test_rerun_into_an_llmsim_folder_replaces_it(work, llmsim):
     assert llmsim("run", "b.yaml", "--out", "res", "--plots", cwd=work).returncode == 0
     assert (work / "res" / "timeline.png").exists()
     first = json.loads((work / "res" / "summary.json").read_text())
@@ -112,7 +101,7 @@ def test_rerun_into_an_llmsim_folder_replaces_it(work):
     assert temp_folders(work) == []
 
 
-def test_existing_empty_folder_is_used_and_marked(work):
+def test_existing_empty_folder_is_used_and_marked(work, llmsim):
     (work / "empty").mkdir()
     assert llmsim("run", "b.yaml", "--out", "empty", "--no-plots", cwd=work).returncode == 0
     manifest = json.loads((work / "empty" / MANIFEST).read_text())
@@ -120,7 +109,7 @@ def test_existing_empty_folder_is_used_and_marked(work):
     assert temp_folders(work) == []
 
 
-def test_out_dot_in_an_empty_folder_writes_there(tmp_path):
+def test_out_dot_in_an_empty_folder_writes_there(tmp_path, llmsim):
     (tmp_path / "scen").mkdir()
     (tmp_path / "scen" / "b.yaml").write_text(B_YAML)
     here = tmp_path / "here"
@@ -132,14 +121,14 @@ def test_out_dot_in_an_empty_folder_writes_there(tmp_path):
                                                       "summary.json"]
 
 
-def test_llmsim_folder_holding_the_current_folder_is_refused(work):
+def test_llmsim_folder_holding_the_current_folder_is_refused(work, llmsim):
     assert llmsim("compare", "b.yaml", "--out", "cmp", "--no-plots", cwd=work).returncode == 0
     r = llmsim("compare", "../../b.yaml", "--out", "..", "--no-plots", cwd=work / "cmp" / "base")
     assert "holds the current folder" in one_error_line(r, "llmsim: error: --out: ..: ")
     assert (work / "cmp" / "base" / "summary.json").exists()
 
 
-def test_manifest_names_the_tool_command_scenario_and_every_file(work):
+def test_manifest_names_the_tool_command_scenario_and_every_file(work, llmsim):
     assert llmsim("run", "b.yaml", "--out", "res", "--plots", cwd=work).returncode == 0
     m = json.loads((work / "res" / MANIFEST).read_text())
     assert m["tool"] == "llmsim" and m["version"] and m["created"]
@@ -152,7 +141,7 @@ def test_manifest_names_the_tool_command_scenario_and_every_file(work):
 # --- scenario names and values become folder names, never paths -----------------------------
 
 @pytest.mark.parametrize("name", ["VICTIM", "../../x", "''", "..", ".", "a/../../b"])
-def test_scenario_name_stays_a_folder_under_runs(work, name):
+def test_scenario_name_stays_a_folder_under_runs(work, name, llmsim):
     victim = work / "abs" / "victim"
     name = name.replace("VICTIM", str(victim))  # name: /the/absolute/path/of/a/user/folder
     victim.mkdir(parents=True)
@@ -190,7 +179,7 @@ def test_a_safe_folder_name_is_one_plain_path_component(text):
     assert Path(name).name == name and len(Path(name).parts) == 1
 
 
-def test_compare_of_the_same_scenario_twice_writes_two_folders(work):
+def test_compare_of_the_same_scenario_twice_writes_two_folders(work, llmsim):
     r = llmsim("compare", "b.yaml", "b.yaml", "--out", "cmp", "--no-plots",
                "--set", "workload.num_requests=5", cwd=work)
     assert r.returncode == 0, r.stderr
@@ -201,7 +190,7 @@ def test_compare_of_the_same_scenario_twice_writes_two_folders(work):
         assert json.loads((work / "cmp" / sub / "summary.json").read_text())["requests"]["total"] == 5
 
 
-def test_sweep_values_cannot_write_outside_out(work):
+def test_sweep_values_cannot_write_outside_out(work, llmsim):
     before = tree(work)
     r = llmsim("sweep", "b.yaml", "--field", "name", "--values", "../../x,/abs,..", "--out", "sw",
                "--no-plots", "--set", "workload.num_requests=5", cwd=work)
@@ -282,7 +271,7 @@ def test_read_only_file_system_is_refused_before_the_simulation(mount_tmpfs, mon
     assert err == f"llmsim: error: --out: {ro / 'res'}: cannot write in {ro} (read-only file system)"
 
 
-def test_full_disk_is_one_line_and_keeps_the_earlier_results(mount_tmpfs, work):
+def test_full_disk_is_one_line_and_keeps_the_earlier_results(mount_tmpfs, work, llmsim):
     disk = mount_tmpfs("size=64k")
     (disk / "res").mkdir()
     assert llmsim("run", "b.yaml", "--out", str(disk / "res"), "--no-plots",
@@ -338,7 +327,7 @@ def test_signal_during_the_swap_is_held_until_the_new_results_are_in(tmp_path, m
     assert temp_folders(tmp_path) == []
 
 
-def test_output_folders_get_normal_permissions(work):
+def test_output_folders_get_normal_permissions(work, llmsim):
     old = os.umask(0o022)
     try:
         assert llmsim("run", "b.yaml", "--out", "res", "--no-plots", cwd=work).returncode == 0
@@ -366,7 +355,7 @@ def test_sigterm_stops_a_run_with_one_line_and_no_temp_folder(work):
     assert list((work / "res").iterdir()) == [] and temp_folders(work) == []
 
 
-def test_calibrate_refuses_a_file_as_its_out_before_measuring(tmp_path):
+def test_calibrate_refuses_a_file_as_its_out_before_measuring(tmp_path, llmsim):
     pytest.importorskip("torch")
     (tmp_path / "profile").write_text("x")
     r = llmsim("calibrate", "--quick", "--device", "cpu", "--out", "profile", cwd=tmp_path)
@@ -401,7 +390,7 @@ def test_writing_into_the_current_llmsim_folder_removes_only_its_listed_files(tm
 
 # --- what llmsim says when it writes --------------------------------------------------------
 
-def test_replacing_an_llmsim_folder_of_another_kind_says_so_in_one_line(work):
+def test_replacing_an_llmsim_folder_of_another_kind_says_so_in_one_line(work, llmsim):
     first = llmsim("run", "b.yaml", "--out", "res", cwd=work)
     assert first.returncode == 0 and first.stderr == "", first.stderr
     again = llmsim("run", "b.yaml", "--out", "res", "--set", "seed=2", cwd=work)
@@ -416,7 +405,7 @@ def test_replacing_an_llmsim_folder_of_another_kind_says_so_in_one_line(work):
     assert (work / "notes.txt").read_text() == "my work\n"
 
 
-def test_run_and_compare_name_everything_they_wrote(work):
+def test_run_and_compare_name_everything_they_wrote(work, llmsim):
     run = llmsim("run", "b.yaml", "--out", "res", "--trace-out", "t.json", cwd=work)
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[-1] == ("wrote res/ (requests.csv, steps.csv, summary.json; "

@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -212,12 +210,7 @@ def test_decode_step_is_faster_at_higher_tensor_degree():
     assert steps[1] > steps[0] / 2  # communication keeps TP from scaling perfectly
 
 
-def llmsim(*args):
-    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
-                          cwd=ROOT, timeout=300)
-
-
-def test_70b_at_tp1_on_one_a100_exits_2_with_a_gib_shortfall_line(tmp_path):
+def test_70b_at_tp1_on_one_a100_exits_2_with_a_gib_shortfall_line(tmp_path, llmsim):
     r = llmsim("run", str(TP_SCENARIO), "--set", "gpu=a100-80gb", "--set", "parallel.tensor=1",
                "--out", str(tmp_path / "out"))
     assert r.returncode == 2

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -104,11 +102,10 @@ def test_plan_report_of_a_plan_written_before_router_existed_says_random(tmp_pat
     assert "req/s (random router, seeds" in _report_text(spec, old)
 
 
-def test_plan_with_an_unknown_router_policy_exits_2_with_one_line(tmp_path):
+def test_plan_with_an_unknown_router_policy_exits_2_with_one_line(tmp_path, llmsim):
     p = _plan(tmp_path, "{policy: nearest}")
     out = tmp_path / "o"
-    proc = subprocess.run([sys.executable, "-m", "sim", "plan", str(p), "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = llmsim("plan", str(p), "--out", str(out), timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip() == (f"llmsim: error: {p}: router.policy: unknown 'nearest' "
                                    f"(allowed: {POLICIES})")

@@ -4,10 +4,7 @@ trace is valid trace-event JSON."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -94,21 +91,15 @@ def test_report_of_a_foreign_folder_is_one_line_error(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.txt"]  # nothing written
 
 
-def _llmsim(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's sim, from any cwd
-    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
-
-
 def _manifest(folder: Path) -> dict:
     return json.loads((folder / MANIFEST).read_text())
 
 
-def test_report_of_a_sweep_folder_holds_its_results_table(tmp_path):
-    made = _llmsim("sweep", QUICK, "--grid", "scheduler.policy=continuous,chunked", "--set",
+def test_report_of_a_sweep_folder_holds_its_results_table(tmp_path, llmsim):
+    made = llmsim("sweep", QUICK, "--grid", "scheduler.policy=continuous,chunked", "--set",
                    "workload.num_requests=20", "--executor", "sequential", "--out", "sw", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
-    rep = _llmsim("report", "sw", cwd=tmp_path)
+    rep = llmsim("report", "sw", cwd=tmp_path)
     assert rep.returncode == 0 and rep.stderr == "", rep.stderr
     assert rep.stdout == "sw/report.html\n"
     folder = tmp_path / "sw"
@@ -137,11 +128,11 @@ def test_report_of_a_curve_or_plan_folder_holds_its_tables(tmp_path):
     assert (folder / "report_candidates.csv").is_file() and "report.html" in _manifest(folder)["files"]
 
 
-def test_report_keeps_the_provenance_of_the_results_and_records_itself(tmp_path):
-    assert _llmsim("run", QUICK, "--set", "workload.num_requests=20", "--out", "r", cwd=tmp_path).returncode == 0
+def test_report_keeps_the_provenance_of_the_results_and_records_itself(tmp_path, llmsim):
+    assert llmsim("run", QUICK, "--set", "workload.num_requests=20", "--out", "r", cwd=tmp_path).returncode == 0
     before = _manifest(tmp_path / "r")
     for _ in range(2):
-        rep = _llmsim("report", "r", cwd=tmp_path)
+        rep = llmsim("report", "r", cwd=tmp_path)
         assert rep.returncode == 0, rep.stderr
     after = _manifest(tmp_path / "r")
     assert after["command"] == before["command"] == f"llmsim run {QUICK} --set workload.num_requests=20 --out r"

@@ -5,8 +5,6 @@ disaggregated replica table."""
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
@@ -163,11 +161,10 @@ def test_a_prefill_replica_row_counts_prefills_in_both_columns():
     assert line.split()[3:5] == ["60", fmt(pre["prefill_throughput"])]
 
 
-def test_sweep_table_prints_swept_booleans_as_the_yaml_does(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "sim", "sweep", str(ROOT / "scenarios" / "quickstart.yaml"),
-                          "--grid", "kv.prefix_caching=false,true", "--set", "workload.num_requests=10",
-                          "--executor", "sequential", "--out", str(tmp_path / "sw")],
-                         capture_output=True, text=True, cwd=ROOT)
+def test_sweep_table_prints_swept_booleans_as_the_yaml_does(tmp_path, llmsim):
+    res = llmsim("sweep", str(ROOT / "scenarios" / "quickstart.yaml"),
+                 "--grid", "kv.prefix_caching=false,true", "--set", "workload.num_requests=10",
+                 "--executor", "sequential", "--out", str(tmp_path / "sw"))
     assert res.returncode == 0, res.stderr
     first = [ln.split()[0] for ln in res.stdout.splitlines()[1:3]]
     assert first == ["false", "true"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import pickle
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +15,7 @@ from sim.io.outputs import OutputError
 from sim.io.specload import SpecError
 from sim.planning.curve import knee, run_curve
 from sim.planning.sweep import configurations, execute, parse_axis, read_rows, run_sweep
+from tests.conftest import run_llmsim
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
@@ -120,8 +120,7 @@ def test_a_worker_spec_error_reaches_the_parent_as_itself(executor):
 
 
 def _sweep_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sim", "sweep", QUICK, "--set",
-                           "workload.num_requests=20", *args], cwd=ROOT, capture_output=True, text=True)
+    return run_llmsim("sweep", QUICK, "--set", "workload.num_requests=20", *args)
 
 
 @pytest.mark.parametrize("executor", ["process", "sequential"])

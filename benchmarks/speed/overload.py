@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
-
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]

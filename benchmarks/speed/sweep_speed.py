@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
-import tempfile
 import sys
+import tempfile
 import time
 from pathlib import Path
 

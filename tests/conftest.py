@@ -1,0 +1,84 @@
+"""What many test files share: the command line run in a child process (`llmsim`) or
+in-process and refused (`refused`), the quick scenario (`QUICK_YAML`, `quick_scenario`)
+and a folder's contents (`tree`, to show that nothing was written).
+
+Tests that take more than a few seconds alone are marked `@pytest.mark.slow`
+(registered in pyproject.toml): `python -m pytest` runs them as CI does,
+`python -m pytest -m "not slow"` leaves them out for a quick local pass.
+
+Constants and plain functions are imported where a module needs them at import time
+(`from tests.conftest import QUICK_YAML`); everything else is a fixture.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# The quick scenario: 20 requests of 100 prompt and 20 output tokens at 5 req/s on the
+# defaults (Llama-3-8B, H200, continuous batching); a run takes well under a second.
+QUICK_YAML = ("name: base\nseed: 1\nworkload:\n  num_requests: 20\n  arrival: {kind: poisson, rate: 5}\n"
+              "  prompt: {kind: fixed, value: 100}\n  output: {kind: fixed, value: 20}\n")
+
+
+def tree(root: Path) -> dict[str, bytes | None]:
+    """Every path below `root` with its bytes (None for a folder)."""
+    return {p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() else None)
+            for p in sorted(root.rglob("*"))}
+
+
+def run_llmsim(*args: str, cwd: Path | str = ROOT, env: dict | None = None,
+               timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m sim ARGS` in a child process, this checkout's sim first from any cwd."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return subprocess.run([sys.executable, "-m", "sim", *args], capture_output=True, text=True,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": path, **(env or {})},
+                          timeout=timeout)
+
+
+@pytest.fixture
+def llmsim() -> Callable[..., subprocess.CompletedProcess]:
+    """The command line in a child process: `llmsim("run", FILE, "--out", DIR, cwd=..., env=...)`
+    returns the CompletedProcess (text stdout and stderr)."""
+    return run_llmsim
+
+
+@pytest.fixture
+def refused(capsys) -> Callable[..., str]:
+    """The command line in-process, refused: `refused(argv, root, *needles)` asserts exit 2,
+    one line `llmsim: error: ...` on stderr holding every needle, and nothing written or
+    replaced below `root`; returns that line."""
+    from sim.cli.main import main
+
+    def check(argv: list[str], root: Path, *needles: str) -> str:
+        before = tree(root)
+        try:
+            rc = main(argv)
+        except SystemExit as e:
+            rc = e.code
+        except Exception:  # noqa: BLE001 - a traceback is the failure being recorded
+            rc = "traceback"
+        err = capsys.readouterr().err
+        assert rc == 2 and len(err.strip().splitlines()) == 1, (rc, err)
+        assert err.startswith("llmsim: error: "), err
+        for n in needles:
+            assert n in err, err
+        assert tree(root) == before  # nothing written, nothing replaced
+        return err
+
+    return check
+
+
+@pytest.fixture
+def quick_scenario(tmp_path) -> Path:
+    """The quick scenario written as `b.yaml` in the test's temporary folder."""
+    path = tmp_path / "b.yaml"
+    path.write_text(QUICK_YAML)
+    return path
