@@ -82,3 +82,15 @@ def quick_scenario(tmp_path) -> Path:
     path = tmp_path / "b.yaml"
     path.write_text(QUICK_YAML)
     return path
+
+
+@pytest.fixture
+def user_cwd(quick_scenario, monkeypatch) -> Path:
+    """A user's folder, made the current one: the quick scenario b.yaml, a file (user.txt)
+    and a folder (userdir/f.txt) of theirs."""
+    root = quick_scenario.parent
+    (root / "user.txt").write_text("mine")
+    (root / "userdir").mkdir()
+    (root / "userdir" / "f.txt").write_text("mine")
+    monkeypatch.chdir(root)
+    return root

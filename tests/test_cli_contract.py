@@ -15,14 +15,9 @@ PLAN = ("name: p\nscenario: b.yaml\ntarget_rate: 2\nslo: {ttft_p99_s: 1.0}\n"
 
 
 @pytest.fixture
-def user_cwd(tmp_path, monkeypatch):
-    (tmp_path / "b.yaml").write_text(B)
-    (tmp_path / "p.yaml").write_text(PLAN.replace("GPU", "h200-sxm"))
-    (tmp_path / "user.txt").write_text("mine")
-    (tmp_path / "userdir").mkdir()
-    (tmp_path / "userdir" / "f.txt").write_text("mine")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
+def user_cwd(user_cwd):
+    (user_cwd / "p.yaml").write_text(PLAN.replace("GPU", "h200-sxm"))
+    return user_cwd
 
 
 RUN = ["run", "b.yaml", "--out", "o", "--no-plots", "--no-progress"]

@@ -7,24 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import QUICK_YAML as B
-
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = ROOT / "data" / "live" / "cb_r16_steps.csv"
 REQS = ROOT / "data" / "live" / "cb_r16_requests.csv"
 FIT = ["fit-log", str(STEPS), "--requests", str(REQS), "--model", "llama-3.2-1b", "--gpu", "h200-sxm",
        "--base-runtime", "vllm", "--out"]
 REPLAY = ["validate", "b.yaml", "--replay", str(STEPS), str(REQS), "--out"]
-
-
-@pytest.fixture
-def user_cwd(tmp_path, monkeypatch):
-    (tmp_path / "b.yaml").write_text(B)
-    (tmp_path / "user.txt").write_text("mine")
-    (tmp_path / "userdir").mkdir()
-    (tmp_path / "userdir" / "f.txt").write_text("mine")
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 @pytest.mark.parametrize("out", ["user.txt", ".", "userdir", "user.txt/rt.yaml", "/proc/rt.yaml"])

@@ -27,11 +27,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
-def work(tmp_path) -> Path:
+def work(quick_scenario) -> Path:
     """A user's folder: the small scenario b.yaml and a file of theirs."""
-    (tmp_path / "b.yaml").write_text(B_YAML)
-    (tmp_path / "notes.txt").write_text("my work\n")
-    return tmp_path
+    (quick_scenario.parent / "notes.txt").write_text("my work\n")
+    return quick_scenario.parent
 
 
 def temp_folders(root: Path) -> list[Path]:
