@@ -276,7 +276,7 @@ def test_missing_cuda_device_is_one_line_and_exit_2(tmp_path, llmsim):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
     r = llmsim("calibrate", "--models", "tiny-llama", "--device", "cuda", "--quick",
-                "--out", str(tmp_path / "p"))
+               "--out", str(tmp_path / "p"))
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("llmsim: error: --device cuda: ")

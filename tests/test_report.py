@@ -97,7 +97,7 @@ def _manifest(folder: Path) -> dict:
 
 def test_report_of_a_sweep_folder_holds_its_results_table(tmp_path, llmsim):
     made = llmsim("sweep", QUICK, "--grid", "scheduler.policy=continuous,chunked", "--set",
-                   "workload.num_requests=20", "--executor", "sequential", "--out", "sw", cwd=tmp_path)
+                  "workload.num_requests=20", "--executor", "sequential", "--out", "sw", cwd=tmp_path)
     assert made.returncode == 0, made.stderr
     rep = llmsim("report", "sw", cwd=tmp_path)
     assert rep.returncode == 0 and rep.stderr == "", rep.stderr
