@@ -2,11 +2,12 @@
 
 A point checks that its tensors fit before allocating them (`Device.check_fits`),
 builds random inputs, times the call (`Device.time_ms`) and returns the rows to
-write. Shapes come from the models' specs: every distinct GEMM (K, N) of
-`ModelSpec.gemm_shapes()` including the LM head, every distinct attention head
-configuration (hq, hkv, d), and the widths the step model looks elementwise ops
-up at (`sim.costmodel.latency`: rmsnorm and residual add at hidden, SiLU·mul at ffn, rotary
-at q_dim + kv_dim, KV write at 2·kv_dim, embedding at hidden).
+write. Shapes come from the models' lists of operations (`ModelSpec.ops`,
+sim/costmodel/layer.py), the same the step model prices: every distinct GEMM (K, N)
+including the LM head, every distinct attention head configuration (hq, hkv, d), and
+every norm, elementwise kernel and embedding at its width (for a Llama layer: rmsnorm
+and residual add at hidden, SiLU·mul at ffn, rotary at q_dim + kv_dim, KV write at
+2·kv_dim, embedding at hidden).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from sim.calibrate import ops
 from sim.calibrate.device import Device, DeviceError
 from sim.calibrate.grids import every, tier_of
+from sim.costmodel.layer import elementwise_calls
 from sim.costmodel.models import ModelSpec
 
 
@@ -191,10 +193,12 @@ def sampling_point(M: int, V: int, tier: int) -> Point:
 
 
 def elementwise_shapes(m: ModelSpec) -> list[tuple[str, int, int]]:
-    """(op, H, head_dim) at the widths sim.costmodel.latency looks them up at."""
-    return [("rmsnorm", m.hidden, m.head_dim), ("residual_add", m.hidden, m.head_dim),
-            ("silu_mul", m.ffn, m.head_dim), ("rotary", m.q_dim + m.kv_dim, m.head_dim),
-            ("kv_write", 2 * m.kv_dim, m.head_dim), ("embedding", m.hidden, m.head_dim)]
+    """(kernel, width, head_dim) of the norms, elementwise kernels and embedding of the
+    model's operations (sim/costmodel/layer.py), at the widths the step model looks them up at."""
+    ops = m.ops()
+    d = ops.find("attention").shape[2]
+    return [(kernel, width, d) for kernel, width, _ in
+            elementwise_calls(ops.first + ops.layer + ops.last)]
 
 
 # ---- all kernel points -------------------------------------------------------------------------
@@ -205,7 +209,7 @@ def kernel_points(models: list[ModelSpec], g: dict) -> list[Point]:
     shapes = dict.fromkeys((k, n) for m in models for k, n in m.gemm_shapes().values())
     for k, n in shapes:
         pts += [gemm_point(M, k, n, tier_of(g["gemm_m"], M)) for M in every(g["gemm_m"])]
-    cfgs = dict.fromkeys((m.heads, m.kv_heads, m.head_dim) for m in models)
+    cfgs = dict.fromkeys(op.shape for m in models for op in m.ops().of_kind("attention"))
     block = g["block"]
     for cfg in cfgs:
         for b in every(g["decode_batch"]):

@@ -47,7 +47,7 @@ class Resident:
             dev.check_fits(spec.params * torch.finfo(dev.dtype).bits / 8,
                            f"{spec.name} weights")
             self.model = Llama(spec, dev)
-            per_token = 2 * spec.layers * spec.kv_dim * torch.finfo(dev.dtype).bits / 8
+            per_token = spec.ops().kv_bytes_per_token(torch.finfo(dev.dtype).bits / 8)
             tokens = min(pool_tokens, int(0.5 * dev.free_bytes() / per_token))  # room for steps
             self.cache = PagedCache(spec, max(1, tokens // block), block, dev)
             self.spec = spec

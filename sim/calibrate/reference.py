@@ -56,7 +56,10 @@ class Llama:
         self.spec, self.dev = spec, dev
         m = spec
 
-        def w(n: int, k: int) -> torch.Tensor:
+        shapes = m.gemm_shapes()  # (K, N) of each GEMM, from the model's list of operations
+
+        def w(gemm: str) -> torch.Tensor:
+            k, n = shapes[gemm]
             return dev.randn(n, k, scale=k ** -0.5)
 
         def norm() -> torch.Tensor:
@@ -64,12 +67,11 @@ class Llama:
 
         self.embed = dev.randn(m.vocab, m.hidden)
         self.layers = [dict(
-            attn_norm=norm(), wqkv=w(m.q_dim + 2 * m.kv_dim, m.hidden), wo=w(m.hidden, m.q_dim),
-            ffn_norm=norm(), w13=w((2 if m.gated_mlp else 1) * m.ffn, m.hidden),
-            w2=w(m.hidden, m.ffn),
+            attn_norm=norm(), wqkv=w("qkv"), wo=w("o"), ffn_norm=norm(), w13=w("gate_up"),
+            w2=w("down"),
         ) for _ in range(m.layers)]
         self.norm = norm()
-        self.lm_head = self.embed if m.tied_embeddings else w(m.vocab, m.hidden)
+        self.lm_head = self.embed if m.tied_embeddings else w("lm_head")
         self.rope = ops.rope_tables(m.max_len, m.head_dim, dev.device)
 
     def mlp(self, x: torch.Tensor, lw: dict) -> torch.Tensor:

@@ -28,10 +28,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from sim.costmodel.layer import Op, fuse_add_norms
 from sim.io.tables import DERIVED, EXACT, INTERPOLATED
 
 if TYPE_CHECKING:
-    from sim.costmodel.models import ModelSpec
     from sim.costmodel.profiles import GPUProfile
 
 Lookup = Callable[[str, int, int], tuple[float, str]]  # (op, tokens, width) -> (ms, tag)
@@ -67,18 +67,18 @@ def fused_kernel(profile: GPUProfile, kernel: str, tokens: int, width: int) -> t
     return ms, DERIVED if tag in (EXACT, INTERPOLATED) else tag
 
 
-def stack_elementwise(profile: GPUProfile, runtime_elementwise: str, m: ModelSpec
-                      ) -> tuple[Lookup, tuple[tuple[str, int, int], ...]]:
-    """The elementwise lookup a step uses and its per-layer norm, add and SiLU·mul kernels
-    as (op, width, calls per layer): as measured, 2 RMSNorm + 2 residual add + SiLU·mul;
-    derived fused, 2 add+RMSNorm (every norm but the first layer's input norm, which has no
-    residual yet: the step's one plain RMSNorm, counted as its final norm) + SiLU·mul."""
+def stack_elementwise(profile: GPUProfile, runtime_elementwise: str, layer: tuple[Op, ...]
+                      ) -> tuple[Lookup, tuple[Op, ...]]:
+    """The elementwise lookup a step uses and the layer as the stack runs it: as measured,
+    its RMSNorms and residual adds apart; derived fused, each residual add folded into
+    the RMSNorm after it (`fuse_add_norms`: 2 add+RMSNorm per layer; the first layer's
+    input norm has no residual yet: the step's one plain RMSNorm, counted as its final
+    norm)."""
     if not derives_fused(profile, runtime_elementwise):
-        return profile.elementwise, (("rmsnorm", m.hidden, 2), ("residual_add", m.hidden, 2),
-                                     ("silu_mul", m.ffn, 1))
+        return profile.elementwise, layer
 
     def lookup(op: str, tokens: int, width: int) -> tuple[float, str]:
         if op in FUSED_BYTES:
             return fused_kernel(profile, op, tokens, width)
         return profile.elementwise(op, tokens, width)
-    return lookup, (("add_rmsnorm", m.hidden, 2), ("silu_mul", m.ffn, 1))
+    return lookup, fuse_add_norms(layer)

@@ -1,6 +1,8 @@
 """The latency of one iteration (a "step") from its batch.
 
-GPU time of a step over T new tokens in S sequences, for a model of L layers:
+GPU time of a step over T new tokens in S sequences is one lookup per operation of the
+model's forward pass, read from its list of operations (`ModelSpec.ops`,
+sim/costmodel/layer.py); for a Llama model of L layers:
 
     L x [ GEMM(qkv, T) + GEMM(o, T) + GEMM(gate_up, T) + GEMM(down, T)
           + 2 RMSNorm(T) + 2 residual add(T) + SiLU*mul(T) + rotary(T) + KV write(T)
@@ -11,7 +13,7 @@ GPU time of a step over T new tokens in S sequences, for a model of L layers:
 layer in place of the norms and adds, SiLU*mul one kernel, derived: sim/costmodel/fused.py)
 
 and, on a `tensor`-way tensor-parallel replica, every GEMM and attention call at
-its per-GPU shape (`ModelSpec.shard`) plus the communication term
+its per-GPU shape (`ModelSpec.shard`) plus the collectives the list adds
 
     (2 L + 1) x all-reduce(T x hidden x 2 bytes)  + all-gather of the LM head's logits
 
@@ -43,6 +45,7 @@ first time a replica sees a prefill shape (fitted from live logs by sim/fit/logf
 from __future__ import annotations
 
 from sim.costmodel.fused import stack_elementwise
+from sim.costmodel.layer import ModelOps, elementwise_calls
 from sim.costmodel.models import ModelSpec
 from sim.costmodel.profiles import (
     ANALYTIC,
@@ -84,16 +87,38 @@ class StepLatency:
         fp8_weights: bool = False,
     ):
         """`model` is the whole model (with its dtype widths); each of the `tensor` GPUs
-        runs `model.shard(tensor)`. `fp8_weights`: projections at the FP8 rate."""
+        runs `model.shard(tensor)`, the operations of `model.ops(tensor)`. `fp8_weights`:
+        the ops marked fp8 (the projections) at the FP8 rate."""
         self.m, self.p, self.rt = model.shard(tensor), profile, runtime
         self.prefill_impl, self.decode_impl = prefill_impl, decode_impl
         self.verify_impl = verify_impl
-        self.tensor, self.fp8_weights, self.vocab = tensor, fp8_weights, model.vocab
-        self.shapes = self.m.gemm_shapes()
-        self._elementwise, self._norm_ops = stack_elementwise(profile, runtime.elementwise, self.m)
+        self.tensor, self.fp8_weights = tensor, fp8_weights
+        self._price_ops(model.ops(tensor))
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses(, s, kernel s)]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
         self.kernel_s = 0.0  # GPU kernel seconds of the step priced last (before jitter)
+
+    def _price_ops(self, ops: ModelOps) -> None:
+        """The lookups a step makes, read once from the pass's operations. A step sums
+        them in this order (floating-point sums: a fixed order, so equal steps give equal
+        bytes): the layer's GEMMs in the order they run; its norms and elementwise kernels,
+        one lookup per kernel and width (ELEMENTWISE_ORDER); those before and after the
+        layers; the collectives, one lookup per kind and size. The LM head and its gather
+        run on their own rows (`_lm_parts`), attention per call (`*_attn_ms`)."""
+        self._elementwise, layer = stack_elementwise(self.p, self.rt.elementwise, ops.layer)
+        self._gemms = [(op.shape, op.fp8 and self.fp8_weights) for op in layer if op.kind == "gemm"]
+        self._layer_elementwise = elementwise_calls(layer)
+        self._step_elementwise = elementwise_calls(ops.first + ops.last)
+        calls: dict[tuple[str, int, bool], int] = {}
+        for op, times in ops.each():
+            if op.kind == "collective":
+                key = (op.kernel, op.shape[0], op.per_sequence)
+                calls[key] = calls.get(key, 0) + times
+        self._collectives = [(k, b, c) for (k, b, per_seq), c in calls.items() if not per_seq]
+        self._lm_collectives = [(k, b, c) for (k, b, per_seq), c in calls.items() if per_seq]
+        self._lm_head = ops.find("lm_head")
+        self.heads, self.kv_heads, self.head_dim = ops.find("attention").shape
+        self.attn_calls = sum(times for op, times in ops.each() if op.kind == "attention")
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
     def _piece(self, key: tuple, compute) -> float:
@@ -116,31 +141,35 @@ class StepLatency:
         return parts
 
     def _dense_lookup(self, T: int) -> list[tuple[float, str]]:
-        m, p, L = self.m, self.p, self.m.layers
+        p, L = self.p, self.m.layers
         parts = []
-        gemm = p.gemm_fp8 if self.fp8_weights else p.gemm
-        for op in ("qkv", "o", "gate_up", "down"):
-            k, n = self.shapes[op]
-            ms, tag = gemm(T, k, n)
+        for (k, n), fp8 in self._gemms:
+            ms, tag = (p.gemm_fp8 if fp8 else p.gemm)(T, k, n)
             parts.append((L * ms, tag))
-        for op, width, times in (*self._norm_ops, ("rotary", m.q_dim + m.kv_dim, 1),
-                                 ("kv_write", 2 * m.kv_dim, 1)):
-            ms, tag = self._elementwise(op, T, width)
-            parts.append((L * times * ms, tag))
-        for op, width in (("rmsnorm", m.hidden), ("embedding", m.hidden)):
-            parts.append(self._elementwise(op, T, width))
-        if self.tensor > 1:
-            ms, tag = p.comm.all_reduce(T * m.hidden * BF16, self.tensor,
-                                        custom=self.rt.custom_all_reduce)
-            parts.append(((2 * L + 1) * ms, tag))
+        for kernel, width, calls in self._layer_elementwise:
+            ms, tag = self._elementwise(kernel, T, width)
+            parts.append((L * calls * ms, tag))
+        for kernel, width, calls in self._step_elementwise:
+            ms, tag = self._elementwise(kernel, T, width)
+            parts.append((calls * ms, tag))
+        for kernel, nbytes, calls in self._collectives:
+            ms, tag = self._collective(kernel, T * nbytes)
+            parts.append((calls * ms, tag))
         return parts
+
+    def _collective(self, kernel: str, nbytes: int) -> tuple[float, str]:
+        if kernel == "all_reduce":
+            return self.p.comm.all_reduce(nbytes, self.tensor, custom=self.rt.custom_all_reduce)
+        return self.p.comm.all_gather(nbytes, self.tensor)
 
     def _lm_parts(self, rows: int) -> list[tuple[float, str]]:
         """The LM head (bf16, vocabulary split across the GPUs) and the gather of its logits."""
-        k, n = self.shapes["lm_head"]
-        parts = [self.p.gemm(rows, k, n)]
-        if self.tensor > 1:
-            parts.append(self.p.comm.all_gather(rows * self.vocab * BF16, self.tensor))
+        op = self._lm_head
+        k, n = op.shape
+        parts = [(self.p.gemm_fp8 if op.fp8 and self.fp8_weights else self.p.gemm)(rows, k, n)]
+        for kernel, nbytes, calls in self._lm_collectives:
+            ms, tag = self._collective(kernel, rows * nbytes)
+            parts.append((calls * ms, tag))
         return parts
 
     def dense_ms(self, tokens: int) -> float:
@@ -150,13 +179,11 @@ class StepLatency:
         return self._piece(("lm", rows), lambda: self._lm_parts(rows))
 
     def prefill_attn_ms(self, q_len: int, kv_len: int) -> float:
-        m = self.m
-
         def compute():
             ms, tag = self.p.prefill_attn(
-                self.prefill_impl, 1, q_len, kv_len, m.heads, m.kv_heads, m.head_dim
+                self.prefill_impl, 1, q_len, kv_len, self.heads, self.kv_heads, self.head_dim
             )
-            return [(m.layers * ms, tag)]
+            return [(self.attn_calls * ms, tag)]
 
         return self._piece(("pa", q_len, kv_len), compute)
 
@@ -185,13 +212,12 @@ class StepLatency:
         return EXTRAPOLATED
 
     def _decode_attn_parts(self, n: int, ctx_q: int, max_q: int) -> list[tuple[float, str]]:
-        m = self.m
         ctx_q, max_q = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
         ms, tag = self.p.decode_attn(
-            self.decode_impl, n, ctx_q * n, m.heads, m.kv_heads, m.head_dim,
+            self.decode_impl, n, ctx_q * n, self.heads, self.kv_heads, self.head_dim,
             max_ctx=max_q if max_q > ctx_q else None,
         )
-        return [(m.layers * ms, self._kv_tag(tag))]
+        return [(self.attn_calls * ms, self._kv_tag(tag))]
 
     def verify_attn_ms(self, q_len: int, kv_len: int) -> float:
         """Attention of `q_len` new tokens of one sequence over its `kv_len` cached tokens.
@@ -200,21 +226,20 @@ class StepLatency:
         sequence; `flash`: a flash call with a KV prefix; `paged`: the decode kernel
         run once per query token.
         """
-        m = self.m
         kv_q = _quantize(kv_len, 7)
 
         def compute():
             if self.verify_impl == "flash":
                 ms, tag = self.p.prefill_attn("flash", 1, q_len, max(kv_q, q_len),
-                                              m.heads, m.kv_heads, m.head_dim)
+                                              self.heads, self.kv_heads, self.head_dim)
             else:
                 paged = self.verify_impl in ("paged", "paged_reference")
                 impl = self.verify_impl if paged else "paged_gather"
                 rows = q_len if paged else 1
-                ms, tag = self.p.decode_attn(impl, rows, rows * self._kv_ctx(kv_q), m.heads,
-                                             m.kv_heads, m.head_dim)
+                ms, tag = self.p.decode_attn(impl, rows, rows * self._kv_ctx(kv_q), self.heads,
+                                             self.kv_heads, self.head_dim)
                 tag = self._kv_tag(tag)
-            return [(m.layers * ms, tag)]
+            return [(self.attn_calls * ms, tag)]
 
         return self._piece(("va", q_len, kv_q), compute)
 
@@ -316,14 +341,13 @@ class StepLatency:
         if self.verify_impl in ("paged_gather", "flash"):
             return self.verify(rows)
         ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
-        m = self.m
 
         def compute():
             c, mx = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
-            ms, tag = self.p.decode_attn(self.decode_impl, n * q, c * n * q, m.heads,
-                                         m.kv_heads, m.head_dim, max_ctx=mx if mx > c else None)
+            ms, tag = self.p.decode_attn(self.decode_impl, n * q, c * n * q, self.heads,
+                                         self.kv_heads, self.head_dim, max_ctx=mx if mx > c else None)
             return (self._dense_parts(n * q) + self._lm_parts(n * q)
-                    + [(m.layers * ms, self._kv_tag(tag))])
+                    + [(self.attn_calls * ms, self._kv_tag(tag))])
 
         return self._step(("verify", n, q, ctx_q, max_q), compute, n)
 

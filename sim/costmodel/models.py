@@ -2,8 +2,9 @@
 
 A `ModelSpec` holds the few numbers of a decoder-only transformer that decide its
 cost: layer count, widths, head counts, vocabulary and dtypes. Everything else
-(parameter count, weight and KV-cache bytes, FLOPs, GEMM shapes) is derived here,
-so the latency model and the KV manager never re-derive it themselves.
+(parameter count, weight and KV-cache bytes, FLOPs, GEMM shapes) is read from its
+list of operations (`ModelSpec.ops`, sim/costmodel/layer.py), the one description of
+its layer that latency, memory, tensor parallelism and calibration also read.
 
 The architecture assumed is Llama-style: RMSNorm before attention and before the
 MLP, q/k/v/o projections without biases (unless `qkv_bias`, as in Qwen2), an MLP
@@ -16,6 +17,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sim.costmodel.layer import ModelOps, model_ops
 from sim.io.filecache import FileCache
 from sim.io.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
 
@@ -67,40 +69,33 @@ class ModelSpec:
         """Width of the key (or value) projection output (kv_heads × head_dim)."""
         return self.kv_heads * self.head_dim
 
-    @property
-    def layer_matmul_params(self) -> int:
-        """Weights of one layer's matmuls: q, k, v, o and the MLP (no biases, no norms)."""
-        attention = self.hidden * (self.q_dim + 2 * self.kv_dim) + self.q_dim * self.hidden
-        mlp = (3 if self.gated_mlp else 2) * self.hidden * self.ffn
-        return attention + mlp
+    def ops(self, tensor: int = 1) -> ModelOps:
+        """Its forward pass as a list of operations on one GPU of a `tensor`-way group
+        (sim/costmodel/layer.py): the sizes below are read from it."""
+        return model_ops(self, tensor)
 
     @property
     def params(self) -> int:
         """All parameters: embeddings, layers (with qkv biases and 2 RMSNorms), final
         norm, and the LM head unless it is tied to the embeddings."""
-        bias = (self.q_dim + 2 * self.kv_dim) if self.qkv_bias else 0
-        per_layer = self.layer_matmul_params + bias + 2 * self.hidden
-        embeddings = self.vocab * self.hidden
-        lm_head = 0 if self.tied_embeddings else self.vocab * self.hidden
-        return embeddings + self.layers * per_layer + self.hidden + lm_head
+        return self.ops().params
 
     @property
     def weight_bytes(self) -> int:
         """Bytes of all weights at `weight_dtype_bytes` each."""
-        return round(self.params * self.weight_dtype_bytes)
+        return self.ops().weight_bytes(self.weight_dtype_bytes)
 
     @property
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes one token occupies: K and V, in every layer, for every KV head."""
-        return round(2 * self.layers * self.kv_dim * self.kv_dtype_bytes)
+        return self.ops().kv_bytes_per_token(self.kv_dtype_bytes)
 
     # ---- compute ----------------------------------------------------------------
 
     def flops_per_token(self, context: int = 0) -> float:
         """Forward-pass FLOPs for one token that attends to `context` tokens.
 
-        Convention: a multiply-add counts 2 FLOPs. The matmul part is
-        2 × (layers × layer_matmul_params + vocab × hidden), i.e. every weight
+        Convention: a multiply-add counts 2 FLOPs. The matmul part is 2 × every weight
         matmul including the LM head (tied or not), but not the embedding lookup,
         biases, norms or activations. The attention part is
         4 × layers × heads × head_dim × context: QKᵀ and the weighted sum of V,
@@ -108,9 +103,7 @@ class ModelSpec:
         this token sees (its own position + 1 under a causal mask); the caller sums
         over the tokens of a step, so no causal halving happens here.
         """
-        matmul = self.layers * self.layer_matmul_params + self.vocab * self.hidden
-        attention = 4 * self.layers * self.heads * self.head_dim * context
-        return float(2 * matmul + attention)
+        return self.ops().flops_per_token(context)
 
     def gemm_shapes(self) -> dict[str, tuple[int, int]]:
         """Per-layer GEMMs (and the LM head) as op -> (K, N) for F.linear(x[M, K], W[N, K]).
@@ -118,13 +111,7 @@ class ModelSpec:
         M is the number of tokens in the step, so it is left to the caller. q, k and
         v are fused into one GEMM, as are gate and up when the MLP is gated.
         """
-        return {
-            "qkv": (self.hidden, self.q_dim + 2 * self.kv_dim),
-            "o": (self.q_dim, self.hidden),
-            "gate_up": (self.hidden, (2 if self.gated_mlp else 1) * self.ffn),
-            "down": (self.ffn, self.hidden),
-            "lm_head": (self.hidden, self.vocab),
-        }
+        return self.ops().gemm_shapes()
 
 
     # ---- tensor parallelism -------------------------------------------------------

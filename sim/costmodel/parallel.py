@@ -6,13 +6,16 @@ dtype: {weights: fp8, kv_cache: fp8}  # defaults bf16
 ```
 
 A replica of `tensor` GPUs holds `ModelSpec.shard(tensor)` on each GPU (split heads,
-MLP and vocabulary; see sim/costmodel/models.py) and pays two all-reduces per layer plus the
-embedding's all-reduce and the LM head's gather (sim/costmodel/latency.py, sim/costmodel/comm.py).
+MLP and vocabulary; see sim/costmodel/models.py) and runs `ModelSpec.ops(tensor)`: each
+operation split as its `split` says, an all-reduce after every row-split operation (two
+per Llama layer) and the embedding, a gather after the LM head (sim/costmodel/layer.py;
+priced by sim/costmodel/latency.py, sim/costmodel/comm.py).
 Pipeline parallelism is not modelled: `pipeline` must be 1.
 
 FP8 needs FP8 tensor cores (a profile with `datasheet_fp8_tflops`). fp8 weights halve
-weight bytes and run the projections at the FP8 rate (sim/profiles.GPUProfile.gemm_fp8;
-the LM head stays bf16, as in vLLM's fp8 checkpoints); an fp8 KV cache halves KV bytes
+weight bytes and run the operations marked `fp8` (the projections) at the FP8 rate
+(sim/costmodel/profiles.GPUProfile.gemm_fp8; the LM head runs at the bf16 rate, as in vLLM's
+fp8 checkpoints, though its bytes count at 1 like every weight); an fp8 KV cache halves KV bytes
 per token (capacity doubles, decode attention reads half the bytes).
 """
 

@@ -3,10 +3,12 @@
 Per GPU of a replica split `tensor` ways (sim/costmodel/parallel.py):
 KV capacity = GPU memory x gpu_memory_utilization - weights/tensor - activation scratch,
 where the scratch is what the largest step the scheduler can build allocates
-on top of the weights: the activations of its token count (the widest
-intermediate is the MLP's gate/up output), the attention call's own scratch
-from the profile (flash grows O(N) with the prompt, naive's materialised score
-matrix O(N^2)) and fp32 logits for one row per sequence.
+on top of the weights: the activations of its token count (the residual stream, a
+norm's output, q/k/v and the MLP's widest intermediate, gate and up: each operation's
+`activation` bytes in the model's list, sim/costmodel/layer.py), the attention call's
+own scratch from the profile (flash grows O(N) with the prompt, naive's materialised
+score matrix O(N^2)) and fp32 logits for one row per sequence. Weights and KV bytes
+per token are read from the same list.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from sim.costmodel.profiles import GPUProfile
 from sim.io.specload import SpecError
 
 GIB = 1024**3
-ACTIVATION_BYTES = 2  # bf16
 
 
 @dataclass(frozen=True)
@@ -81,16 +82,18 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
         step_tokens = sc.scheduler.max_num_batched_tokens
         rows = sc.scheduler.max_num_seqs
         longest = min(max_len, sc.scheduler.max_num_batched_tokens)
-    shard = model.shard(tp)
-    draft_shard = draft.shard(tp) if draft else None
-    weights = float(shard.weight_bytes) + (draft_shard.weight_bytes if draft_shard else 0)
-    kv_per_token = shard.kv_bytes_per_token + (draft_shard.kv_bytes_per_token if draft_shard else 0)
-    # bf16 activations (also with fp8 weights); fp32 logits over the whole vocabulary
-    # (gathered on the first GPU of the group)
-    act_width = shard.hidden * 2 + shard.q_dim + 2 * shard.kv_dim + 2 * shard.ffn
-    activations = step_tokens * act_width * ACTIVATION_BYTES + rows * model.vocab * 4
+    ops = model.ops(tp)
+    draft_ops = draft.ops(tp) if draft else None
+    weights = float(ops.weight_bytes(model.weight_dtype_bytes)) + (
+        draft_ops.weight_bytes(draft.weight_dtype_bytes) if draft_ops else 0)
+    kv_per_token = ops.kv_bytes_per_token(model.kv_dtype_bytes) + (
+        draft_ops.kv_bytes_per_token(draft.kv_dtype_bytes) if draft_ops else 0)
+    # bf16 activations (also with fp8 weights) of one layer at a time; fp32 logits over
+    # the whole vocabulary (gathered on the first GPU of the group)
+    activations = ops.activation_bytes(step_tokens, rows)
+    heads, kv_heads, head_dim = ops.find("attention").shape
     scratch, _ = profile.prefill_attn_mem_bytes(
-        sc.attention.prefill, 1, longest, shard.heads, shard.kv_heads, shard.head_dim
+        sc.attention.prefill, 1, longest, heads, kv_heads, head_dim
     )
     return weights, activations, scratch, kv_per_token
 

@@ -1,0 +1,249 @@
+"""A model's forward pass as a list of operations: the one place its layer is described.
+
+`decoder_layer(m)` lists one Llama-style layer (dense, grouped-query attention) in the
+order it runs; `model_ops(model, tensor)` adds what runs before the layers (the
+embedding) and after them (final norm, LM head) on one GPU of a `tensor`-way
+tensor-parallel group, with the collectives the splits need. Everything else reads
+this list:
+
+* sizes (`sim/costmodel/models.py`): parameters and weight bytes (each op's `params`),
+  KV bytes per token (`cache`), FLOPs and GEMM shapes (the `gemm` and `lm_head` ops);
+* one step's GPU time (`sim/costmodel/latency.py`): a lookup per GEMM, per elementwise
+  kernel and width, per attention call, per collective; fused stacks fuse each residual
+  add into the norm after it (`fuse_add_norms`, chosen by `sim/costmodel/fused.py`);
+* tensor parallelism: each op's `split` says how its weight divides (column: N; row: K;
+  vocab: the vocabulary's rows, rounded up; replicated: whole on every GPU); the widths
+  come from `ModelSpec.shard` and every row-split op and the vocabulary-split embedding
+  are followed by an all-reduce of their output, the LM head by an all-gather;
+* FP8 weights: ops with `fp8` run at the FP8 rate (the projections; the LM head stays
+  bf16); every weight counts at the model's weight width;
+* memory (`sim/engine/memory.py`): weights, and the activations of the largest step
+  (each op's `activation` bytes per row, one layer's at a time);
+* calibration (`sim/calibrate/bench.py`): the GEMM shapes, attention head
+  configurations and elementwise widths to measure.
+
+A row is a token of the step, or a sequence for ops with `per_sequence` (the LM head
+and its gather run on one row per sequence). Activations are bf16 whatever the weights.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+Kind = Literal["gemm", "attention", "norm", "elementwise", "collective", "embedding", "lm_head"]
+Split = Literal["column", "row", "replicated", "vocab"]
+
+BF16 = 2  # bytes per activation element
+LOGIT_BYTES = 4  # fp32 logits
+# Elementwise kernels in the order their lookups are summed (a step's time sums its
+# parts in a fixed order, so equal inputs give equal bytes out): the kernel table's
+# order, with the derived fused add+RMSNorm beside RMSNorm
+ELEMENTWISE_ORDER = ("rmsnorm", "add_rmsnorm", "residual_add", "silu_mul", "rotary",
+                     "kv_write", "embedding")
+
+
+class Architecture(Protocol):
+    """What the layer builders read of a model (`sim.costmodel.models.ModelSpec` is one)."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    gated_mlp: bool
+    vocab: int
+    tied_embeddings: bool
+    qkv_bias: bool
+
+    @property
+    def q_dim(self) -> int: ...
+
+    @property
+    def kv_dim(self) -> int: ...
+
+    def shard(self, tensor: int) -> Architecture: ...
+
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of the forward pass, at the widths of one GPU.
+
+    `shape` is per row, so the op's shape in a step of R rows is `at(R)`: a GEMM
+    (K, N) for F.linear(x[R, K], W[N, K]); a norm, elementwise kernel or embedding
+    (width,); attention (query heads, KV heads, head_dim); a collective (bytes,).
+    """
+
+    name: str  # unique within its list
+    kind: Kind
+    kernel: str  # the lookup that prices it: gemm, attention, an elementwise kernel, a collective
+    shape: tuple[int, ...]
+    split: Split = "replicated"  # how tensor parallelism divides its weight (and work)
+    params: int = 0  # weights it holds (biases and norm scales included)
+    activation: int = 0  # bytes per row it adds to the step's activation footprint
+    cache: int = 0  # KV-cache elements it stores per token
+    fp8: bool = False  # runs at the FP8 rate when the weights are fp8
+    per_sequence: bool = False  # one row per sequence (else one per token)
+
+    def at(self, rows: int) -> tuple[int, ...]:
+        """The op's shape in a step of `rows` rows."""
+        return (rows, *self.shape)
+
+    def weight_bytes(self, width: float) -> float:
+        """Bytes of its weights at `width` bytes each."""
+        return self.params * width
+
+
+def decoder_layer(m: Architecture) -> tuple[Op, ...]:
+    """One Llama-style layer in the order it runs: RMSNorm, fused q/k/v projection (with
+    biases when `qkv_bias`), rotary on q and k, the KV-cache write, attention, o, residual
+    add, RMSNorm, fused gate/up projection, SiLU·mul, down, residual add.
+
+    Activation footprint: the norm's output, q/k/v and the MLP's widest intermediate
+    (gate and up; a plain MLP's up and its activation), all bf16; the other outputs
+    reuse those buffers. A plain (ungated) MLP's activation is priced as SiLU·mul."""
+    h, q, kv, f = m.hidden, m.q_dim, m.kv_dim, m.ffn
+    qkv = q + 2 * kv
+    up = (2 if m.gated_mlp else 1) * f
+    return (
+        Op("input_norm", "norm", "rmsnorm", (h,), params=h, activation=h * BF16),
+        Op("qkv", "gemm", "gemm", (h, qkv), "column", params=h * qkv + (qkv if m.qkv_bias else 0),
+           activation=qkv * BF16, fp8=True),
+        Op("rotary", "elementwise", "rotary", (q + kv,), "column"),
+        Op("kv_write", "elementwise", "kv_write", (2 * kv,), "column", cache=2 * kv),
+        Op("attention", "attention", "attention", (m.heads, m.kv_heads, m.head_dim), "column"),
+        Op("o", "gemm", "gemm", (q, h), "row", params=q * h, fp8=True),
+        Op("attention_residual", "elementwise", "residual_add", (h,)),
+        Op("mlp_norm", "norm", "rmsnorm", (h,), params=h),
+        Op("gate_up", "gemm", "gemm", (h, up), "column", params=h * up,
+           activation=2 * f * BF16, fp8=True),
+        Op("activation", "elementwise", "silu_mul", (f,), "column"),
+        Op("down", "gemm", "gemm", (f, h), "row", params=f * h, fp8=True),
+        Op("mlp_residual", "elementwise", "residual_add", (h,)),
+    )
+
+
+@dataclass(frozen=True)
+class ModelOps:
+    """A forward pass on one GPU: `first` before the layers, `layer` run `layers` times,
+    `last` after them."""
+
+    layers: int
+    first: tuple[Op, ...]
+    layer: tuple[Op, ...]
+    last: tuple[Op, ...]
+
+    def each(self) -> tuple[tuple[Op, int], ...]:
+        """Every op with the times it runs per pass."""
+        L = self.layers
+        return (*((op, 1) for op in self.first), *((op, L) for op in self.layer),
+                *((op, 1) for op in self.last))
+
+    def find(self, name: str) -> Op:
+        for op, _ in self.each():
+            if op.name == name:
+                return op
+        raise KeyError(name)
+
+    def of_kind(self, *kinds: str) -> tuple[Op, ...]:
+        """The ops of these kinds, in the order they run (each layer op once)."""
+        return tuple(op for op in (*self.first, *self.layer, *self.last) if op.kind in kinds)
+
+    @property
+    def params(self) -> int:
+        return sum(op.params * times for op, times in self.each())
+
+    def weight_bytes(self, width: float) -> int:
+        """Bytes of all weights at `width` bytes each (every weight at the model's width)."""
+        return round(self.params * width)
+
+    def kv_bytes_per_token(self, width: float) -> int:
+        """KV-cache bytes one token holds, every layer, at `width` bytes per element."""
+        return round(sum(op.cache * times for op, times in self.each()) * width)
+
+    def activation_bytes(self, tokens: int, sequences: int) -> int:
+        """Activation bytes of a step of `tokens` rows of tokens and `sequences` of
+        sequences: one layer's at a time (buffers are reused layer to layer)."""
+        per_token = per_seq = 0
+        for op in (*self.first, *self.layer, *self.last):
+            if op.per_sequence:
+                per_seq += op.activation
+            else:
+                per_token += op.activation
+        return tokens * per_token + sequences * per_seq
+
+    def gemm_shapes(self) -> dict[str, tuple[int, int]]:
+        """The GEMMs (and the LM head) as name -> (K, N), in the order they run."""
+        return {op.name: op.shape for op in self.of_kind("gemm", "lm_head")}
+
+    def flops_per_token(self, context: int) -> float:
+        """Forward FLOPs of one token attending to `context` keys: 2 per weight of every
+        GEMM (the LM head too, tied or not), and 4 · heads · head_dim per key and layer
+        (QKᵀ and the weighted sum of V). Embedding, biases, norms and activations: none."""
+        matmul = attention = 0
+        for op, times in self.each():
+            if op.kind in ("gemm", "lm_head"):
+                matmul += times * op.shape[0] * op.shape[1]
+            elif op.kind == "attention":
+                attention += 4 * times * op.shape[0] * op.shape[2] * context
+        return float(2 * matmul + attention)
+
+
+def model_ops(model: Architecture, tensor: int = 1) -> ModelOps:
+    """The forward pass of `model` on one GPU of a `tensor`-way tensor-parallel group."""
+    s = model.shard(tensor)
+    h = s.hidden
+    first = (Op("embedding", "embedding", "embedding", (h,), "vocab", params=s.vocab * h,
+                activation=h * BF16),)  # the residual stream
+    last = (Op("final_norm", "norm", "rmsnorm", (h,), params=h),
+            Op("lm_head", "lm_head", "gemm", (h, s.vocab), "vocab",
+               params=0 if s.tied_embeddings else s.vocab * h,
+               activation=model.vocab * LOGIT_BYTES, per_sequence=True))  # fp32, gathered
+    ops = ModelOps(s.layers, first, decoder_layer(s), last)
+    return with_collectives(ops, tensor, model.vocab) if tensor > 1 else ops
+
+
+def with_collectives(ops: ModelOps, tensor: int, vocab: int) -> ModelOps:
+    """The pass with the collectives of `tensor`-way tensor parallelism: an all-reduce of
+    the output after every row-split op and the vocabulary-split embedding (partial sums),
+    an all-gather of the logits after the vocabulary-split LM head."""
+    def add(seq: tuple[Op, ...]) -> tuple[Op, ...]:
+        out: list[Op] = []
+        for op in seq:
+            out.append(op)
+            if op.split == "row" or (op.split == "vocab" and op.kind == "embedding"):
+                width = op.shape[-1] if op.kind == "gemm" else op.shape[0]
+                out.append(Op(f"{op.name}_all_reduce", "collective", "all_reduce",
+                              (width * BF16,), per_sequence=op.per_sequence))
+            elif op.split == "vocab" and op.kind == "lm_head":
+                out.append(Op(f"{op.name}_all_gather", "collective", "all_gather",
+                              (vocab * BF16,), per_sequence=True))
+        return tuple(out)
+    return dataclasses.replace(ops, first=add(ops.first), layer=add(ops.layer), last=add(ops.last))
+
+
+def fuse_add_norms(layer: tuple[Op, ...]) -> tuple[Op, ...]:
+    """The layer as fused-kernel stacks run it: each residual add and the RMSNorm right
+    after it (the layer's last add and the next layer's input norm, cyclically) as one
+    add+RMSNorm kernel (vLLM's `fused_add_rms_norm`), at the norm's place."""
+    n = len(layer)
+    fused = {(i + 1) % n for i, op in enumerate(layer)
+             if op.kernel == "residual_add" and layer[(i + 1) % n].kernel == "rmsnorm"
+             and layer[(i + 1) % n].shape == op.shape}
+    return tuple(dataclasses.replace(op, kernel="add_rmsnorm") if i in fused else op
+                 for i, op in enumerate(layer)
+                 if not (op.kernel == "residual_add" and (i + 1) % n in fused))
+
+
+def elementwise_calls(ops: tuple[Op, ...]) -> list[tuple[str, int, int]]:
+    """The norms, elementwise kernels and embeddings of `ops` as (kernel, width, calls),
+    one entry per distinct kernel and width, in ELEMENTWISE_ORDER."""
+    calls: dict[tuple[str, int], int] = {}
+    for op in ops:
+        if op.kind in ("norm", "elementwise", "embedding"):
+            key = (op.kernel, op.shape[0])
+            calls[key] = calls.get(key, 0) + 1
+    return [(k, w, c) for (k, w), c in sorted(calls.items(),
+                                              key=lambda kv: ELEMENTWISE_ORDER.index(kv[0][0]))]
