@@ -80,7 +80,15 @@ def run_report(p: Path) -> Report:
     sec.images = [(f.stem, f.read_bytes()) for f in sorted(p.glob("*.png")) if not f.name.startswith("report_")]
     keys = [("requests/s", fmt_cell(s["request_throughput"])), ("p99 TTFT (s)", fmt_cell(s["ttft_s"]["p99"])),
             ("p99 TPOT (s)", fmt_cell(s["tpot_s"]["p99"]))]
-    return Report(f"llmsim run: {s.get('scenario', p.name)}", keys, [sec])
+    sections = [sec]
+    if s.get("per_replica"):  # a fleet: the table `llmsim run` prints
+        from sim.report.text import REPLICA_COLUMNS, REPLICA_NOTE, replica_cells
+
+        reps = s["per_replica"]
+        note = [REPLICA_NOTE + "."] if any(r["role"] == "prefill" for r in reps) else []
+        frame = pd.DataFrame(replica_cells(reps), columns=list(REPLICA_COLUMNS))
+        sections.append(Section("replicas", note, [("replicas", frame)]))
+    return Report(f"llmsim run: {s.get('scenario', p.name)}", keys, sections)
 
 
 def sweep_report(p: Path) -> Report:

@@ -1,0 +1,42 @@
+"""Reports a planner can send: the tables they hold, and how wide ones are shown."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.engine.runner import run
+from sim.report.pages import build_report, write_report
+from sim.report.text import REPLICA_COLUMNS, replica_table
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = ROOT / "scenarios" / "quickstart.yaml"
+
+
+@pytest.fixture(scope="module")
+def fleet_run(tmp_path_factory):
+    out = run(QUICK, {"workload.num_requests": 40,
+                      "cluster": {"router": {"policy": "round_robin"}, "groups": [{"count": 2}]}})
+    return out, out.write(tmp_path_factory.mktemp("fleet") / "fleet")
+
+
+def test_a_fleet_run_report_holds_the_replica_table_the_cli_prints(fleet_run):
+    out, folder = fleet_run
+    write_report(build_report(folder), folder)
+    table = pd.read_csv(folder / "report_replicas.csv", dtype=str)
+    assert list(table.columns) == list(REPLICA_COLUMNS)
+    reps = out.summary["per_replica"]
+    assert table.replica.tolist() == [r["replica"] for r in reps] and len(reps) == 2
+    printed = replica_table(reps).splitlines()[2:]  # the CLI's lines, less header and rule
+    for line, (_, row) in zip(printed, table.iterrows(), strict=True):
+        assert line.split() == " ".join(row.tolist()).split()
+    assert int(table.requests.astype(int).sum()) == 40
+    assert "<table id='replicas'>" in (folder / "report.html").read_text()
+
+
+def test_a_single_replica_run_report_has_no_replica_table(tmp_path):
+    out = run(QUICK, {"workload.num_requests": 10})
+    folder = out.write(tmp_path / "one")
+    assert [s.title for s in build_report(folder).sections] == ["summary"]
