@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from sim.engine.runner import run
+from sim.report.document import CSS, Report, Section, to_html
 from sim.report.pages import build_report, write_report
 from sim.report.text import REPLICA_COLUMNS, replica_table
 
@@ -40,3 +42,14 @@ def test_a_single_replica_run_report_has_no_replica_table(tmp_path):
     out = run(QUICK, {"workload.num_requests": 10})
     folder = out.write(tmp_path / "one")
     assert [s.title for s in build_report(folder).sections] == ["summary"]
+
+
+def test_wide_tables_scroll_inside_the_page_instead_of_being_cut_off():
+    rule = re.search(r"(?:^|})\s*table\{([^}]*)\}", CSS)
+    assert rule, CSS
+    props = dict(p.split(":", 1) for p in rule.group(1).split(";") if p)
+    assert props["display"] == "block" and props["overflow-x"] == "auto"
+    assert props["max-width"] == "100%"
+    wide = pd.DataFrame([[f"value {i}" for i in range(40)]], columns=[f"column {i}" for i in range(40)])
+    html = to_html(Report("t", [], [Section("s", tables=[("wide", wide)])]))
+    assert "column 39" in html and f"<style>{CSS}</style>" in html
