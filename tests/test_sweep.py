@@ -14,7 +14,7 @@ import pytest
 
 from sim.io.outputs import OutputError
 from sim.io.specload import SpecError
-from sim.planning.curve import knee, run_curve
+from sim.planning.curve import knee, knee_table, run_curve
 from sim.planning.sweep import configurations, execute, parse_axis, read_rows, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,6 +150,25 @@ def test_knee_is_last_rate_before_ttft_bound_or_throughput_breaks():
     assert knee(pts, 1.0) == (4.0, 1.0)
     assert knee(pts, 0.3) == (2.0, 0.3)
     assert knee(pts.assign(**{"steady.ratio": [1.0, 0.5, 1.0, 1.0]}), 10.0)[0] == 1.0
+
+
+def test_knee_honours_the_tpot_slo_too():
+    pts = pd.DataFrame({"rate": [1, 2, 4, 8], "ttft_s.p99": [0.1, 0.2, 0.3, 0.4],
+                        "tpot_s.p99": [0.02, 0.03, 0.08, 0.09], "steady.ratio": [1.0] * 4})
+    assert knee(pts, 1.0) == (8.0, 1.0)  # no TPOT bound: TTFT and throughput alone
+    assert knee(pts, 1.0, 0.05) == (2.0, 1.0)  # 80 ms p99 TPOT at 4 req/s breaks a 50 ms SLO
+    assert knee(pts, 1.0, 0.01)[0] is None  # broken at the lowest rate tried
+
+
+def test_knee_table_says_when_the_curve_has_no_knee_up_to_the_highest_rate_tried():
+    table = pd.DataFrame({"scenario": ["a"] * 3 + ["b"] * 3 + ["c"] * 3, "rate": [1, 2, 4] * 3,
+                          "ttft_s.p99": [0.1, 0.2, 0.3, 0.1, 0.2, 5.0, 9.0, 9.0, 9.0],
+                          "tpot_s.p99": [0.01] * 9, "steady.ratio": [1.0] * 9})
+    k = knee_table(table, {"a": 1.0, "b": 1.0, "c": 1.0}, {"a": 0.05})
+    assert k.knee.tolist() == ["no knee up to the highest rate tried (4 req/s)", "2 req/s",
+                               "below the lowest rate tried (1 req/s)"]
+    assert k.knee_rate.tolist()[:2] == [4.0, 2.0] and pd.isna(k.knee_rate[2])
+    assert k.tpot_bound_s.tolist()[0] == 0.05 and pd.isna(k.tpot_bound_s[1])
 
 
 def test_curve_marks_static_batching_knee_below_continuous(tmp_path):

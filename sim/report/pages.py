@@ -109,10 +109,13 @@ def curve_report(p: Path) -> Report:
     from sim.planning.curve import KNEE_THROUGHPUT_RATIO
 
     text = [f"Knee: the highest offered rate at which this and every lower rate keep p99 TTFT under the "
-            f"bound and steady throughput at least {KNEE_THROUGHPUT_RATIO:.0%} of offered."]
+            f"bound, p99 TPOT under the scenario's TPOT SLO (where it sets one) and steady throughput at "
+            f"least {KNEE_THROUGHPUT_RATIO:.0%} of offered; where every rate tried passes, the curve has "
+            f"no knee up to the highest rate tried."]
     sec = Section("throughput-latency curves", text, [("knees", k), ("curve", t)],
                   [("curves", (p / "curve.png").read_bytes())])
-    keys = [(f"knee: {n}", f"{fmt_cell(r)} req/s") for n, r in zip(k.scenario, k.knee_rate, strict=True)]
+    words = k["knee"] if "knee" in k else [f"{fmt_cell(r)} req/s" for r in k.knee_rate]  # older folders
+    keys = [(f"knee: {n}", str(w)) for n, w in zip(k.scenario, words, strict=True)]
     return Report(f"llmsim curve: {p.name}", keys, [sec])
 
 
