@@ -193,3 +193,25 @@ def test_a_curve_checks_every_point_before_it_runs_one(tmp_path):
     with pytest.raises(SpecError, match=r"^curve point 1 req/s: .*tp3.yaml: parallel.tensor: 3 does not divide"):
         run_curve([str(sc)], [1, 2], tmp_path / "out", requests=20, executor="sequential")
     assert not (tmp_path / "out").exists()
+
+
+def test_sweep_prints_the_metric_its_swept_field_moves(tmp_path, capsys):
+    from sim.cli.main import main
+    from sim.planning.sweep import swept_metrics
+
+    frame = pd.DataFrame({"kv.block_size": [16, 64], "kv.reserved_unused_share": [0.01, 0.04],
+                          "kv.util_peak": [0.2, 0.2], "speculative.speedup_vs_decode": [None, None],
+                          "prefix_cache.hit_rate": [0.3, 0.3]})
+    assert swept_metrics(["kv.block_size"], frame) == ["kv.reserved_unused_share", "kv.util_peak"]
+    assert swept_metrics(["kv.prefix_caching"], frame) == ["prefix_cache.hit_rate", "kv.util_peak"]
+    assert swept_metrics(["speculative.k"], frame) == []  # no value: not shown
+    assert swept_metrics(["workload.arrival.rate"], frame) == []
+    assert main(["sweep", QUICK, "--grid", "kv.block_size=16,64", "--set", "workload.num_requests=20",
+                 "--executor", "sequential", "--out", str(tmp_path / "sw")]) == 0
+    head, *rows = capsys.readouterr().out.splitlines()[:3]
+    assert "kv.reserved_unused_share" in head.split()
+    waste = pd.read_csv(tmp_path / "sw" / "results.csv")["kv.reserved_unused_share"]
+    col = head.split().index("kv.reserved_unused_share")
+    assert [float(r.split()[col]) for r in rows] == pytest.approx(waste.tolist(), rel=0.01)
+    assert waste[1] > waste[0]  # 64-token blocks leave more of the last block empty
+

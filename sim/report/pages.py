@@ -98,6 +98,9 @@ def sweep_report(p: Path) -> Report:
     cols = fields + [c for c in ("request_throughput", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99",
                                  "goodput.fraction_met", "gpu_busy_fraction", "gpu_kernel_fraction", "preemptions")
                                  if c in t.columns]
+    from sim.planning.sweep import swept_metrics
+
+    cols += [c for c in swept_metrics(fields, t) if c not in cols]
     sec = Section("results", [f"{len(t)} configurations of <code>{html.escape(str(meta.get('scenario')))}</code>;"
                               " the full table is results.csv / results.parquet."], [("results", t[cols])])
     return Report(f"llmsim sweep: {p.name}", [("configurations", str(len(t)))], [sec])
