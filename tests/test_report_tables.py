@@ -53,3 +53,26 @@ def test_wide_tables_scroll_inside_the_page_instead_of_being_cut_off():
     wide = pd.DataFrame([[f"value {i}" for i in range(40)]], columns=[f"column {i}" for i in range(40)])
     html = to_html(Report("t", [], [Section("s", tables=[("wide", wide)])]))
     assert "column 39" in html and f"<style>{CSS}</style>" in html
+
+
+def test_pareto_labels_of_candidates_sharing_a_cost_do_not_overlap():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from sim.report.plan_page import pareto_plot
+
+    names = ["h100-sxm tp1 continuous", "h100-sxm tp1 chunked", "h100-sxm tp1 continuous fp8",
+             "h200-sxm tp1 continuous"]
+    rows = pd.DataFrame({"candidate": names, "status": "ok", "usd_per_hour": [6.0, 6.0, 6.0, 9.0],
+                         "ttft_p99_at_target_s": [0.300, 0.301, 0.302, 0.2],
+                         "pareto": [True, False, False, True]})
+    canvas = FigureCanvasAgg(pareto_plot(rows, None))
+    canvas.draw()
+    fig, renderer = canvas.figure, canvas.get_renderer()
+    texts = {t.get_text(): t.get_window_extent(renderer) for t in fig.axes[0].texts}
+    assert set(texts) == set(names)
+    boxes = [texts[n] for n in names[:3]]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b), (a, b)
+    # a candidate alone at its cost keeps its label beside its point, as before
+    assert texts[names[3]].y0 < max(b.y0 for b in boxes)
