@@ -137,7 +137,8 @@ def plan_sections(plan: dict) -> Report:
     imgs = [("pareto", png(pareto_plot(rows, rec["candidate"] if rec else None)))] if len(ok) else []
     secs.append(Section("candidates", [
         "Sustained rate: the highest Poisson rate one replica serves with every seed meeting the SLOs "
-        "(bisection on the rate). Binding: what ran out first at the first failing probe. "
+        "(bisection on the rate). Binding: the SLO that broke first at the first failing probe, and "
+        "what ran out (a p99 TTFT that is mostly the prefill itself: prefill time). "
         "replicas to TTFT/TPOT p99: the per-replica estimate; fleet_*: the fleet check, where one ran. "
         "Skipped: refused by the scenario, or no price."],
         [("candidates", rows[CANDIDATE_COLUMNS])], imgs))
