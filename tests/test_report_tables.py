@@ -76,3 +76,23 @@ def test_pareto_labels_of_candidates_sharing_a_cost_do_not_overlap():
             assert not a.overlaps(b), (a, b)
     # a candidate alone at its cost keeps its label beside its point, as before
     assert texts[names[3]].y0 < max(b.y0 for b in boxes)
+
+
+def test_the_perfetto_trace_names_replicas_as_the_csvs_do(tmp_path):
+    import json
+
+    from sim.cli.main import main
+
+    assert main(["run", str(ROOT / "scenarios" / "disaggregated.yaml"), "--out", str(tmp_path / "d"),
+                 "--trace-out", str(tmp_path / "d.json"), "--set", "workload.num_requests=20"]) == 0
+    ev = json.loads((tmp_path / "d.json").read_text())["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
+    steps = pd.read_csv(tmp_path / "d" / "steps.csv")
+    assert list(procs.values()) == list(dict.fromkeys(steps.replica))  # prefill-0 ... decode-1
+    requests = pd.read_csv(tmp_path / "d" / "requests.csv")
+    for e in ev:
+        if e["name"] == "kv transfer":  # drawn on its decode replica, from a named prefill one
+            assert e["args"]["from"] in procs.values() and procs[e["pid"]].startswith("decode")
+        if e.get("ph") == "b" and e["name"].startswith("request "):
+            rid = int(e["name"].split()[1])
+            assert procs[e["pid"]] == requests.replica[requests.id == rid].item()
