@@ -96,3 +96,17 @@ def test_the_perfetto_trace_names_replicas_as_the_csvs_do(tmp_path):
         if e.get("ph") == "b" and e["name"].startswith("request "):
             rid = int(e["name"].split()[1])
             assert procs[e["pid"]] == requests.replica[requests.id == rid].item()
+
+
+def test_the_summary_quotes_the_longest_inter_token_gap(fleet_run):
+    from sim.engine.metrics import itl_table, weighted_stats
+    from sim.report.text import table
+
+    out, _ = fleet_run
+    gaps = itl_table(out.result)
+    assert out.summary["itl_s"]["max"] == float(gaps["gap_s"].max()) >= out.summary["itl_s"]["p99"]
+    line = next(x for x in table(["q"], [out.summary]).splitlines() if x.startswith("ITL"))
+    assert line.split()[-1] == f"{out.summary['itl_s']['max'] * 1e3:#.3g}".rstrip(".")
+    # gaps of weight 0 do not count; no gap at all: no maximum
+    assert weighted_stats([0.5, 0.1, 0.2], [0, 3, 1])["max"] == 0.2
+    assert weighted_stats([], [])["max"] is None

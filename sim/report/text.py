@@ -64,7 +64,8 @@ ROWS = [
     ("output tokens/s", lambda s: fmt(s["output_token_throughput"])),
     ("TTFT p50 / p99 (ms)", lambda s: f"{fmt(s['ttft_s']['p50'], 'ms')} / {fmt(s['ttft_s']['p99'], 'ms')}"),
     ("TPOT p50 / p99 (ms)", lambda s: f"{fmt(s['tpot_s']['p50'], 'ms')} / {fmt(s['tpot_s']['p99'], 'ms')}"),
-    ("ITL p50 / p99 (ms)", lambda s: f"{fmt(s['itl_s']['p50'], 'ms')} / {fmt(s['itl_s']['p99'], 'ms')}"),
+    ("ITL p50 / p99 / max (ms)", lambda s: f"{fmt(s['itl_s']['p50'], 'ms')} / {fmt(s['itl_s']['p99'], 'ms')}"
+     f" / {fmt(s['itl_s'].get('max'), 'ms')}"),
     ("E2E p50 / p99 (s)", lambda s: f"{fmt(s['e2e_s']['p50'])} / {fmt(s['e2e_s']['p99'])}"),
     ("mean batch size", lambda s: fmt(s["mean_batch_size"])),
     ("busy: steps / GPU kernels", lambda s: f"{s['gpu_busy_fraction']:.0%} / {share(s['gpu_kernel_fraction'])}"),
