@@ -194,6 +194,56 @@ def test_prefill_with_unmeasured_heads_scales_with_query_heads(h200):
     assert tag == EXTRAPOLATED and ms == pytest.approx(2 * base, rel=0.05)
 
 
+LLAMA3_TP = {2: (16, 4, 128), 4: (8, 2, 128), 8: (4, 1, 128)}  # one GPU's heads
+
+
+def test_one_sequence_of_fewer_heads_than_measured_costs_the_32_head_time_at_equal_flops(h200):
+    # 8 heads x 8192² = 32 heads x 4096²: the measured batch-1, seq-4096 row (0.498 ms)
+    tp1 = h200.prefill_attn("flash", 1, 8192, 8192, *LLAMA3)[0]
+    tp4, tag = h200.prefill_attn("flash", 1, 8192, 8192, *LLAMA3_TP[4])
+    assert tag == EXTRAPOLATED
+    assert tp4 == h200.prefill_attn("flash", 1, 4096, 4096, *LLAMA3)[0]
+    assert tp4 == pytest.approx(0.498, rel=0.02)
+    assert 0.25 < tp4 / tp1 < 0.30  # a quarter of the FLOPs, at a shorter kernel's efficiency
+    times = [h200.prefill_attn("flash", 1, 8192, 8192, *LLAMA3_TP[tp])[0] for tp in (8, 4, 2)]
+    assert times == sorted(times) and times[-1] < tp1 and times[0] < tp1 / 5
+
+
+def test_one_decode_sequence_of_fewer_kv_heads_than_measured_costs_its_kv_bytes(h200):
+    # 2 KV heads x 8192 tokens = 8 KV heads x 2048: equal bytes read
+    for impl in ("contiguous", "paged", "paged_gather"):
+        tp1 = h200.decode_attn(impl, 1, 8192, *LLAMA3)[0]
+        tp4, tag = h200.decode_attn(impl, 1, 8192, *LLAMA3_TP[4])
+        assert tag in (EXTRAPOLATED, DERIVED)
+        assert tp4 == h200.decode_attn(impl, 1, 2048, *LLAMA3)[0] < tp1
+
+
+@pytest.mark.parametrize("impl, worst_median", [("flash", 0.20), ("contiguous", 0.05)])
+def test_equal_work_rule_predicts_the_measured_single_sequence_rows_from_larger_batches(
+        tmp_path, impl, worst_median):
+    """Held out: the batch-1 rows. A batch of 4 (prefill) or 2 (decode) sequences with a
+    quarter (half) of the heads is the work of one full sequence; with batch 1 gone it is
+    below the grid, looked up at the smallest batch left and the length of equal work."""
+    table, smallest = ("attn_prefill", 4) if impl == "flash" else ("attn_decode", 2)
+    folder = copy_profile(tmp_path)
+    held = [r for r in rows(table) if r["impl"] == impl and r["batch"] == "1"
+            and r["hkv"] == "8" and (table == "attn_prefill" or r["max_ctx"] == r["ctx"])]
+    rewrite(folder / f"{table}.csv", lambda r: r["batch"] != "1")
+    full, cut = load_profile("h200-sxm"), load_profile(str(folder))
+    errors = []
+    for r in held:
+        if impl == "flash":
+            seq = int(r["seq"])
+            want = full.prefill_attn(impl, 1, seq, seq, *LLAMA3)[0]
+            got = cut.prefill_attn(impl, smallest, seq, seq, 8, 2, 128)[0]
+        else:
+            ctx = int(r["ctx"])
+            want = full.decode_attn(impl, 1, ctx, *LLAMA3)[0]
+            got = cut.decode_attn(impl, smallest, smallest * ctx, 32, 4, 128)[0]
+        errors.append(abs(got / want - 1))
+    assert len(errors) >= 9 and sorted(errors)[len(errors) // 2] < worst_median
+
+
 def test_unmeasured_elementwise_ops_are_analytic_and_not_below_the_floor(h200):
     floor = h200.facts.efficiency.elementwise_floor_ms
     small, tag = h200.elementwise("rotary", 1, 6144)

@@ -13,7 +13,7 @@ import pytest
 
 from sim.io.outputs import OutputError
 from sim.io.specload import SpecError
-from sim.planning.curve import knee, run_curve
+from sim.planning.curve import knee, knee_table, run_curve
 from sim.planning.sweep import configurations, execute, parse_axis, read_rows, run_sweep
 from tests.conftest import run_llmsim
 
@@ -151,6 +151,25 @@ def test_knee_is_last_rate_before_ttft_bound_or_throughput_breaks():
     assert knee(pts.assign(**{"steady.ratio": [1.0, 0.5, 1.0, 1.0]}), 10.0)[0] == 1.0
 
 
+def test_knee_honours_the_tpot_slo_too():
+    pts = pd.DataFrame({"rate": [1, 2, 4, 8], "ttft_s.p99": [0.1, 0.2, 0.3, 0.4],
+                        "tpot_s.p99": [0.02, 0.03, 0.08, 0.09], "steady.ratio": [1.0] * 4})
+    assert knee(pts, 1.0) == (8.0, 1.0)  # no TPOT bound: TTFT and throughput alone
+    assert knee(pts, 1.0, 0.05) == (2.0, 1.0)  # 80 ms p99 TPOT at 4 req/s breaks a 50 ms SLO
+    assert knee(pts, 1.0, 0.01)[0] is None  # broken at the lowest rate tried
+
+
+def test_knee_table_says_when_the_curve_has_no_knee_up_to_the_highest_rate_tried():
+    table = pd.DataFrame({"scenario": ["a"] * 3 + ["b"] * 3 + ["c"] * 3, "rate": [1, 2, 4] * 3,
+                          "ttft_s.p99": [0.1, 0.2, 0.3, 0.1, 0.2, 5.0, 9.0, 9.0, 9.0],
+                          "tpot_s.p99": [0.01] * 9, "steady.ratio": [1.0] * 9})
+    k = knee_table(table, {"a": 1.0, "b": 1.0, "c": 1.0}, {"a": 0.05})
+    assert k.knee.tolist() == ["no knee up to the highest rate tried (4 req/s)", "2 req/s",
+                               "below the lowest rate tried (1 req/s)"]
+    assert k.knee_rate.tolist()[:2] == [4.0, 2.0] and pd.isna(k.knee_rate[2])
+    assert k.tpot_bound_s.tolist()[0] == 0.05 and pd.isna(k.tpot_bound_s[1])
+
+
 def test_curve_marks_static_batching_knee_below_continuous(tmp_path):
     batching = str(ROOT / "scenarios" / "batching.yaml")
     static = tmp_path / "static.yaml"
@@ -173,3 +192,25 @@ def test_a_curve_checks_every_point_before_it_runs_one(tmp_path):
     with pytest.raises(SpecError, match=r"^curve point 1 req/s: .*tp3.yaml: parallel.tensor: 3 does not divide"):
         run_curve([str(sc)], [1, 2], tmp_path / "out", requests=20, executor="sequential")
     assert not (tmp_path / "out").exists()
+
+
+def test_sweep_prints_the_metric_its_swept_field_moves(tmp_path, capsys):
+    from sim.cli.main import main
+    from sim.planning.sweep import swept_metrics
+
+    frame = pd.DataFrame({"kv.block_size": [16, 64], "kv.reserved_unused_share": [0.01, 0.04],
+                          "kv.util_peak": [0.2, 0.2], "speculative.speedup_vs_decode": [None, None],
+                          "prefix_cache.hit_rate": [0.3, 0.3]})
+    assert swept_metrics(["kv.block_size"], frame) == ["kv.reserved_unused_share", "kv.util_peak"]
+    assert swept_metrics(["kv.prefix_caching"], frame) == ["prefix_cache.hit_rate", "kv.util_peak"]
+    assert swept_metrics(["speculative.k"], frame) == []  # no value: not shown
+    assert swept_metrics(["workload.arrival.rate"], frame) == []
+    assert main(["sweep", QUICK, "--grid", "kv.block_size=16,64", "--set", "workload.num_requests=20",
+                 "--executor", "sequential", "--out", str(tmp_path / "sw")]) == 0
+    head, *rows = capsys.readouterr().out.splitlines()[:3]
+    assert "kv.reserved_unused_share" in head.split()
+    waste = pd.read_csv(tmp_path / "sw" / "results.csv")["kv.reserved_unused_share"]
+    col = head.split().index("kv.reserved_unused_share")
+    assert [float(r.split()[col]) for r in rows] == pytest.approx(waste.tolist(), rel=0.01)
+    assert waste[1] > waste[0]  # 64-token blocks leave more of the last block empty
+

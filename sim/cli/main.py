@@ -73,8 +73,9 @@ def cmd_run(a) -> int:
         from sim.report.perfetto import replica_parts, write_trace
 
         reps = out.result.replicas
-        write_trace(a.trace_out, replica_parts(out.steps, out.requests, [r.name for r in reps]),
-                    [r.events for r in reps])
+        names = [r.name for r in reps]  # as requests.csv and steps.csv name them
+        write_trace(a.trace_out, replica_parts(out.steps, out.requests, names),
+                    [r.events for r in reps], names)
     print(table([out.scenario.name], [out.summary]))
     if out.summary.get("per_replica"):
         print("\n" + replica_table(out.summary["per_replica"]))

@@ -19,7 +19,7 @@ def _executor_args(p) -> None:
 
 def cmd_sweep(a) -> int:
     from sim.cli.argtypes import parse_sets
-    from sim.planning.sweep import configurations, iter_values, parse_axis, run_sweep
+    from sim.planning.sweep import configurations, iter_values, parse_axis, run_sweep, swept_metrics
     from sim.report.text import frame_text
 
     grid, zipped = iter_values(a.grid, "--grid"), iter_values(a.zip, "--zip")
@@ -36,6 +36,7 @@ def cmd_sweep(a) -> int:
                       workers=a.workers, address=a.address, progress=sys.stderr.isatty())
     fields = [n for n, _ in grid + zipped]
     show = [c for c in fields + ["request_throughput", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99"] if c in table]
+    show += swept_metrics(fields, table)  # what the swept fields move: KV waste, speed-up, hit rate
     print(frame_text(table[show], fields))
     print(f"\nwrote {out}/ (results.csv, results.parquet, rows.jsonl)")
     return 0

@@ -14,7 +14,12 @@ never decrease with size. Cells missing from a staircase grid (large batch × lo
 context) are filled by roofline scaling. An unmeasured head configuration (or
 elementwise width) is looked up in the nearest measured one at the equivalent
 batch (or token count): batch × the ratio of per-sequence work (hq·d for prefill,
-hkv·d for decode); an unmeasured GEMM (K, N) scales the nearest shape's time by
+hkv·d for decode). An equivalent batch below the smallest measured one (one sequence of a
+tensor-parallel shard's few heads) is looked up at that batch and the length of equal
+work instead: seq × √ratio for prefill (FLOPs grow as seq²), ctx × ratio for decode (KV
+bytes as ctx); held out, this predicts the measured batch-1 rows from the batch-4 flash
+rows to 5 % median (worst 35 %) and from the batch-2 contiguous decode rows to 3 %
+(tests/test_profiles.py). An unmeasured GEMM (K, N) scales the nearest shape's time by
 K·N / (K₀·N₀), the ratio of both roofline terms at equal M. The CSV reading and
 the grid machinery live in `sim/io/tables.py`; this module supplies the roofline costs.
 
@@ -229,7 +234,8 @@ class GPUProfile:
         seq = math.sqrt(2 * q_len * kv_len - q_len * q_len)
         hit = (_other_head_dim(self._pre, (impl, hq, hkv, d), batch, seq,
                                lambda c: math.sqrt(d / c[3]))  # equal FLOPs: seq² · d
-               or scaled(self._pre, (impl, hq, hkv, d), batch, seq, lambda c: hq * d / (c[1] * c[3])))
+               or scaled(self._pre, (impl, hq, hkv, d), batch, seq,  # equal FLOPs: batch · hq·d · seq²
+                         lambda c: hq * d / (c[1] * c[3]), y_power=2))
         if hit is None:
             return self.prefill_model(impl, batch, q_len, kv_len, hq, hkv, d), ANALYTIC
         if kv_len == q_len:
@@ -271,7 +277,8 @@ class GPUProfile:
         cfg = (impl, hq, hkv, d)
         lo = (_other_head_dim(self._dec, cfg, batch, sum_ctx / batch,
                               lambda c: d / c[3])  # equal KV bytes: ctx · d
-              or scaled(self._dec, cfg, batch, sum_ctx / batch, lambda c: hkv * d / (c[2] * c[3])))
+              or scaled(self._dec, cfg, batch, sum_ctx / batch,  # equal KV bytes: batch · hkv·d · ctx
+                     lambda c: hkv * d / (c[2] * c[3]), y_power=1))
         if lo is None:
             return self.decode_model(impl, batch, sum_ctx, hq, hkv, d), ANALYTIC
         if cfg in self._derived or nearest(tuple(self._dec), cfg) in self._derived:

@@ -141,15 +141,16 @@ def _stats(x: np.ndarray) -> dict[str, float | None]:
 
 
 def weighted_stats(values, weights) -> dict[str, float | None]:
-    """Mean and percentiles of values repeated by integer weights (ITL's gaps); one sort,
-    a few temporaries the size of the input."""
+    """Mean, percentiles and maximum of values repeated by integer weights (ITL's gaps: the
+    maximum is the longest gap, the stall the percentiles can miss); one sort, a few
+    temporaries the size of the input."""
     v = np.asarray(values, dtype=float)
     w = np.asarray(weights)
     if len(w) and w.min() <= 0:
         keep = w > 0
         v, w = v[keep], w[keep]
     if len(v) == 0:
-        return {"mean": None, **{f"p{p}": None for p in PCTS}}
+        return {"mean": None, **{f"p{p}": None for p in PCTS}, "max": None}
     total = float(w.sum())
     out: dict[str, float | None] = {"mean": float((v * w).sum() / total)}
     order = np.argsort(v)  # ties need no order: a percentile picks among equal values
@@ -157,6 +158,7 @@ def weighted_stats(values, weights) -> dict[str, float | None]:
     np.cumsum(cum, out=cum)
     for p in PCTS:
         out[f"p{p}"] = float(v[order[min(np.searchsorted(cum, p / 100 * cum[-1]), len(v) - 1)]])
+    out["max"] = float(v[order[-1]])
     return out
 
 

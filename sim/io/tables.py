@@ -155,15 +155,26 @@ def nearest(keys: tuple[tuple, ...], key: tuple) -> tuple | None:
 
 
 def scaled(grids: dict[tuple, Grid], key: tuple, x: float, y: float,
-           scale: Callable[[tuple], float], by_x: bool = True) -> tuple[float, str] | None:
+           scale: Callable[[tuple], float], by_x: bool = True,
+           y_power: float = 0.0) -> tuple[float, str] | None:
     """The grid of `key` at (x, y), else the nearest grid's, extrapolated: at the equivalent
     size (x · scale(nearest), y) when `by_x` (x is a batch or token count, and the work
-    is proportional to x times the config's cost), else its time · scale(nearest)."""
+    is proportional to x times the config's cost), else its time · scale(nearest).
+
+    An equivalent size below the grid's smallest x₀ is clamped there (a smaller kernel is
+    no faster) unless the work also grows as y^`y_power` (prefill FLOPs as seq², decode
+    KV bytes as ctx): then what x₀ cannot absorb goes into y, at the length of equal
+    work, (x₀, y · (x · f / x₀)^(1 / y_power)). So one sequence of fewer heads than any
+    measured (attention at tensor parallelism) costs less, as its work does."""
     if key in grids:
         return grids[key].lookup(x, y)
     near = nearest(tuple(grids), key)
     if near is None:
         return None
-    f = scale(near)
-    return (grids[near].lookup(x * f, y)[0] if by_x else grids[near].lookup(x, y)[0] * f,
-            EXTRAPOLATED)
+    f, g = scale(near), grids[near]
+    if not by_x:
+        return g.lookup(x, y)[0] * f, EXTRAPOLATED
+    x0 = g.xs[0]
+    if y_power and x * f < x0:
+        return g.lookup(x0, y * (x * f / x0) ** (1 / y_power))[0], EXTRAPOLATED
+    return g.lookup(x * f, y)[0], EXTRAPOLATED

@@ -48,13 +48,34 @@ def candidate_grid(candidates: dict[str, tuple]) -> list[dict]:
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*candidates.values())]
 
 
+# number formats as a label says them: `h100-sxm tp2 fp8`, `... bf16 fp8 KV`
+FORMAT_WORDS = {"dtype.weights": "{}", "dtype.kv_cache": "{} KV"}
+
+
 def label(cand: dict) -> str:
+    """A candidate's short name: its overrides in order, GPU and policy by value, TP as
+    `tp2`, number formats as `fp8` / `bf16` (weights) and `fp8 KV` (cache), whether given
+    as dotted fields or as a `dtype:` mapping, other fields as `name=value`."""
     short = {v: k for k, v in ALIASES.items()}
     parts = []
-    for k, v in cand.items():
+    for k, v in _dtype_fields(cand).items():
+        if k in FORMAT_WORDS:
+            parts.append(FORMAT_WORDS[k].format(v))
+            continue
         name = short.get(k, k.split(".")[-1])
         parts.append(str(v) if name in ("gpu", "policy") else f"{'tp' if name == 'tensor' else name + '='}{v}")
     return " ".join(parts) or "base"
+
+
+def _dtype_fields(cand: dict) -> dict:
+    """The candidate with a `dtype:` mapping spread into dotted fields, in place."""
+    out: dict = {}
+    for k, v in cand.items():
+        if k == "dtype" and isinstance(v, dict):
+            out.update({f"dtype.{f}": x for f, x in v.items()})
+        else:
+            out[k] = v
+    return out
 
 
 def is_typo(e: SpecError) -> bool:

@@ -8,10 +8,13 @@ scenario's SLOs; empty when it sets none), achieved request rate, steady through
 The saturation knee of a scenario is the highest offered rate r such that at r and at
 every lower rate of the curve
 * p99 TTFT <= the TTFT bound (the scenario's `slo.ttft_s`, else `--ttft-bound`, else
-  10 x the p99 TTFT at the curve's lowest rate), and
+  10 x the p99 TTFT at the curve's lowest rate),
+* p99 TPOT <= the scenario's `slo.tpot_s` (when it sets one), and
 * steady throughput (completions over the middle half of the arrivals, see
   `steady_throughput`) >= 90 % of offered: the replica keeps up.
-Past the knee the queue grows without bound for as long as the traffic lasts.
+Past the knee the queue grows without bound for as long as the traffic lasts. Where every
+rate tried passes there is no knee in the curve: the knee table says so ("no knee up to
+the highest rate tried") and its rate is that highest rate, a lower bound on the knee.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ def run_curve(files: list[str], rates: list[float], out_dir: str | Path | None =
         recs.append({"scenario": name, "rate": rate, "seed": s, **{c: row.get(c) for c in COLUMNS[3:]}})
     table = pd.DataFrame.from_records(recs, columns=COLUMNS)
     bounds = {name: b for name, _, _, b in meta}
-    knees = knee_table(table, {n: b or ttft_bound for n, b in bounds.items()})
+    knees = knee_table(table, {n: b or ttft_bound for n, b in bounds.items()},
+                       slo_tpot_bounds([str(f) for f in files]))
     if out_dir is not None:
         def write(folder: Path) -> None:
             table.to_csv(folder / "curve.csv", index=False)
@@ -73,26 +77,63 @@ def run_curve(files: list[str], rates: list[float], out_dir: str | Path | None =
     return table, knees
 
 
-def knee(points: pd.DataFrame, ttft_bound: float | None) -> tuple[float | None, float]:
-    """(knee rate or None, the TTFT bound used) for one scenario's points."""
+def knee(points: pd.DataFrame, ttft_bound: float | None,
+         tpot_bound: float | None = None) -> tuple[float | None, float]:
+    """(knee rate or None, the TTFT bound used) for one scenario's points: the highest rate
+    at which it and every lower rate keep p99 TTFT (and p99 TPOT, given a bound) within
+    their bounds and steady throughput up with offered; None when the lowest rate fails."""
     pts = points.sort_values("rate")
     bound = ttft_bound if ttft_bound else 10 * float(pts["ttft_s.p99"].iloc[0])
     best = None
-    for r, p99, ratio in zip(pts.rate, pts["ttft_s.p99"], pts["steady.ratio"], strict=True):
-        ok = p99 is not None and not math.isnan(p99) and p99 <= bound and \
-            (ratio is None or math.isnan(ratio) or ratio >= KNEE_THROUGHPUT_RATIO)
+    tpots = pts["tpot_s.p99"] if "tpot_s.p99" in pts else [math.nan] * len(pts)
+    for r, p99, tpot, ratio in zip(pts.rate, pts["ttft_s.p99"], tpots, pts["steady.ratio"],
+                                   strict=True):
+        ok = _within(p99, bound) and (tpot_bound is None or _within(tpot, tpot_bound, True)) \
+            and (ratio is None or math.isnan(ratio) or ratio >= KNEE_THROUGHPUT_RATIO)
         if not ok:
             break
         best = float(r)
     return best, bound
 
 
-def knee_table(table: pd.DataFrame, bounds: dict[str, float | None]) -> pd.DataFrame:
+def _within(v: float | None, bound: float, missing_ok: bool = False) -> bool:
+    """v <= bound; a missing value (None, NaN) passes only where `missing_ok` (no request
+    with two tokens has no TPOT, but a p99 TTFT always exists)."""
+    if v is None or math.isnan(v):
+        return missing_ok
+    return v <= bound
+
+
+KNEE_COLUMNS = ["scenario", "knee_rate", "knee", "ttft_bound_s", "tpot_bound_s"]
+
+
+def knee_table(table: pd.DataFrame, bounds: dict[str, float | None],
+               tpot_bounds: dict[str, float | None] | None = None) -> pd.DataFrame:
+    """One row per scenario: its knee rate and, in words, what the curve says about it
+    (`knee_words`), with the bounds it was judged against."""
     recs = []
     for name, pts in table.groupby("scenario", sort=False):
-        k, b = knee(pts, bounds.get(name))
-        recs.append({"scenario": name, "knee_rate": k, "ttft_bound_s": b})
-    return pd.DataFrame.from_records(recs, columns=["scenario", "knee_rate", "ttft_bound_s"])
+        tpot = (tpot_bounds or {}).get(name)
+        k, b = knee(pts, bounds.get(name), tpot)
+        recs.append({"scenario": name, "knee_rate": k, "knee": knee_words(k, pts.rate),
+                     "ttft_bound_s": b, "tpot_bound_s": tpot})
+    return pd.DataFrame.from_records(recs, columns=KNEE_COLUMNS)
+
+
+def knee_words(k: float | None, rates) -> str:
+    """The knee as a planner reads it: a rate, none up to the highest rate tried (every
+    rate passed: the knee lies above it), or below the lowest rate tried."""
+    lo, hi = float(min(rates)), float(max(rates))
+    if k is None:
+        return f"below the lowest rate tried ({lo:g} req/s)"
+    if k >= hi:
+        return f"no knee up to the highest rate tried ({hi:g} req/s)"
+    return f"{k:g} req/s"
+
+
+def slo_tpot_bounds(files: list[str]) -> dict[str, float | None]:
+    """Each scenario's p99 TPOT bound for its knee: its `slo.tpot_s` (None: not judged)."""
+    return {sc.name: sc.slo.tpot_s for sc in map(load_scenario, files)}
 
 
 def rate_panel(table: pd.DataFrame) -> tuple[str, dict[str, str]]:
@@ -134,8 +175,8 @@ def plot_curves(table: pd.DataFrame, knees: pd.DataFrame) -> Figure:
                 label = f"{name} ({'goodput' if col.startswith('goodput') else 'throughput'})" if mixed else name
                 ax.plot(pts.rate, pts[col].astype(float), "-o", color=c, ms=3, label=label)
                 ax.plot(pts.rate, pts.rate, ":", color="grey", lw=0.8)
-            k = knee_at.get(name)
-            if k is not None and not (isinstance(k, float) and math.isnan(k)):
+            k = knee_at.get(name)  # none drawn where every rate tried passed (no knee seen)
+            if k is not None and not (isinstance(k, float) and math.isnan(k)) and k < pts.rate.max():
                 ax.axvline(k, color=c, ls=":", lw=1.2)
         ax.set_title(title)
         ax.set_xlabel("offered load (requests/s)")

@@ -35,6 +35,31 @@ UNSTABLE = ("wall_s", "simulate_wall_s")  # summary fields that differ from run 
 _START_METHOD = "fork" if sys.platform != "win32" else "spawn"
 
 
+# what a swept field moves beyond the latencies, shown beside them: a swept field's dotted
+# prefix (the longest that matches) -> results columns (KV waste, speed-up, hit rate)
+SWEPT_METRICS = {
+    "kv": ("kv.reserved_unused_share", "kv.util_peak", "kv.capacity_tokens", "preemptions"),
+    "kv.prefix_caching": ("prefix_cache.hit_rate", "kv.util_peak"),
+    "kv.prefix_cache_host_gib": ("prefix_cache.hit_rate",),
+    "speculative": ("speculative.tokens_per_round", "speculative.speedup_vs_decode"),
+    "scheduler": ("mean_batch_size", "preemptions"),
+    "parallel": ("kv.capacity_tokens", "mean_batch_size"),
+    "dtype": ("kv.capacity_tokens", "mean_batch_size"),
+    "gpu": ("kv.capacity_tokens", "mean_batch_size"),
+}
+
+
+def swept_metrics(fields: list[str], table: pd.DataFrame) -> list[str]:
+    """The SWEPT_METRICS columns of the swept fields that the table holds with a value."""
+    out: list[str] = []
+    for f in fields:
+        keys = [k for k in SWEPT_METRICS if f == k or f.startswith(k + ".")]
+        for c in SWEPT_METRICS[max(keys, key=len)] if keys else ():
+            if c in table and table[c].notna().any() and c not in out:
+                out.append(c)
+    return out
+
+
 def parse_axis(text: str, where: str) -> tuple[str, list]:
     """`field.path=v1,v2,...` -> (field, [values]); values are YAML scalars."""
     if "=" not in text:

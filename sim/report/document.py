@@ -15,7 +15,8 @@ from matplotlib.figure import Figure
 
 CSS = """body{font:14px/1.45 system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
 h1{font-size:1.6em}h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;margin:.6em 0;font-size:12px}th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}
+table{border-collapse:collapse;margin:.6em 0;font-size:12px;display:block;overflow-x:auto;max-width:100%}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}
 th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-width:100%;border:1px solid #eee}
 .key{display:inline-block;margin:.3em 1.2em .3em 0}.key b{display:block;font-size:1.5em}.note{color:#666}
 .ok{color:#186a1f;font-weight:bold}.bad{color:#a11;font-weight:bold}"""

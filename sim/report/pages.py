@@ -80,7 +80,15 @@ def run_report(p: Path) -> Report:
     sec.images = [(f.stem, f.read_bytes()) for f in sorted(p.glob("*.png")) if not f.name.startswith("report_")]
     keys = [("requests/s", fmt_cell(s["request_throughput"])), ("p99 TTFT (s)", fmt_cell(s["ttft_s"]["p99"])),
             ("p99 TPOT (s)", fmt_cell(s["tpot_s"]["p99"]))]
-    return Report(f"llmsim run: {s.get('scenario', p.name)}", keys, [sec])
+    sections = [sec]
+    if s.get("per_replica"):  # a fleet: the table `llmsim run` prints
+        from sim.report.text import REPLICA_COLUMNS, REPLICA_NOTE, replica_cells
+
+        reps = s["per_replica"]
+        note = [REPLICA_NOTE + "."] if any(r["role"] == "prefill" for r in reps) else []
+        frame = pd.DataFrame(replica_cells(reps), columns=list(REPLICA_COLUMNS))
+        sections.append(Section("replicas", note, [("replicas", frame)]))
+    return Report(f"llmsim run: {s.get('scenario', p.name)}", keys, sections)
 
 
 def sweep_report(p: Path) -> Report:
@@ -90,6 +98,9 @@ def sweep_report(p: Path) -> Report:
     cols = fields + [c for c in ("request_throughput", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99",
                                  "goodput.fraction_met", "gpu_busy_fraction", "gpu_kernel_fraction", "preemptions")
                                  if c in t.columns]
+    from sim.planning.sweep import swept_metrics
+
+    cols += [c for c in swept_metrics(fields, t) if c not in cols]
     sec = Section("results", [f"{len(t)} configurations of <code>{html.escape(str(meta.get('scenario')))}</code>;"
                               " the full table is results.csv / results.parquet."], [("results", t[cols])])
     return Report(f"llmsim sweep: {p.name}", [("configurations", str(len(t)))], [sec])
@@ -101,10 +112,13 @@ def curve_report(p: Path) -> Report:
     from sim.planning.curve import KNEE_THROUGHPUT_RATIO
 
     text = [f"Knee: the highest offered rate at which this and every lower rate keep p99 TTFT under the "
-            f"bound and steady throughput at least {KNEE_THROUGHPUT_RATIO:.0%} of offered."]
+            f"bound, p99 TPOT under the scenario's TPOT SLO (where it sets one) and steady throughput at "
+            f"least {KNEE_THROUGHPUT_RATIO:.0%} of offered; where every rate tried passes, the curve has "
+            f"no knee up to the highest rate tried."]
     sec = Section("throughput-latency curves", text, [("knees", k), ("curve", t)],
                   [("curves", (p / "curve.png").read_bytes())])
-    keys = [(f"knee: {n}", f"{fmt_cell(r)} req/s") for n, r in zip(k.scenario, k.knee_rate, strict=True)]
+    words = k["knee"] if "knee" in k else [f"{fmt_cell(r)} req/s" for r in k.knee_rate]  # older folders
+    keys = [(f"knee: {n}", str(w)) for n, w in zip(k.scenario, words, strict=True)]
     return Report(f"llmsim curve: {p.name}", keys, [sec])
 
 

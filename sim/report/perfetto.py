@@ -1,6 +1,7 @@
 """A run as a Chrome / Perfetto trace (JSON trace-event format; open in ui.perfetto.dev).
 
-One process per replica (pid = replica index + 1, named "replica N"), with:
+One process per replica (pid = replica index + 1, named as the replica is in requests.csv
+and steps.csv: `r0`, `decode-1`; "replica N" where no names are given), with:
 * thread 1 "iterations": one complete event (`ph: X`) per iteration, named after its
   kind (prefill, decode, verify, mixed), args num_seqs, num_tokens, kv_blocks_used;
 * counters (`ph: C`) "batch size" and "KV blocks used", one sample per iteration;
@@ -31,11 +32,13 @@ _MOVES = {"preempt": "preempted", "swap_out": "swapped out", "swap_in": "swapped
 
 
 def trace_events(steps: pd.DataFrame, requests: pd.DataFrame, replica: int = 0,
-                 events: list | None = None) -> list[dict]:
-    """The trace events of one replica; `events` are its `sim.engine.results.Event`s."""
+                 events: list | None = None, name: str | None = None) -> list[dict]:
+    """The trace events of one replica; `events` are its `sim.engine.results.Event`s,
+    `name` its name in the run's tables (default "replica N")."""
     pid = replica + 1
     ev: list[dict] = [
-        {"ph": "M", "pid": pid, "tid": 0, "name": "process_name", "args": {"name": f"replica {replica}"}},
+        {"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
+         "args": {"name": name or f"replica {replica}"}},
         {"ph": "M", "pid": pid, "tid": 1, "name": "thread_name", "args": {"name": "iterations"}},
     ]
     for s in steps.itertuples(index=False):
@@ -105,11 +108,13 @@ def replica_parts(steps: pd.DataFrame, requests: pd.DataFrame,
 
 
 def write_trace(path: str | Path, replicas: list[tuple[pd.DataFrame, pd.DataFrame]],
-                moves: list[list] | None = None) -> Path:
+                moves: list[list] | None = None, names: list[str] | None = None) -> Path:
     """Write the trace of one or more replicas' (steps, requests) tables; `moves`, one
-    list per replica in the same order, are their preemption / swap / KV-transfer events."""
+    list per replica in the same order, are their preemption / swap / KV-transfer events,
+    `names` their names in the run's tables (the trace's process names)."""
     events = [e for i, (steps, req) in enumerate(replicas)
-              for e in trace_events(steps, req, i, moves[i] if moves else None)]
+              for e in trace_events(steps, req, i, moves[i] if moves else None,
+                                    names[i] if names else None)]
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "otherData": {"producer": "llmsim", "time": "simulated seconds x 1e6"}}
     from sim.io.outfile import write_file_atomically

@@ -37,8 +37,9 @@ def pareto_plot(rows: pd.DataFrame, best: str | None) -> Figure:
     x, y = _points(ok)
     front = pd.DataFrame({"x": x, "y": y})[ok.pareto.astype(bool).to_numpy()].sort_values("x")
     ax.plot(front.x, front.y, "-", color="C1", label="Pareto front")
-    for r, xi, yi in zip(ok.itertuples(), x, y, strict=True):
-        ax.annotate(r.candidate, (xi, yi), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    for name, xi, yi, k in zip(ok.candidate, x, y, _stack_ranks(x, y), strict=True):
+        ax.annotate(name, (xi, yi), fontsize=LABEL_PT, xytext=(3, 3 + LABEL_STEP_PT * k),
+                    textcoords="offset points")
     if best is not None and best in set(ok.candidate):
         i = list(ok.candidate).index(best)
         validated = len(checked) and best in set(checked.candidate)
@@ -49,6 +50,22 @@ def pareto_plot(rows: pd.DataFrame, best: str | None) -> Figure:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     return fig
+
+
+LABEL_PT, LABEL_STEP_PT = 7, 9  # label font size; the rise between labels sharing a cost
+
+
+def _stack_ranks(x: list[float], y: list[float]) -> list[int]:
+    """Each label's rank among the candidates at its cost (equal $/hour to 0.1 %), lowest
+    p99 first: label k of a cost rises k steps above its point, so labels of candidates
+    that share a cost never sit on one another (each is at least a step above the last)."""
+    ranks = [0] * len(x)
+    order = sorted(range(len(x)), key=lambda i: (x[i], y[i]))
+    for j, i in enumerate(order[1:], start=1):
+        prev = order[j - 1]
+        if math.isclose(x[i], x[prev], rel_tol=1e-3):
+            ranks[i] = ranks[prev] + 1
+    return ranks
 
 
 def _points(ok: pd.DataFrame) -> tuple[list[float], list[float]]:
@@ -120,7 +137,8 @@ def plan_sections(plan: dict) -> Report:
     imgs = [("pareto", png(pareto_plot(rows, rec["candidate"] if rec else None)))] if len(ok) else []
     secs.append(Section("candidates", [
         "Sustained rate: the highest Poisson rate one replica serves with every seed meeting the SLOs "
-        "(bisection on the rate). Binding: what ran out first at the first failing probe. "
+        "(bisection on the rate). Binding: the SLO that broke first at the first failing probe, and "
+        "what ran out (a p99 TTFT that is mostly the prefill itself: prefill time). "
         "replicas to TTFT/TPOT p99: the per-replica estimate; fleet_*: the fleet check, where one ran. "
         "Skipped: refused by the scenario, or no price."],
         [("candidates", rows[CANDIDATE_COLUMNS])], imgs))

@@ -64,7 +64,8 @@ ROWS = [
     ("output tokens/s", lambda s: fmt(s["output_token_throughput"])),
     ("TTFT p50 / p99 (ms)", lambda s: f"{fmt(s['ttft_s']['p50'], 'ms')} / {fmt(s['ttft_s']['p99'], 'ms')}"),
     ("TPOT p50 / p99 (ms)", lambda s: f"{fmt(s['tpot_s']['p50'], 'ms')} / {fmt(s['tpot_s']['p99'], 'ms')}"),
-    ("ITL p50 / p99 (ms)", lambda s: f"{fmt(s['itl_s']['p50'], 'ms')} / {fmt(s['itl_s']['p99'], 'ms')}"),
+    ("ITL p50 / p99 / max (ms)", lambda s: f"{fmt(s['itl_s']['p50'], 'ms')} / {fmt(s['itl_s']['p99'], 'ms')}"
+     f" / {fmt(s['itl_s'].get('max'), 'ms')}"),
     ("E2E p50 / p99 (s)", lambda s: f"{fmt(s['e2e_s']['p50'])} / {fmt(s['e2e_s']['p99'])}"),
     ("mean batch size", lambda s: fmt(s["mean_batch_size"])),
     ("busy: steps / GPU kernels", lambda s: f"{s['gpu_busy_fraction']:.0%} / {share(s['gpu_kernel_fraction'])}"),
@@ -116,23 +117,36 @@ def table(names: list[str], summaries: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def replica_table(rows: list[dict]) -> str:
-    """One line per replica of a fleet: where its requests went and how it fared. A
-    prefill replica's `requests` and `req/s` count the prefills it ran (none finish there)."""
-    head = (f"{'replica':16} {'gpu':10} {'role':7} {'requests':>8} {'req/s':>6} "
-            f"{'TTFT p50/p99 ms':>16} {'TPOT p50 ms':>11} {'busy':>5} {'kernels':>7} {'KV mean':>7}")
-    lines = [head, "-" * len(head)]
+REPLICA_COLUMNS = ("replica", "gpu", "role", "requests", "req/s", "TTFT p50/p99 ms",
+                   "TPOT p50 ms", "busy", "kernels", "KV mean")
+REPLICA_NOTE = ("prefill rows: requests and req/s count prefills run; "
+                "other rows: requests routed there, finishes per second")
+
+
+def replica_cells(rows: list[dict]) -> list[tuple[str, ...]]:
+    """One tuple of cells (REPLICA_COLUMNS) per replica of a fleet: where its requests went
+    and how it fared. A prefill replica's `requests` and `req/s` count the prefills it ran
+    (none finish there)."""
+    out = []
     for r in rows:
         prefill = r["role"] == "prefill"
         n = r.get("prefills", r["requests"]) if prefill else r["requests"]
         rate = r.get("prefill_throughput", r["request_throughput"]) if prefill else r["request_throughput"]
-        ttft = f"{fmt(r['ttft_s']['p50'], 'ms')}/{fmt(r['ttft_s']['p99'], 'ms')}"
-        lines.append(f"{r['replica'][:16]:16} {r['gpu'][:10]:10} {r['role']:7} {n:8d} "
-                     f"{fmt(rate):>6} {ttft:>16} "
-                     f"{fmt(r['tpot_s']['p50'], 'ms'):>11} {r['gpu_busy_fraction']:5.0%} "
-                     f"{share(r['gpu_kernel_fraction']):>7} {r['kv_util_mean']:7.0%}")
-    if any(r["role"] == "prefill" for r in rows):
-        lines.append("(prefill rows: requests and req/s count prefills run; "
-                     "other rows: requests routed there, finishes per second)")
-    return "\n".join(lines)
+        out.append((r["replica"], r["gpu"], r["role"], f"{n:d}", fmt(rate),
+                    f"{fmt(r['ttft_s']['p50'], 'ms')}/{fmt(r['ttft_s']['p99'], 'ms')}",
+                    fmt(r["tpot_s"]["p50"], "ms"), f"{r['gpu_busy_fraction']:.0%}",
+                    share(r["gpu_kernel_fraction"]), f"{r['kv_util_mean']:.0%}"))
+    return out
 
+
+def replica_table(rows: list[dict]) -> str:
+    """`replica_cells` as the CLI prints them, one line per replica."""
+    head = (f"{'replica':16} {'gpu':10} {'role':7} {'requests':>8} {'req/s':>6} "
+            f"{'TTFT p50/p99 ms':>16} {'TPOT p50 ms':>11} {'busy':>5} {'kernels':>7} {'KV mean':>7}")
+    lines = [head, "-" * len(head)]
+    for name, gpu, role, n, rate, ttft, tpot, busy, kernels, kv in replica_cells(rows):
+        lines.append(f"{name[:16]:16} {gpu[:10]:10} {role:7} {n:>8} {rate:>6} {ttft:>16} "
+                     f"{tpot:>11} {busy:>5} {kernels:>7} {kv:>7}")
+    if any(r["role"] == "prefill" for r in rows):
+        lines.append(f"({REPLICA_NOTE})")
+    return "\n".join(lines)
