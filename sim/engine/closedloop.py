@@ -14,12 +14,18 @@ from sim.workload.clients import ClientPlan
 
 
 class ClosedLoop:
-    """The users' shared state: the queue of sessions, each sent request's end event, the
+    """The users' shared state: the queues of sessions, each sent request's end event, the
     warm-up gate and the measured window (`sim/workload/clients.py`)."""
 
     def __init__(self, env, plan: ClientPlan, fleet):
         self.env, self.plan, self.fleet = env, plan, fleet
-        self.queue = deque(plan.sessions)
+        warm = [x for x in plan.sessions if plan.warmup[x[0]]]
+        rest = [x for x in plan.sessions if not plan.warmup[x[0]]]
+        self.warm_queue = deque(warm)  # warm-up sessions: whoever is free takes the next
+        # measured sessions: one shared queue, or user k's own (sessions k, k + C, ...)
+        c = plan.concurrency
+        self.queues = ([deque(rest[k::c]) for k in range(c)] if plan.per_user
+                       else [deque(rest)] * c)
         self.warm = plan.warmup.tolist()
         self.ends: dict = {}  # rid -> the SimPy event its client waits on
         self.sent: list[int] = []
@@ -27,6 +33,17 @@ class ClosedLoop:
         self.gate = env.event() if plan.drain_warmup and self.warm_left else None
         self.start: float | None = None  # the first measured send
         self.gap_marks: list[int] | None = None  # each replica's ITL gaps before the gate opened
+        self.kernel_marks: list[float] | None = None  # GPU kernel seconds before the window
+
+    def next_session(self, user: int) -> tuple[int, ...] | None:
+        """The session user `user` sends next (warm-up first), None when it has none left."""
+        q = self.warm_queue if self.warm_queue else self.queues[user]
+        return q.popleft() if q else None
+
+    def begin(self, now: float) -> None:
+        """The first measured request goes out: the measured window starts."""
+        self.start = now
+        self.kernel_marks = [n.rep.kernel_busy_s for n in self.fleet.nodes]
 
     def ended(self, seqs: list[Seq]) -> None:
         for s in seqs:

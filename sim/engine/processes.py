@@ -152,18 +152,18 @@ def arrivals(env: simpy.Environment, fleet: Fleet, seqs: list[Seq]):
         fleet.dispatch(s)
 
 
-def client(env: simpy.Environment, loop: ClosedLoop, seqs: list[Seq]):
-    """One user: take the next session from the queue and send its requests one after
+def client(env: simpy.Environment, loop: ClosedLoop, seqs: list[Seq], user: int):
+    """One user: take its next session and send the session's requests one after
     another, each once the previous response ended and the user has thought."""
     window = loop.plan.window_s
-    while loop.queue:
-        for i in loop.queue.popleft():
+    while (session := loop.next_session(user)) is not None:
+        for i in session:
             s = seqs[i]
             if not loop.warm[i]:
                 if loop.gate is not None and not loop.gate.processed:
                     yield loop.gate
                 if loop.start is None:
-                    loop.start = env.now
+                    loop.begin(env.now)
                 elif window is not None and env.now - loop.start >= window:
                     return
             s.arrival = env.now
@@ -315,8 +315,8 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         loop = ClosedLoop(env, workload.clients, fleet)
         for node in fleet.nodes:
             node.ended = loop.ended
-        for _ in range(workload.clients.concurrency):
-            env.process(client(env, loop, seqs))
+        for user in range(workload.clients.concurrency):
+            env.process(client(env, loop, seqs, user))
     else:
         env.process(arrivals(env, fleet, seqs))
     for i, node in enumerate(fleet.nodes):
@@ -338,6 +338,8 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         sent = sorted(loop.sent)
         seqs, warmup = [seqs[i] for i in sent], workload.clients.warmup[sent]
         marks = loop.gap_marks or marks
+        for r, k in zip(replicas, loop.kernel_marks or [0.0] * len(replicas), strict=True):
+            r.kernel_busy_s -= k  # the measured window's (the step under way at its start in)
     done = sum(r.done for r in replicas)
     if done != len(seqs):
         raise RuntimeError(f"simulation ended with {len(seqs) - done} requests unaccounted for")

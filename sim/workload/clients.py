@@ -10,7 +10,7 @@ default). This is how vLLM's `benchmarks/benchmark_serving.py --max-concurrency 
 workload:
   clients:
     concurrency: 16          # C users
-    requests_per_client: 20  # measured requests: C x 20 (or workload.num_requests)
+    requests_per_client: 20  # each user's measured requests (or workload.num_requests: one queue)
     warmup_requests: 16      # sent first, excluded from the metrics, marked in requests.csv
     drain_warmup: true       # measured requests wait until every warm-up one has ended
     think: {kind: exponential, mean_s: 2.0}   # or {kind: fixed, mean_s: 0.5}; none: 0
@@ -20,10 +20,12 @@ workload:
   multi_turn: {turns: 4}     # optional: sessions whose turns resend the conversation so far
 ```
 
-- The requests form one queue, as in vLLM's benchmark: a user takes the next session
-  (one request, or with `multi_turn` one conversation of `turns` requests sent one after
-  another) when it has ended its previous one, so "requests per client" is the mean;
-  with equal service times every user sends the same number.
+- A session is one request, or with `multi_turn` one conversation of `turns` requests
+  sent one after another. With `requests_per_client` every user sends its own sessions
+  (user k: measured sessions k, k + C, k + 2C, ...), as inference-perf's and Locust's
+  users do; with `workload.num_requests` the sessions form one queue and a user takes
+  the next when it has ended its previous one, as vLLM's benchmark does (a semaphore
+  of C around its list of prompts). Warm-up sessions are always one queue.
 - A user's next request goes out `think` seconds after its previous response ended;
   think times are drawn up front, one per request (the pause after it), from the run's
   generator, so they do not depend on the order in which the simulation visits users.
@@ -93,7 +95,8 @@ class ClientPlan:
     warmup: np.ndarray  # bool [n]: excluded from the metrics
     think_s: np.ndarray  # float64 [n]: the user's pause after request i's response
     drain_warmup: bool
-    window_s: float | None  # no measured request sent once the measured window is this long
+    window_s: float | None
+    per_user: bool = False  # each user its own measured sessions (else one shared queue)  # no measured request sent once the measured window is this long
 
     def __post_init__(self) -> None:
         self.warmup.flags.writeable = False
@@ -115,4 +118,5 @@ def plan_clients(spec: ClientsSpec, n: int, turns: int | None, window_s: float |
         warm[list(sess)] = True
         count += len(sess)
     think = spec.think.draw(n, rng) if spec.think is not None else np.zeros(n)
-    return ClientPlan(spec.concurrency, sessions, warm, think, spec.drain_warmup, window_s)
+    return ClientPlan(spec.concurrency, sessions, warm, think, spec.drain_warmup, window_s,
+                      spec.requests_per_client is not None)
