@@ -68,10 +68,13 @@ def test_one_user_sends_each_request_when_the_last_ended_plus_its_think_time():
 def test_think_time_obeys_the_interactive_response_time_law(users):
     # R = N / X - Z holds for any closed system in steady state (Denning & Buzen 1978);
     # checked on the simulated means of a long run with exponential think times
-    Z = 2 * service_s()
-    out = run(scenario_from_dict(closed({"concurrency": users, "requests_per_client": 300,
+    # (a window of fixed length, so that users do not drop out one by one at the end)
+    S = service_s()
+    Z = 2 * S
+    out = run(scenario_from_dict(closed({"concurrency": users, "requests_per_client": 2000,
                                          "warmup_requests": users, "drain_warmup": False,
-                                         "think": {"kind": "exponential", "mean_s": Z}})))
+                                         "think": {"kind": "exponential", "mean_s": Z}},
+                                        duration_s=1200 * S)))
     s, req = out.summary, out.requests
     z_mean = s["clients"]["think_s_mean"]
     x = s["request_throughput"]
