@@ -174,3 +174,14 @@ def test_a_curve_checks_every_point_before_it_runs_one(tmp_path):
     with pytest.raises(SpecError, match=r"^curve point 1 req/s: .*tp3.yaml: parallel.tensor: 3 does not divide"):
         run_curve([str(sc)], [1, 2], tmp_path / "out", requests=20, executor="sequential")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_concurrency_curve_runs_closed_loop_users_and_throughput_grows_with_them(tmp_path):
+    # an open-loop scenario run as C users (vLLM's --max-concurrency): one user keeps the
+    # replica at batch 1; four users share steps, so throughput grows with C
+    table, knees = run_curve([QUICK], concurrency=[4, 1], out_dir=tmp_path / "c", requests=24,
+                             executor="sequential")
+    assert list(table.concurrency) == [1, 4] and "rate" not in table
+    assert table.mean_batch_size.iloc[0] == pytest.approx(1.0)
+    assert table.request_throughput.iloc[1] > 2 * table.request_throughput.iloc[0]
+    assert "knee_concurrency" in knees and (tmp_path / "c" / "curve.png").stat().st_size > 0
