@@ -68,7 +68,7 @@ def streamed(seqs: list[Seq], nodes: list) -> None:
     """Times as the client sees them: each token `chunk` seconds after the engine produced
     it, the response closed `finish` seconds after the last (the serving replica's
     runtime; nothing when every runtime's per-request latency is zero)."""
-    if all(n.request_s is None for n in nodes):
+    if all(n.request_s is None or not (n.request_s[2] or n.request_s[3]) for n in nodes):
         return
     for s in seqs:
         req = nodes[s.replica].request_s

@@ -307,10 +307,14 @@ def per_replica(req, steps, res: RunResult) -> list[dict]:
     """Each replica's share of the run: requests served, latency, busy time, KV use (one
     grouping of the requests; step figures summed per replica from its log)."""
     del steps
+    keep, t0 = _measured(req)
     status = np.asarray(req["status"], dtype=object)
     done = status == FINISHED
     rejected = status == "rejected"
-    _, duration = _duration(_col(req, "arrival_s"), _col(req, "finish_s"), done)
+    if keep is not None:  # closed loop: warm-up rows count nowhere
+        done, rejected = done & keep, rejected & keep
+    arrival = _col(req, "arrival_s")
+    _, duration = _duration(arrival if keep is None else arrival[keep], _col(req, "finish_s"), done)
     n = len(res.replicas)
     codes = _replica_codes(req, res)
     order, bounds = _groups(codes, n)
@@ -324,8 +328,9 @@ def per_replica(req, steps, res: RunResult) -> list[dict]:
     out = []
     for i, r in enumerate(res.replicas):
         rows = order[bounds[i]:bounds[i + 1]]
+        rows = rows if keep is None else rows[keep[rows]]
         fin = rows[done[rows]]
-        steps_i = StepSums(r)
+        steps_i = StepSums(r, t0)
         busy = steps_i.busy
         out.append({
             "replica": r.name, "group": r.group, "role": r.role, "gpu": r.gpu,
