@@ -200,9 +200,14 @@ def test_fleet_trace_has_one_process_per_replica(tmp_path):
     names = {e["pid"]: e["args"]["name"] for e in ev if e["name"] == "process_name"}
     assert names == {1: "replica 0", 2: "replica 1", 3: "replica 2"}
     first = {pid: min(e["ts"] for e in ev if e["pid"] == pid and e["ph"] == "X") for pid in names}
-    for pid, t in first.items():  # a replica's first iteration starts at its first request
+    # a replica's first iteration starts when its first request reaches the engine: sent at
+    # arrival_s, received after the runtime's per-request receive latency
+    from sim.costmodel.runtime import load_runtime
+
+    receive = load_runtime(sc.runtime).request.receive_ms.value / 1e3
+    for pid, t in first.items():
         arrivals = fleet.requests[fleet.requests.replica == pid - 1].arrival_s
-        assert t == pytest.approx(arrivals.min() * 1e6)
+        assert t == pytest.approx((arrivals.min() + receive) * 1e6)
 
 
 def test_cluster_run_trace_splits_into_one_process_per_replica(tmp_path):

@@ -214,3 +214,13 @@ def test_sweep_prints_the_metric_its_swept_field_moves(tmp_path, capsys):
     assert [float(r.split()[col]) for r in rows] == pytest.approx(waste.tolist(), rel=0.01)
     assert waste[1] > waste[0]  # 64-token blocks leave more of the last block empty
 
+
+def test_a_concurrency_curve_runs_closed_loop_users_and_throughput_grows_with_them(tmp_path):
+    # an open-loop scenario run as C users (vLLM's --max-concurrency): one user keeps the
+    # replica at batch 1; four users share steps, so throughput grows with C
+    table, knees = run_curve([QUICK], concurrency=[4, 1], out_dir=tmp_path / "c", requests=24,
+                             executor="sequential")
+    assert list(table.concurrency) == [1, 4] and "rate" not in table
+    assert table.mean_batch_size.iloc[0] == pytest.approx(1.0)
+    assert table.request_throughput.iloc[1] > 2 * table.request_throughput.iloc[0]
+    assert "knee_concurrency" in knees and (tmp_path / "c" / "curve.png").stat().st_size > 0

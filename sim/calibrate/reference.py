@@ -204,6 +204,9 @@ def check_supported(sc: Scenario) -> None:
     if sc.scheduler.preemption != "recompute":
         raise SpecError(where, "scheduler.preemption", "'swap' is not implemented by the "
                         "reference engine (allowed: recompute)")
+    if sc.workload.clients is not None:
+        raise SpecError(where, "workload.clients", "closed-loop clients are not implemented by "
+                        "the reference engine (allowed: open-loop arrivals)")
     if getattr(sc.kv, "prefix_caching", False):
         raise SpecError(where, "kv.prefix_caching", "not implemented by the reference engine "
                         "(allowed: false)")

@@ -47,13 +47,23 @@ def cmd_curve(a) -> int:
     from sim.planning.sweep import parse_axis
     from sim.report.text import frame_text
 
-    _, rates = parse_axis(f"rates={a.rates}", "--rates")
-    if any(not isinstance(r, int | float) or r <= 0 for r in rates):
-        raise SpecError("--rates", a.rates, "a rate is not positive (allowed: numbers > 0, e.g. 1,2,4,8)")
+    if (a.rates is None) == (a.concurrency is None):
+        raise SpecError("llmsim curve", "--rates/--concurrency", "give exactly one of --rates (open loop) or --concurrency (closed loop)")
+    users = None
+    if a.concurrency is not None:
+        _, users = parse_axis(f"concurrency={a.concurrency}", "--concurrency")
+        if any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in users):
+            raise SpecError("--concurrency", a.concurrency, "not a whole number of users >= 1 (allowed: e.g. 1,4,16,64)")
+        rates = None
+    else:
+        _, rates = parse_axis(f"rates={a.rates}", "--rates")
+        if any(not isinstance(r, int | float) or r <= 0 for r in rates):
+            raise SpecError("--rates", a.rates, "a rate is not positive (allowed: numbers > 0, e.g. 1,2,4,8)")
     out = Path(a.out) if a.out else Path("runs") / f"curve_{Path(a.scenarios[0]).stem}"
     table, knees = run_curve(a.scenarios, rates, out, requests=a.requests, seed=a.seed,
-                             ttft_bound=a.ttft_bound, executor=a.executor, workers=a.workers)
-    print(frame_text(table, ["scenario", "rate", "seed"]))
+                             ttft_bound=a.ttft_bound, executor=a.executor, workers=a.workers,
+                             concurrency=users)
+    print(frame_text(table, ["scenario", "concurrency" if users else "rate", "seed"]))
     print()
     print(frame_text(knees, ["scenario"]))
     _maybe_report(a, out)
@@ -165,7 +175,8 @@ def add_parsers(sub) -> None:
 
     c = sub.add_parser("curve", help="throughput-latency curves of scenarios against offered load")
     c.add_argument("scenarios", nargs="+")
-    c.add_argument("--rates", required=True, help="offered request rates, e.g. 1,2,4,8,16")
+    c.add_argument("--rates", help="offered request rates, e.g. 1,2,4,8,16")
+    c.add_argument("--concurrency", help="closed-loop users instead of rates, e.g. 1,4,16,64")
     c.add_argument("--requests", type=whole_number, help="requests per point (default: the scenario's)")
     c.add_argument("--seed", type=int, help="seed for every point (default: the scenario's)")
     c.add_argument("--ttft-bound", type=positive_seconds, help="p99 TTFT bound of the knee when the scenario has no slo.ttft_s")

@@ -23,6 +23,48 @@ RUNTIMES_DIR = ROOT / "gpu_profiles" / "runtimes"
 
 
 @dataclass(frozen=True)
+class Sourced:
+    """One number and where it comes from (a non-zero value must say)."""
+
+    value: float = field(default=0.0, metadata={"ge": 0, "le": 1e6})
+    source: str = ""
+
+    def check(self) -> tuple[str, str] | None:
+        if self.value > 0 and not self.source.strip():
+            return "source", "a non-zero value needs its source (allowed: a citation or how it was measured)"
+        return None
+
+
+@dataclass(frozen=True)
+class RequestLatencySpec:
+    """Per-request latency outside the step loop (`runtime.request:`): the stack's API
+    server, tokenisation and detokenisation, the hand-off between the server and the
+    engine, streaming. A constant delay per request, with no contention between requests
+    (a saturated API server is not modelled). Where each falls:
+
+    - `receive_ms` + `tokenize_us_per_prompt_token` x prompt: between the client's send and
+      the engine's queue (HTTP parse, validation, chat template, tokenisation, hand-off to
+      the engine process): adds to TTFT, E2E and queue_s; the engine sees the request later.
+    - `chunk_ms`: between the engine's token and the client, for every streamed chunk
+      (detokenise, SSE framing, hand-off back, first chunk included): adds to TTFT and
+      E2E; ITL and TPOT unchanged (every chunk is delayed alike).
+    - `finish_ms`: after the last chunk (final usage chunk, closing the response): E2E,
+      and in a closed loop the user's next request waits for it.
+    """
+
+    receive_ms: Sourced = Sourced()
+    tokenize_us_per_prompt_token: Sourced = Sourced()
+    chunk_ms: Sourced = Sourced()
+    finish_ms: Sourced = Sourced()
+
+    def seconds(self) -> tuple[float, float, float, float] | None:
+        """(receive s, s per prompt token, chunk s, finish s), or None when all are 0."""
+        out = (self.receive_ms.value / 1e3, self.tokenize_us_per_prompt_token.value / 1e6,
+               self.chunk_ms.value / 1e3, self.finish_ms.value / 1e3)
+        return out if any(out) else None
+
+
+@dataclass(frozen=True)
 class RuntimeSpec:
     """How the serving stack's host side adds to each step."""
 
@@ -53,6 +95,8 @@ class RuntimeSpec:
     # TensorRT-LLM), unfused (eager PyTorch) or as_measured (whatever the profile timed)
     elementwise: Literal["fused", "unfused", "as_measured"] = "as_measured"
     source: str = ""
+    # per-request latency outside the step loop (API server, tokenisation, streaming)
+    request: RequestLatencySpec | None = None
 
 
 def load_runtime(name: str, *, file=None, path: str = "runtime",

@@ -10,6 +10,10 @@ Definitions follow vLLM's benchmark (`benchmark_serving.py`):
 * E2E   = finish time - arrival time;
 * duration = last finish - first arrival; throughputs divide by it;
 * goodput = finished requests per second that met every SLO given.
+Closed-loop runs (`sim/workload/clients.py`) mark warm-up requests in a `warmup` column;
+the summary then covers the measured requests only: duration = first measured send to
+last measured finish (vLLM's `benchmark_duration`), step figures over the steps that end
+inside it, and ITL without a drained warm-up's gaps.
 Percentiles use numpy's default (linear) method; ITL, kept in weighted form,
 uses the inverted-CDF method on its weights.
 
@@ -79,6 +83,8 @@ def request_table(res: RunResult) -> dict:
         "reject_reason": _column(seqs, "reject_reason", object),
         "replica": Labels(_column(seqs, "replica", np.int64), names),
     }
+    if res.warmup is not None:  # closed loop: warm-up requests, left out of the summary
+        table["warmup"] = np.asarray(res.warmup, dtype=bool)
     if any(r.role == "prefill" for r in res.replicas):  # disaggregated: where the prefill ran
         table["prefill_replica"] = Labels(_column(seqs, "prefill_replica", np.int64) + 1,
                                           ("",) + names)
@@ -184,9 +190,13 @@ class StepSums:
 
     BLOCK = 1 << 20
 
-    def __init__(self, rep: ReplicaResult):
+    def __init__(self, rep: ReplicaResult, t0: float | None = None):
+        """`t0`: only the steps that end after it (a closed loop's measured window)."""
         log = rep.steps
         cols = {c: _log_column(log, c) for c in LOG_COLUMNS}
+        if t0 is not None:
+            first = int(np.searchsorted(cols["t_end"], t0, side="right"))
+            cols = {c: v[first:] for c, v in cols.items()}
         self.n = len(cols["t_start"])
         self.by_kind = np.bincount(cols["kind"], minlength=len(KIND_NAMES))
         self.busy = self.seqs_dur = self.used_dur = self.toks_dur = self.used_peak = 0.0
@@ -208,16 +218,30 @@ def _duration(arrival: np.ndarray, finish: np.ndarray, done: np.ndarray) -> tupl
     return start, max(end - start, 1e-12)
 
 
+def _measured(req) -> tuple[np.ndarray | None, float | None]:
+    """(measured rows, window start) of a closed loop with warm-up; (None, None) otherwise."""
+    if "warmup" not in req:
+        return None, None
+    keep = ~np.asarray(req["warmup"], dtype=bool)
+    arrival = _col(req, "arrival_s")[keep]
+    return keep, (float(arrival.min()) if len(arrival) else None)
+
+
 def summarize(req, steps, res: RunResult, slo=None) -> dict:
     """The run summary. `req`: the request table (or frame); the step figures are summed
     from each replica's step log in `res` (the rows of `steps`, which is not read again)."""
     del steps
+    keep, t0 = _measured(req)
+    if keep is not None:
+        req = {k: np.asarray(req[k])[keep] for k in ("status", "arrival_s", "finish_s",
+               "output_tokens", "prompt_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s",
+               "preemptions")}
     status = np.asarray(req["status"], dtype=object)
     done = status == FINISHED
     n_fin = int(done.sum())
     arrival = _col(req, "arrival_s")
     _, duration = _duration(arrival, _col(req, "finish_s"), done)
-    sums = [StepSums(r) for r in res.replicas]
+    sums = [StepSums(r, t0) for r in res.replicas]
     busy = sum(s.busy for s in sums)
     by_kind = sum(s.by_kind for s in sums)
     out_tokens = int(_col(req, "output_tokens", np.int64)[done].sum())
@@ -285,10 +309,14 @@ def per_replica(req, steps, res: RunResult) -> list[dict]:
     """Each replica's share of the run: requests served, latency, busy time, KV use (one
     grouping of the requests; step figures summed per replica from its log)."""
     del steps
+    keep, t0 = _measured(req)
     status = np.asarray(req["status"], dtype=object)
     done = status == FINISHED
     rejected = status == "rejected"
-    _, duration = _duration(_col(req, "arrival_s"), _col(req, "finish_s"), done)
+    if keep is not None:  # closed loop: warm-up rows count nowhere
+        done, rejected = done & keep, rejected & keep
+    arrival = _col(req, "arrival_s")
+    _, duration = _duration(arrival if keep is None else arrival[keep], _col(req, "finish_s"), done)
     n = len(res.replicas)
     codes = _replica_codes(req, res)
     order, bounds = _groups(codes, n)
@@ -302,8 +330,9 @@ def per_replica(req, steps, res: RunResult) -> list[dict]:
     out = []
     for i, r in enumerate(res.replicas):
         rows = order[bounds[i]:bounds[i + 1]]
+        rows = rows if keep is None else rows[keep[rows]]
         fin = rows[done[rows]]
-        steps_i = StepSums(r)
+        steps_i = StepSums(r, t0)
         busy = steps_i.busy
         out.append({
             "replica": r.name, "group": r.group, "role": r.role, "gpu": r.gpu,

@@ -6,7 +6,11 @@ fleet's router; `replica(env, ...)` loops: ask the policy for a plan, start it
 latency, then finish it (first tokens, finished requests, freed KV). With prefill and
 decode pools, `kv_link(env, ...)` moves each finished prefill's KV to a decode replica
 once that replica has room (bytes / bandwidth + latency; `sim/engine/handoff.py`); `reporter(env, ...)` refreshes
-what the router knows of each replica every `router.staleness_s`. Policies and routers
+what the router knows of each replica every `router.staleness_s`. Closed loop
+(`sim/workload/clients.py`): `client(env, ...)` is one user, sending its next request
+when its previous one ended (the replica process reports each request's end to
+`ClosedLoop.ended`). A runtime's per-request latency (`RequestLatencySpec`) delays a
+request on its way into a replica's queue and out to its client. Policies and routers
 never see `env`; SimPy stays in this module.
 """
 
@@ -15,11 +19,13 @@ from __future__ import annotations
 import gc
 from array import array
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 import simpy
 
 from sim.config.cluster import Link
+from sim.engine.closedloop import ClosedLoop, streamed
 from sim.engine.handoff import (
     hand_over,
     join_arrived,
@@ -37,7 +43,7 @@ from sim.workload.requests import Workload
 class Node:
     """The engine's handle on one replica: its SimPy wake-up and what waits for its room."""
 
-    __slots__ = ("rep", "wake", "room", "transfers", "link_wake")
+    __slots__ = ("rep", "wake", "room", "transfers", "link_wake", "ended", "request_s")
 
     def __init__(self, rep: Replica):
         self.rep = rep
@@ -45,6 +51,11 @@ class Node:
         self.room: simpy.Event | None = None   # a KV link waits on this for free blocks
         self.transfers: deque[tuple[Seq, Node]] = deque()  # decode side: KV moves queued
         self.link_wake: simpy.Event | None = None
+        # closed loop: told of the requests that ended (finished or rejected) here
+        self.ended: Callable[[list[Seq]], None] | None = None
+        # the runtime's per-request latency (RequestLatencySpec.seconds()), None when zero
+        cfg = rep.config
+        self.request_s = cfg.runtime.request.seconds() if cfg and cfg.runtime.request else None
 
     def poke(self) -> None:
         if self.wake is not None and not self.wake.triggered:
@@ -88,6 +99,15 @@ class Fleet:
         s.replica = rep.index
         if rep.prefix_view is not None:
             s.prefix = rep.prefix_view[s.rid]
+        if node.request_s is not None:  # the API server's receive and tokenisation first
+            receive, per_token = node.request_s[:2]
+            self.env.timeout(receive + per_token * s.prompt).callbacks.append(
+                lambda _: self._enqueue(node, s))
+            return
+        self._enqueue(node, s)
+
+    @staticmethod
+    def _enqueue(node: Node, s: Seq) -> None:
         node.rep.st.waiting.append(s)
         node.poke()
 
@@ -108,6 +128,8 @@ class Fleet:
             if not fits:
                 reject_at_handoff(src.rep, s, f"its prompt's KV ({need} blocks) is larger "
                                               "than any decode replica's cache")
+                if src.ended is not None:
+                    src.ended([s])
                 return
             if self.fresh_reports and self.decode_router.uses_reports:
                 self.report(self.back)
@@ -128,6 +150,30 @@ def arrivals(env: simpy.Environment, fleet: Fleet, seqs: list[Seq]):
             yield env.timeout(s.arrival - t)
             t = s.arrival
         fleet.dispatch(s)
+
+
+def client(env: simpy.Environment, loop: ClosedLoop, seqs: list[Seq], user: int):
+    """One user: take its next session and send the session's requests one after
+    another, each once the previous response ended and the user has thought."""
+    window = loop.plan.window_s
+    while (session := loop.next_session(user)) is not None:
+        for i in session:
+            s = seqs[i]
+            if not loop.warm[i]:
+                if loop.gate is not None and not loop.gate.processed:
+                    yield loop.gate
+                if loop.start is None:
+                    loop.begin(env.now)
+                elif window is not None and env.now - loop.start >= window:
+                    return
+            s.arrival = env.now
+            loop.sent.append(i)
+            ended = loop.ends[i] = env.event()
+            loop.fleet.dispatch(s)
+            yield ended
+            pause = loop.after(s)
+            if pause > 0:
+                yield env.timeout(pause)
 
 
 def reporter(env: simpy.Environment, fleet: Fleet, every_s: float, until: list[bool]):
@@ -185,10 +231,14 @@ def replica(env: simpy.Environment, node: Node, progress=None):
         if rep.arrived:
             join_arrived(rep)
         plan = policy.schedule(st, now)
+        if plan.reject and node.ended is not None:
+            node.ended([r.seq for r in plan.reject])
         step = rep.start(plan, now)
         if step is not None:
             yield env.timeout(step.seconds)
-            rep.finish(step, now, now + step.seconds)
+            done = rep.finish(step, now, now + step.seconds)
+            if node.ended is not None and done:
+                node.ended(done)
         else:
             if plan.kind == "idle":
                 node.wake = env.event()
@@ -260,7 +310,15 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
                 yield env.timeout(max(staleness_s, 1.0))
             finished[0] = True
         env.process(watch())
-    env.process(arrivals(env, fleet, seqs))
+    loop = None
+    if workload.clients is not None:
+        loop = ClosedLoop(env, workload.clients, fleet)
+        for node in fleet.nodes:
+            node.ended = loop.ended
+        for user in range(workload.clients.concurrency):
+            env.process(client(env, loop, seqs, user))
+    else:
+        env.process(arrivals(env, fleet, seqs))
     for i, node in enumerate(fleet.nodes):
         env.process(replica(env, node, progress if i == 0 else None))
     for node in fleet.back:
@@ -275,17 +333,25 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     finally:
         if collecting:
             gc.enable()
+    warmup, marks = None, [0] * len(replicas)
+    if loop is not None:  # requests never sent (the window closed) leave no row
+        sent = sorted(loop.sent)
+        seqs, warmup = [seqs[i] for i in sent], workload.clients.warmup[sent]
+        marks = loop.gap_marks or marks
+        for r, k in zip(replicas, loop.kernel_marks or [0.0] * len(replicas), strict=True):
+            r.kernel_busy_s -= k  # the measured window's (the step under way at its start in)
     done = sum(r.done for r in replicas)
     if done != len(seqs):
         raise RuntimeError(f"simulation ended with {len(seqs) - done} requests unaccounted for")
     for r in replicas:
         r.check_conserved()
+    streamed(seqs, fleet.nodes)
     gaps, weights = array("d"), array("q")
-    for r in replicas:
-        gaps.extend(r.gaps)
-        weights.extend(r.weights)
+    for r, mark in zip(replicas, marks, strict=True):  # a drained warm-up's gaps left out
+        gaps.extend(r.gaps[mark:])
+        weights.extend(r.weights[mark:])
     results = [ReplicaResult.of(r) for r in replicas]
     end = env.now if not finished[0] else max(
         (r.steps.t_end[-1] for r in results if len(r.steps.t_end)), default=0.0)
-    return RunResult(seqs, results, gaps, weights, end)
+    return RunResult(seqs, results, gaps, weights, end, warmup)
 

@@ -99,6 +99,7 @@ class RunResult:
     itl_gaps: array
     itl_weights: array
     end_time: float
+    warmup: object | None = None  # closed loop: bool numpy array [len(seqs)], warm-up requests
 
     @property
     def kv(self) -> PagedKV:

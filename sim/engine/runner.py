@@ -25,6 +25,7 @@ import numpy as np
 from sim.config.scenario import Scenario, load_scenario
 from sim.costmodel.latency import StepLatency
 from sim.engine.build import POLICIES, ReplicaConfig, build_fleet, replica_configs
+from sim.engine.closedloop import client_summary
 from sim.engine.metrics import itl_table, per_replica, request_table, step_tables, summarize
 from sim.engine.processes import simulate
 from sim.engine.replica import RunResult
@@ -146,6 +147,8 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         "wall_s": time.perf_counter() - t0,
         "simulate_wall_s": t_sim,  # the engine alone (wall_s adds loading, tables, summary)
     }
+    if wl.clients is not None:
+        summary["clients"] = client_summary(wl.clients, req)
     if len(configs) > 1:
         summary["per_replica"] = per_replica(req, steps, res)
         summary["groups"] = [{"group": c.group, "role": c.role, "gpu": c.profile.name,

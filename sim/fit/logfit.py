@@ -217,6 +217,8 @@ def errors_by_kind(rows: StepRows, pred: np.ndarray) -> dict[str, dict[str, floa
 def runtime_yaml(rt: RuntimeSpec, header: str) -> str:
     """The runtime as YAML (loads with load_runtime), `header` as leading comments."""
     data = asdict(rt)
+    if rt.request is None:
+        del data["request"]
     if rt.jitter is not None:
         data["jitter"] = {k: list(v) if isinstance(v, tuple) else v for k, v in data["jitter"].items()}
     body = yaml.safe_dump(data, sort_keys=False, width=100, default_flow_style=None)

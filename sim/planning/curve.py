@@ -15,6 +15,12 @@ every lower rate of the curve
 Past the knee the queue grows without bound for as long as the traffic lasts. Where every
 rate tried passes there is no knee in the curve: the knee table says so ("no knee up to
 the highest rate tried") and its rate is that highest rate, a lower bound on the knee.
+
+With `concurrency` instead of rates every point is a closed loop of C users
+(`sim/workload/clients.py`: each sends its next request when its previous one ended),
+as benchmark tools sweep `--max-concurrency`; the tables then have a `concurrency`
+column instead of `rate`, and the knee is the highest C whose p99 TTFT meets the bound
+(a closed loop always keeps up with itself).
 """
 
 from __future__ import annotations
@@ -37,27 +43,44 @@ COLUMNS = ["scenario", "rate", "seed", "ttft_s.p50", "ttft_s.p99", "tpot_s.p50",
            "steady.ratio", "gpu_busy_fraction", "gpu_kernel_fraction", "mean_batch_size", "preemptions"]
 
 
-def curve_tasks(files: list[str], rates: list[float], requests: int | None, seed: int | None):
+def concurrency_overrides(workload, users: int, requests: int) -> dict:
+    """Overrides that run a scenario as `users` closed-loop clients: its own clients with
+    another concurrency, else `requests` requests over the scenario's lengths (a trace's
+    lengths are kept as a length file would be: not here, so a trace scenario is refused)."""
+    if workload.clients is not None:
+        return {"workload.clients.concurrency": int(users)}
+    return {"workload.arrival": None, "workload.duration_s": None,
+            "workload.num_requests": int(requests), "workload.clients": {"concurrency": int(users)}}
+
+
+def curve_tasks(files: list[str], rates: list[float], requests: int | None, seed: int | None,
+                closed: bool = False):
+    """One run per (scenario, point): `rates` are offered req/s, or users when `closed`."""
     tasks, meta = [], []
     for f in files:
         sc = load_scenario(f)
         n = requests or sc.workload.num_requests or 500
-        overs = [{**rate_overrides(sc.workload.arrival, r, n), **({"seed": seed} if seed is not None else {})}
-                 for r in rates]
-        check_configs(f, {}, overs, names=[f"curve point {r:g} req/s" for r in rates],
-                      origin="--rates")  # every point, before any run
+        overs = [{**(concurrency_overrides(sc.workload, r, n) if closed
+                     else rate_overrides(sc.workload.arrival, r, n)),
+                  **({"seed": seed} if seed is not None else {})} for r in rates]
+        names = [f"curve point {r:g} {'users' if closed else 'req/s'}" for r in rates]
+        check_configs(f, {}, overs, names=names,
+                      origin="--concurrency" if closed else "--rates")  # every point, before any run
         for r, over in zip(rates, overs, strict=True):
             tasks.append((config_key(f, {}, over), f, over))
             meta.append((sc.name, r, sc.seed if seed is None else seed, sc.slo.ttft_s))
     return tasks, meta
 
 
-def run_curve(files: list[str], rates: list[float], out_dir: str | Path | None = None, *,
+def run_curve(files: list[str], rates: list[float] | None = None, out_dir: str | Path | None = None, *,
               requests: int | None = None, seed: int | None = None, ttft_bound: float | None = None,
-              executor: str = "process", workers: int | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run every (scenario, rate); return the curve table and the knee table."""
-    rates = sorted(float(r) for r in rates)
-    tasks, meta = curve_tasks([str(f) for f in files], rates, requests, seed)
+              executor: str = "process", workers: int | None = None,
+              concurrency: list[int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Run every (scenario, rate), or every (scenario, users) with `concurrency`; return
+    the curve table and the knee table."""
+    closed = concurrency is not None
+    rates = sorted(int(c) for c in concurrency) if closed else sorted(float(r) for r in rates)
+    tasks, meta = curve_tasks([str(f) for f in files], rates, requests, seed, closed)
     rows = dict(execute(tasks, executor, workers))
     recs = []
     for (key, _, _), (name, rate, s, _) in zip(tasks, meta, strict=True):
@@ -65,15 +88,21 @@ def run_curve(files: list[str], rates: list[float], out_dir: str | Path | None =
         recs.append({"scenario": name, "rate": rate, "seed": s, **{c: row.get(c) for c in COLUMNS[3:]}})
     table = pd.DataFrame.from_records(recs, columns=COLUMNS)
     bounds = {name: b for name, _, _, b in meta}
+    if closed:  # a closed loop always keeps up with itself: the knee is TTFT's alone
+        table["steady.ratio"] = float("nan")
     knees = knee_table(table, {n: b or ttft_bound for n, b in bounds.items()},
                        slo_tpot_bounds([str(f) for f in files]))
+    if closed:  # its x is users
+        table = table.rename(columns={"rate": "concurrency"})
+        knees = knees.rename(columns={"knee_rate": "knee_concurrency"})
     if out_dir is not None:
         def write(folder: Path) -> None:
             table.to_csv(folder / "curve.csv", index=False)
             knees.to_csv(folder / "knees.csv", index=False)
             plot_curves(table, knees).savefig(folder / "curve.png", dpi=110)
 
-        write_output(out_dir, "curve", write, {"scenarios": [str(f) for f in files], "rates": rates})
+        write_output(out_dir, "curve", write, {"scenarios": [str(f) for f in files],
+                                               "concurrency" if closed else "rates": rates})
     return table, knees
 
 
@@ -155,6 +184,10 @@ def rate_panel(table: pd.DataFrame) -> tuple[str, dict[str, str]]:
 def plot_curves(table: pd.DataFrame, knees: pd.DataFrame) -> Figure:
     """Four panels against offered rate: TTFT, TPOT, E2E (p50 dashed, p99 solid), and
     goodput or, for a scenario without SLOs, request throughput (`rate_panel`)."""
+    closed = "concurrency" in table
+    if closed:  # users on the x axis (`run_curve(concurrency=...)`)
+        table = table.rename(columns={"concurrency": "rate"})
+        knees = knees.rename(columns={"knee_concurrency": "knee_rate"})
     fig = Figure(figsize=(11, 7.5), layout="constrained")
     axes = fig.subplots(2, 2)
     rate_title, rate_column = rate_panel(table)
@@ -174,12 +207,13 @@ def plot_curves(table: pd.DataFrame, knees: pd.DataFrame) -> Figure:
                 col = rate_column[name]
                 label = f"{name} ({'goodput' if col.startswith('goodput') else 'throughput'})" if mixed else name
                 ax.plot(pts.rate, pts[col].astype(float), "-o", color=c, ms=3, label=label)
-                ax.plot(pts.rate, pts.rate, ":", color="grey", lw=0.8)
+                if not closed:
+                    ax.plot(pts.rate, pts.rate, ":", color="grey", lw=0.8)
             k = knee_at.get(name)  # none drawn where every rate tried passed (no knee seen)
             if k is not None and not (isinstance(k, float) and math.isnan(k)) and k < pts.rate.max():
                 ax.axvline(k, color=c, ls=":", lw=1.2)
         ax.set_title(title)
-        ax.set_xlabel("offered load (requests/s)")
+        ax.set_xlabel("concurrent users (closed loop)" if closed else "offered load (requests/s)")
         ax.grid(alpha=0.3)
     np.ravel(axes)[0].legend(fontsize=7)
     if mixed:

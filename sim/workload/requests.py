@@ -19,7 +19,7 @@ distributions, a length file, or a trace (`data/traces/README.md`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,6 +35,7 @@ from sim.io.specload import (
     MIN_GAMMA_CV,
     SpecError,
 )
+from sim.workload.clients import ClientPlan, ClientsSpec, plan_clients
 from sim.workload.prefixes import HASH_TOKENS, MultiTurnSpec, SharedPrefixSpec, declare_prefixes
 from sim.workload.traces import (
     MOONCAKE_BLOCK_TOKENS,
@@ -145,14 +146,21 @@ class WorkloadSpec:
     max_output_tokens: int | None = field(default=None, metadata=_LENGTH)
     shared_prefix: SharedPrefixSpec | None = None  # see sim/policies/prefix.py
     multi_turn: MultiTurnSpec | None = None
+    clients: ClientsSpec | None = None  # closed loop (sim/workload/clients.py); None: open loop
 
     def check(self) -> _Problem:
+        if self.clients is not None:
+            problem = self._clients_problem()
+            if problem is not None:
+                return problem
         kind = self.arrival.kind if self.arrival is not None else None
+        if kind is None and self.trace is None and self.clients is not None:
+            kind = "clients"
         if kind is None and self.trace is None:
             return "arrival", "missing required field (kind: poisson, gamma, constant or trace)"
         if kind == "trace" and self.trace is None:
             return "arrival.kind", "'trace' needs workload.trace (path, format: csv, azure or mooncake)"
-        if kind not in (None, "trace"):
+        if kind not in (None, "trace", "clients"):
             if self.num_requests is None and self.duration_s is None:
                 return "num_requests", f"arrival kind '{kind}' needs num_requests or duration_s (or both)"
             if self.num_requests is None and self.duration_s * self.arrival.rate > MAX_REQUESTS:
@@ -170,6 +178,19 @@ class WorkloadSpec:
                 return name, "missing required field (kind: fixed, uniform, lognormal or file), or give lengths or trace"
         return None
 
+    def _clients_problem(self) -> _Problem:
+        c = self.clients
+        if self.arrival is not None or self.trace is not None:
+            return "clients", "closed-loop clients send requests when earlier ones end (allowed: no arrival and no trace with clients)"
+        if (c.requests_per_client is None) == (self.num_requests is None):
+            return "clients.requests_per_client", "give exactly one of clients.requests_per_client or workload.num_requests (the measured requests)"
+        turns = self.multi_turn.turns if self.multi_turn is not None else 1
+        for name, count in (("warmup_requests", c.warmup_requests),
+                            ("requests_per_client", c.measured(self.num_requests))):
+            if count % turns:
+                return f"clients.{name}", f"{count} requests is not a whole number of {turns}-turn conversations (allowed: a multiple of multi_turn.turns)"
+        return None
+
 
 @dataclass(frozen=True, eq=False)
 class Workload:
@@ -182,6 +203,7 @@ class Workload:
     prefix_hashes: tuple[tuple[int, ...], ...] | None = None  # [n] prompt block ids (mooncake)
     block_tokens: int | None = None  # prompt tokens per prefix hash (512 for mooncake)
     acceptance: np.ndarray | None = None  # float64 [n]: a csv trace's `acceptance` column
+    clients: ClientPlan | None = None  # closed loop: arrival_s are all 0, set when each is sent
 
     def __post_init__(self) -> None:
         for name in ("arrival_s", "prompt_tokens", "output_tokens", "max_tokens"):
@@ -204,7 +226,10 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
 
     ts = spec.trace
     tr = trace_window(ts, resolve(ts.path, base, file, f"{path}.trace.path"), file, f"{path}.trace") if ts else None
-    if spec.arrival is None or spec.arrival.kind == "trace":
+    if spec.clients is not None:  # closed loop: send times come from the simulation
+        n = spec.clients.measured(spec.num_requests) + spec.clients.warmup_requests
+        arrival, rows = np.zeros(n), None
+    elif spec.arrival is None or spec.arrival.kind == "trace":
         with np.errstate(over="ignore"):
             arrival = (tr.t - spec.trace.start_s) * spec.trace.time_scale
         n = min(len(arrival), spec.num_requests or len(arrival))
@@ -246,7 +271,15 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
     if (spec.shared_prefix or spec.multi_turn) and hashes is not None:
         raise SpecError(file, f"{path}.shared_prefix", "the trace brings its own prefix hashes (allowed: no shared_prefix/multi_turn with a mooncake trace)")
     _check_prefix_blocks(wl, spec, file, path)
-    return declare_prefixes(wl, spec.shared_prefix, spec.multi_turn, rng)
+    return _with_clients(declare_prefixes(wl, spec.shared_prefix, spec.multi_turn, rng), spec, rng)
+
+
+def _with_clients(wl: Workload, spec: WorkloadSpec, rng: np.random.Generator) -> Workload:
+    """A closed loop's plan (sessions, warm-up, think times) drawn after everything else."""
+    if spec.clients is None:
+        return wl
+    turns = spec.multi_turn.turns if spec.multi_turn is not None else None
+    return replace(wl, clients=plan_clients(spec.clients, len(wl), turns, spec.duration_s, rng))
 
 
 def _check_prefix_blocks(wl: Workload, spec: WorkloadSpec, file: Any, path: str) -> None:
