@@ -2,7 +2,7 @@
 in-process and refused (`refused`), the quick scenario (`QUICK_YAML`, `quick_scenario`)
 and a folder's contents (`tree`, to show that nothing was written).
 
-Tests that take more than a few seconds alone are marked `@pytest.mark.slow`
+Tests over ~10 s alone are marked `@pytest.mark.slow`
 (registered in pyproject.toml): `python -m pytest` runs them as CI does,
 `python -m pytest -m "not slow"` leaves them out for a quick local pass.
 

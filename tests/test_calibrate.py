@@ -50,6 +50,7 @@ def report(profile, tmp_path_factory) -> tuple[dict, Path]:
 
 # ---- the profile --------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_calibrated_profile_loads_with_every_table_populated(profile):
     from sim.costmodel.profiles import TABLES, load_profile
     from sim.costmodel.runtime import RuntimeSpec
@@ -75,6 +76,7 @@ def test_calibrated_profile_loads_with_every_table_populated(profile):
     # point could not be captured)
 
 
+@pytest.mark.slow
 def test_kernel_times_grow_with_problem_size(profile):
     # the ends of each grid, where the work differs 8-1024x: small kernels on a CPU are
     # dominated by call overhead and timing noise (the profile's loader makes every table
@@ -94,6 +96,7 @@ def test_kernel_times_grow_with_problem_size(profile):
         assert g.ms.iloc[-1] > g.ms.iloc[0]
 
 
+@pytest.mark.slow
 def test_flash_memory_grows_linearly_and_naive_quadratically_in_sequence_length(profile):
     # per doubling of seq: flash's extra memory (output + log-sum-exp) doubles; naive's
     # (scores + probabilities, plus a linear part) tends to 4x as the s^2 term takes over
@@ -120,6 +123,7 @@ def _outside_tolerance(r: dict) -> list[str]:
     return bad
 
 
+@pytest.mark.slow
 def test_simulator_tracks_the_cpu_reference_engine_within_the_stated_tolerance(report, tmp_path):
     # This machine's speed drifts by up to +-50 % over tens of seconds (the real engine's
     # own run-to-run spread above shows it), and calibration and replay happen at
@@ -138,6 +142,7 @@ def test_simulator_tracks_the_cpu_reference_engine_within_the_stated_tolerance(r
     assert not failures[-1], failures
 
 
+@pytest.mark.slow
 def test_validate_writes_the_report_and_both_real_runs_in_the_simulators_formats(report):
     from sim.engine.metrics import REQUEST_COLUMNS, STEP_COLUMNS
 
@@ -585,6 +590,7 @@ def test_recalibrating_a_folder_in_one_process_reloads_its_tables(tmp_path, monk
     assert load_profile(str(out)).rows["gemm"] == 2
 
 
+@pytest.mark.slow
 def test_host_terms_without_rows_of_their_kind_follow_the_stated_rule(profile):
     from sim.calibrate.output import _unmeasured_terms
     from sim.costmodel.runtime import RuntimeSpec

@@ -94,6 +94,7 @@ def test_steps_the_budget_cannot_cover_are_skipped_and_the_summary_still_written
     assert re.search(r"\| validate tiny \| skipped \| 0 \| needs ~\d+ s, \d+ s left \|", text)
 
 
+@pytest.mark.slow
 def test_a_cpu_dry_run_writes_every_section_with_error_tables(tmp_path):
     """The whole command on the CPU (~25 s): iteration grid, comparisons, one validation."""
     pytest.importorskip("torch")

@@ -60,6 +60,7 @@ def test_naive_attention_costs_kv_memory_and_prefill_time_at_long_prompts():
     assert naive["ttft_s"]["p50"] > 1.5 * flash["ttft_s"]["p50"]
 
 
+@pytest.mark.slow
 def test_chunked_prefill_lowers_tpot_tail_on_the_azure_conversation_trace():
     first = run(ROOT / "scenarios" / "prefill_first.yaml").summary
     chunked = run(ROOT / "scenarios" / "chunked_prefill.yaml").summary
@@ -68,6 +69,7 @@ def test_chunked_prefill_lowers_tpot_tail_on_the_azure_conversation_trace():
     assert chunked["request_throughput"] == pytest.approx(first["request_throughput"], rel=0.01)
 
 
+@pytest.mark.slow
 def test_prefix_caching_on_mooncake_hits_about_the_traces_repeated_share_and_cuts_ttft():
     s = sweep("prefix_caching_mooncake", "kv.prefix_caching", [False, True])
     pc = s[True]["prefix_cache"]

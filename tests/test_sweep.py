@@ -62,6 +62,7 @@ def test_process_pool_gives_the_same_bytes_as_sequential(sequential, tmp_path):
     assert (tmp_path / "p" / "results.csv").read_bytes() == (out / "results.csv").read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray extra not installed")
 def test_local_ray_gives_the_same_bytes_as_sequential(sequential, tmp_path):
     out, _ = sequential
