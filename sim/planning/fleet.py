@@ -5,10 +5,12 @@
 `RouterSpec`: policy, staleness_s, affinity_slack, as a scenario's `cluster.router`;
 default the random router), and returns the fleet's requests (with a replica index),
 its pooled summary (the same keys as a run summary: `ttft_s.p99`, `goodput`, ...; its
-`stands_on` names the router) and each replica's iterations. A `cluster:` section the
-scenario may have is replaced: the plan sizes one kind of replica. (Before the cluster
-engine landed this was N independent single-replica runs on random 1/N thinnings of
-one workload — the same thing for a random router.)
+`stands_on` names the router) and each replica's iterations. A scenario with a
+`cluster:` is a unit of its own (`sim/planning/units.py`): `replicas` such units are its
+groups' counts multiplied, every group keeping its role, GPU and settings, behind
+`router`; `replicas` then counts units. (Before the cluster engine landed this was N
+independent single-replica runs on random 1/N thinnings of one workload — the same
+thing for a random router.)
 
 `validate_fleet(plan, row, candidate)` is a plan's fleet check: the smallest replica
 count of one candidate whose fleet meets the plan's SLOs at its target rate.
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from sim.config.scenario import Scenario, scenario_from_dict
+from sim.planning.units import fleet_cluster
 from sim.policies.router import RouterSpec
 
 if TYPE_CHECKING:
@@ -49,7 +52,7 @@ def simulate_fleet(scenario: Scenario, replicas: int, seed: int,
         raise ValueError("a fleet needs at least one replica")
     data = scenario_dict(scenario)
     data["seed"] = seed
-    data["cluster"] = {"router": dataclasses.asdict(router), "groups": [{"name": "r", "count": replicas}]}
+    data["cluster"] = fleet_cluster(scenario, replicas, router)
     out = run(scenario_from_dict(data, file=scenario.file or None, base_dir=scenario.base_dir or None))
     names = [r.name for r in out.result.replicas]
     index = {n: i for i, n in enumerate(names)}

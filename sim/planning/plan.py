@@ -64,6 +64,7 @@ from sim.io.specload import SpecError
 from sim.planning.candidates import ALIASES, check_candidates, label, resolve
 from sim.planning.capacity import Capacity, max_rate, rate_overrides
 from sim.planning.fleet import validate_fleet
+from sim.planning.units import Unit, unit_of
 from sim.planning.planspec import (
     PlanSpec,
     SearchSpec,
@@ -89,8 +90,9 @@ def screen(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict | None:
     sc = resolve(plan_scenario(spec), {**_base(spec), **cand})
     if isinstance(sc, SpecError):
         return {**row, "note": f"refused by the scenario: {sc.path}: {sc.message}"}
-    if sc.gpu not in prices:
-        return {**row, "note": f"no price for GPU '{sc.gpu}' in the prices file"}
+    gpu = unit_of(sc).unpriced(prices)
+    if gpu is not None:
+        return {**row, "note": f"no price for GPU '{gpu}' in the prices file"}
     return None
 
 
@@ -108,11 +110,12 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     scen = plan_scenario(spec)
     base = {**_base(spec), **cand}
     sc = load_scenario(scen, base)
-    gpu, tp = sc.gpu, sc.parallel.tensor
-    if gpu not in prices:
-        return {"status": "skipped", "note": f"no price for GPU '{gpu}' in the prices file"}
+    unit = unit_of(sc)
+    if unit.unpriced(prices) is not None:
+        return {"status": "skipped", "note": f"no price for GPU '{unit.unpriced(prices)}' in the prices file"}
+    gpu = unit.pools[0].gpu  # the binding constraint reads the first pool's GPU
     s = spec.search
-    run_at = _runner(scen, base, sc, s.requests)
+    run_at = _runner(scen, base, sc, s.requests * unit.replicas)
     seeds = [sc.seed + i for i in range(s.seeds)]
     cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
                    s.rel_tol, s.max_probes)
@@ -124,12 +127,20 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
         return {**row, "status": "infeasible", "note": f"needs {replicas} replicas > max_replicas"}
     at_share = run_at(spec.target_rate / replicas, sc.seed)
     out_per_req = at_share["output_token_throughput"] / max(at_share["request_throughput"], 1e-12)
-    usd_h = replicas * tp * prices[gpu]
-    return {**row, "status": "ok", "note": "", "tp": tp, "replicas": replicas, "gpus": replicas * tp,
-            "usd_per_hour": usd_h, "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate, out_per_req),
+    usd_h = replicas * unit.usd_per_hour(prices)
+    return {**row, "status": "ok", "note": "", **unit_fields(unit, prices), "replicas": replicas,
+            "gpus": replicas * unit.gpus, "usd_per_hour": usd_h, "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate, out_per_req),
             "ttft_p99_at_target_s": at_share["ttft_s"]["p99"],
             "tpot_p99_at_target_s": at_share["tpot_s"]["p99"],
             "e2e_p99_at_target_s": at_share["e2e_s"]["p99"]}
+
+
+def unit_fields(unit: Unit, prices: dict[str, float]) -> dict:
+    """A candidate row's unit: `tp` (None when its pools differ), `deployment`
+    (aggregated / disaggregated), `unit` in words, its GPUs and $/hour (the sum of its
+    pools'); `replicas` in the row then counts units."""
+    return {"tp": unit.tensor, "deployment": unit.deployment, "unit": unit.describe(),
+            "unit_gpus": unit.gpus, "unit_usd_per_hour": unit.usd_per_hour(prices)}
 
 
 def _usd_per_m(usd_per_hour: float, rate: float, output_tokens_per_request: float) -> float:
@@ -245,8 +256,9 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
         row = rows[i]
         check = validate_fleet(spec, row, cands[i])
         at_n = next(c for c in check["checks"] if c["replicas"] == check["replicas"])
-        usd_h = check["replicas"] * row["tp"] * row["usd_per_hour"] / row["gpus"]  # the GPU's price
-        check.update({"tp": row["tp"], "gpus": check["replicas"] * row["tp"], "usd_per_hour": usd_h,
+        unit_gpus, unit_usd_h = row["gpus"] / row["replicas"], row["usd_per_hour"] / row["replicas"]
+        usd_h = check["replicas"] * unit_usd_h  # the unit's price: the sum of its pools'
+        check.update({"tp": row["tp"], "gpus": round(check["replicas"] * unit_gpus), "usd_per_hour": usd_h,
                       "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate,
                                                             at_n["output_tokens_per_request"]),
                       **{k: at_n[k] for k in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")}})
@@ -275,7 +287,8 @@ def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec) -> dict:
                                     "sustained_rate", "binding")}
     estimate["stands_on"] = ("per-replica sizing: one replica's sustained rate (bisection) and its p99s "
                              "at target / replicas")
-    return {"candidate": row["candidate"], **cand, "tp": row["tp"],
+    unit = {k: row[k] for k in ("deployment", "unit", "unit_gpus", "unit_usd_per_hour") if k in row}
+    return {"candidate": row["candidate"], **cand, "tp": row["tp"], **unit,
             **{k: check[k] for k in ("replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
                                      "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")},
             "holds": check["holds"],

@@ -50,12 +50,31 @@ def load_plan(file: str | Path) -> PlanSpec:
     data = load_yaml(p)
     if isinstance(data.get("router"), dict):  # a plan's router is random unless it says otherwise
         data = {**data, "router": {"policy": "random", **data["router"]}}
+    elif "router" not in data:  # ... or its scenario is a cluster, whose router is part of the unit
+        data = {**data, **_cluster_router(p, data.get("scenario"))}
     spec = build(PlanSpec, data, file=p)
     object.__setattr__(spec, "file", str(p))
     for k, values in spec.candidates.items():
         if not values:
             raise SpecError(p, f"candidates.{k}", "empty list (allowed: one or more values)")
     return spec
+
+
+def _cluster_router(plan: Path, scenario: object) -> dict:
+    """{'router': the scenario's cluster router} when the plan's scenario has a `cluster:`,
+    else {} (a scenario that does not load is left for run_plan to refuse)."""
+    from dataclasses import asdict
+
+    from sim.config.scenario import load_scenario
+
+    if not isinstance(scenario, str):
+        return {}
+    q = Path(scenario)
+    try:
+        sc = load_scenario(q if q.is_absolute() else plan.resolve().parent / q)
+    except SpecError:
+        return {}
+    return {"router": asdict(sc.cluster.router)} if sc.cluster is not None else {}
 
 
 def _resolve(spec: PlanSpec, rel: str) -> Path:
