@@ -72,6 +72,7 @@ from sim.planning.planspec import (
     candidate_grid,
     load_plan,
     load_prices,
+    plan_groups,
     plan_scenario,
 )
 
@@ -86,7 +87,7 @@ def _base(spec: PlanSpec) -> dict:
 def screen(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict | None:
     """The skipped row of a candidate the scenario refuses or that has no price (its
     one-line reason in `note`); None for a candidate to evaluate."""
-    row: dict[str, Any] = {"candidate": label(cand), **cand, "status": "skipped"}
+    row: dict[str, Any] = {"candidate": label(cand, plan_groups(spec)), **cand, "status": "skipped"}
     sc = resolve(plan_scenario(spec), {**_base(spec), **cand})
     if isinstance(sc, SpecError):
         return {**row, "note": f"refused by the scenario: {sc.path}: {sc.message}"}
@@ -99,7 +100,7 @@ def screen(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict | None:
 def evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     """One candidate: sustained rate, fleet size, cost, latency at its share, binding.
     Never raises SpecError (it runs in worker processes): a refusal is a skipped row."""
-    row: dict[str, Any] = {"candidate": label(cand), **cand}
+    row: dict[str, Any] = {"candidate": label(cand, plan_groups(spec)), **cand}
     try:
         return {**row, **_evaluate(spec, cand, prices)}
     except SpecError as e:

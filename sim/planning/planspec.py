@@ -102,6 +102,18 @@ def load_prices(path: str | Path | None) -> dict[str, float]:
 
 
 def candidate_grid(spec: PlanSpec) -> list[dict]:
-    """Every candidate as scenario overrides (short names expanded)."""
-    return _grid(spec.candidates)
+    """Every candidate as scenario overrides (short names expanded; pool keys over the
+    scenario's cluster groups, sim/planning/poolkeys.py)."""
+    return _grid(spec.candidates, plan_groups(spec), spec.file)
+
+
+def plan_groups(spec: PlanSpec):
+    """The plan's scenario's cluster groups as (name, role), when a candidate key needs them
+    (a pool key: `prefill.gpu`, `ratio`) or a label names them; else None."""
+    from sim.config.scenario import load_scenario
+    from sim.planning.poolkeys import groups_of, is_pool_key
+
+    if not any(is_pool_key(k) for k in spec.candidates):
+        return None
+    return groups_of(load_scenario(plan_scenario(spec)))
 
