@@ -63,6 +63,7 @@ from sim.config.scenario import Scenario, load_scenario
 from sim.io.specload import SpecError
 from sim.planning.candidates import ALIASES, check_candidates, label, resolve
 from sim.planning.capacity import Capacity, max_rate, rate_overrides
+from sim.planning.deployments import deployment_fronts
 from sim.planning.fleet import validate_fleet
 from sim.planning.units import Unit, unit_of
 from sim.planning.planspec import (
@@ -235,6 +236,9 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
     front = set(pareto(rows))
     for r in rows:
         r["pareto"] = r["candidate"] in front
+    fronts = deployment_fronts(rows)
+    if fronts is not None:
+        result["deployments"] = fronts
     return result
 
 
@@ -264,7 +268,9 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
                                                             at_n["output_tokens_per_request"]),
                       **{k: at_n[k] for k in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")}})
         row.update({"fleet_replicas": check["replicas"], "fleet_usd_per_hour": usd_h,
-                    "fleet_ttft_p99_s": at_n["ttft_p99_s"], "fleet_holds": check["holds"]})
+                    "fleet_ttft_p99_s": at_n["ttft_p99_s"], "fleet_holds": check["holds"],
+                    "fleet_gpus": check["gpus"], "fleet_tpot_p99_s": at_n["tpot_p99_s"],
+                    "fleet_usd_per_m_output_tokens": check["usd_per_m_output_tokens"]})
         done.append((i, check))
     if not done:
         return {}
