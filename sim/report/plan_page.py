@@ -10,6 +10,7 @@ import math
 import pandas as pd
 from matplotlib.figure import Figure
 
+from sim.report.deploy_page import deployment_section
 from sim.report.document import Report, Section, png
 
 CANDIDATE_COLUMNS = ["candidate", "status", "sustained_rate", "seeds_passed_at_fail", "ttft_p99_spread_s",
@@ -124,6 +125,8 @@ def plan_sections(plan: dict) -> Report:
         "replicas to TTFT/TPOT p99: the per-replica estimate; fleet_*: the fleet check, where one ran. "
         "Skipped: refused by the scenario, or no price."],
         [("candidates", rows[CANDIDATE_COLUMNS])], imgs))
+    deployments = deployment_section(plan)  # aggregated vs disaggregated, when the plan has both
+    secs += [deployments] if deployments else []
     keys = [("target", f"{plan['target_rate']:g} req/s"), ("SLOs", slo or "-")]
     if rec:
         keys += [("recommended", rec["candidate"]), ("replicas", str(rec["replicas"])),
