@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from sim.config.scenario import Scenario, scenario_from_dict
-from sim.planning.units import fleet_cluster
+from sim.planning.units import fleet_cluster, unit_of
 from sim.policies.router import RouterSpec
 
 if TYPE_CHECKING:
@@ -90,21 +90,23 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
     each fleet behind the plan's router. Each count's p99s are the worst seed's, its
     output tokens per request the mean over seeds."""
     from sim.config.scenario import load_scenario
-    from sim.planning.capacity import rate_overrides, violations
+    from sim.planning.capacity import violations
     from sim.planning.planspec import plan_scenario
+    from sim.planning.traffic import probe_overrides
 
     scen = plan_scenario(spec)
     base = {"slo": spec.slo.as_scenario_slo(), **cand}
     base_sc = load_scenario(scen, base)
     seeds = [base_sc.seed + 100 + i for i in range(spec.search.seeds)]
+    unit = unit_of(base_sc)  # n units of it: requests per replica as in the probes
     checks: dict[int, dict] = {}
 
     def check(n: int) -> bool:
         if n < 1:
             return False
         if n not in checks:
-            sc = load_scenario(scen, {**base, **rate_overrides(
-                base_sc.workload.arrival, spec.target_rate, spec.search.requests * n)})
+            sc = load_scenario(scen, {**base, **probe_overrides(
+                base_sc, spec.arrival, spec.target_rate, spec.search.requests * n * unit.replicas)})
             runs = [simulate_fleet(sc, n, seed, spec.router).summary for seed in seeds]
             broke = [v for s in runs for v in violations(s, spec.slo)]
             checks[n] = {"replicas": n, "passed": not broke, "broke": "; ".join(dict.fromkeys(broke)),

@@ -62,9 +62,10 @@ from typing import Any
 from sim.config.scenario import Scenario, load_scenario
 from sim.io.specload import SpecError
 from sim.planning.candidates import ALIASES, check_candidates, label, resolve
-from sim.planning.capacity import Capacity, max_rate, rate_overrides
+from sim.planning.capacity import Capacity, max_rate
 from sim.planning.deployments import deployment_fronts
 from sim.planning.fleet import validate_fleet
+from sim.planning.traffic import describe, probe_overrides, process
 from sim.planning.units import Unit, unit_of
 from sim.planning.planspec import (
     PlanSpec,
@@ -117,11 +118,11 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
         return {"status": "skipped", "note": f"no price for GPU '{unit.unpriced(prices)}' in the prices file"}
     gpu = unit.pools[0].gpu  # the binding constraint reads the first pool's GPU
     s = spec.search
-    run_at = _runner(scen, base, sc, s.requests * unit.replicas)
+    run_at = _runner(scen, base, sc, s.requests * unit.replicas, spec.arrival)
     seeds = [sc.seed + i for i in range(s.seeds)]
     cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
                    s.rel_tol, s.max_probes)
-    row = _capacity_row(cap, gpu)
+    row = {**_capacity_row(cap, gpu), "arrival": process(sc, spec.arrival)}
     if cap.rate <= 0:
         return {**row, "status": "infeasible", "note": "SLOs broken even at the lowest rate tried"}
     replicas = math.ceil(spec.target_rate / cap.rate - 1e-9)
@@ -149,12 +150,13 @@ def _usd_per_m(usd_per_hour: float, rate: float, output_tokens_per_request: floa
     return usd_per_hour / (rate * output_tokens_per_request * 3600) * 1e6
 
 
-def _runner(scen: str, base: dict, sc: Scenario, requests: int):
+def _runner(scen: str, base: dict, sc: Scenario, requests: int, arrival: str = "auto"):
     from sim.engine.runner import run
     from sim.planning.capacity import steady_throughput
 
     def run_at(rate: float, seed: int) -> dict:
-        out = run(scen, {**base, **rate_overrides(sc.workload.arrival, rate, requests), "seed": seed})
+        traffic = probe_overrides(sc, arrival, rate, requests, window=seed - sc.seed)
+        out = run(scen, {**base, **traffic, "seed": seed})
         return {**out.summary, "steady": steady_throughput(out.requests)}
     return run_at
 
@@ -216,7 +218,7 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
     cheapest as fleets and recommend the cheapest validated one."""
     prices = load_prices(prices_path or (_resolve(spec, spec.prices) if spec.prices else None))
     scen = plan_scenario(spec)
-    load_scenario(scen)  # a bad scenario fails before any run
+    arrival = describe(load_scenario(scen), spec.arrival, spec.file)  # a bad scenario fails before any run
     check_candidates(spec.file, spec.candidates, scen, _base(spec))  # a typo fails before any run
     cands = candidate_grid(spec)
     rows: list[dict | None] = [screen(spec, c, prices) for c in cands]
@@ -230,7 +232,7 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
         rows[i] = r
     result = {"name": spec.name, "target_rate": spec.target_rate, "slo": spec.slo.__dict__,
               "max_replicas": spec.search.max_replicas,
-              "scenario": spec.scenario, "candidates": rows, "recommended": None, "fleet_check": None,
+              "scenario": spec.scenario, "arrival": arrival, "candidates": rows, "recommended": None, "fleet_check": None,
               "fleet_checks": [], "unchecked_within": 0}
     result.update(_fleet_checks(spec, rows, cands))
     front = set(pareto(rows))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sim.io.specload import ROOT, SpecError, build, load_yaml
 from sim.planning.candidates import candidate_grid as _grid
@@ -42,6 +42,9 @@ class PlanSpec:
     prices: str | None = None
     search: SearchSpec = SearchSpec()
     router: RouterSpec = RouterSpec(policy="random")  # the fleet check's router
+    # the arrival process sized to: auto (a trace scenario replays its trace's, else its
+    # kind), poisson, or trace (sim/planning/traffic.py)
+    arrival: Literal["auto", "poisson", "trace"] = "auto"
     file: str = field(default="", init=False, compare=False)
 
 
