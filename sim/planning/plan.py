@@ -65,8 +65,6 @@ from sim.planning.candidates import ALIASES, check_candidates, label, resolve
 from sim.planning.capacity import Capacity, max_rate
 from sim.planning.deployments import deployment_fronts
 from sim.planning.fleet import validate_fleet
-from sim.planning.traffic import describe, probe_overrides, process
-from sim.planning.units import Unit, unit_of
 from sim.planning.planspec import (
     PlanSpec,
     SearchSpec,
@@ -77,6 +75,8 @@ from sim.planning.planspec import (
     plan_groups,
     plan_scenario,
 )
+from sim.planning.traffic import describe, probe_overrides, process
+from sim.planning.units import Unit, unit_of
 
 __all__ = ["ALIASES", "PlanSpec", "SearchSpec", "binding", "candidate_grid", "evaluate", "label",
            "load_plan", "load_prices", "pareto", "run_plan", "validate_fleet", "write_plan"]
