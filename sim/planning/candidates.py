@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 ALIASES = {"gpu": "gpu", "tensor": "parallel.tensor", "policy": "scheduler.policy",
            "chunk_tokens": "scheduler.max_num_batched_tokens", "block_size": "kv.block_size",
            "max_num_seqs": "scheduler.max_num_seqs", "speculative": "speculative"}
-KEYS_ALLOWED = (", ".join(ALIASES) + ", ratio, prefill./decode./both. one of those or a group field, "
+KEYS_ALLOWED = (", ".join(ALIASES) + ", ratio, prefill.KEY, decode.KEY, both.KEY (a cluster's pools), "
                 "or a dotted scenario field")
 
 # How specload and the name loaders (profiles, models, runtimes) word a value that is
