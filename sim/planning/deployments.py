@@ -64,3 +64,16 @@ def deployment_fronts(rows: list[dict]) -> dict | None:
                                       "cheapest": {"candidate": cheapest, **mine[cheapest]}}
     out["points"] = [{"candidate": n, **p} for n, p in points.items()]
     return out
+
+
+def deployment_lines(dep: dict) -> list[str]:
+    """The fronts in words: each deployment's cheapest candidate and its front."""
+    lines = ["aggregated vs disaggregated ($/M output tokens, p99 TTFT, p99 TPOT at the target rate; "
+             "fleet check where run, else estimate):"]
+    for kind, d in dep["by_deployment"].items():
+        c = d["cheapest"]
+        lines.append(f"  {kind}: cheapest {c['candidate']}: ${c['usd_per_m_output_tokens']:.3f}/M tokens, "
+                     f"${c['usd_per_hour']:.2f}/hour on {c['gpus']} GPUs, TTFT99 {c['ttft_p99_s']:.3f} s, "
+                     f"TPOT99 {c['tpot_p99_s']:.3f} s ({'fleet check' if c['checked'] else 'estimate'}); "
+                     f"front: {', '.join(d['front'])}")
+    return lines

@@ -143,7 +143,8 @@ def unit_fields(unit: Unit, prices: dict[str, float]) -> dict:
     (aggregated / disaggregated), `unit` in words, its GPUs and $/hour (the sum of its
     pools'); `replicas` in the row then counts units."""
     return {"tp": unit.tensor, "deployment": unit.deployment, "unit": unit.describe(),
-            "unit_gpus": unit.gpus, "unit_usd_per_hour": unit.usd_per_hour(prices)}
+            "unit_replicas": unit.replicas, "unit_gpus": unit.gpus,
+            "unit_usd_per_hour": unit.usd_per_hour(prices)}
 
 
 def _usd_per_m(usd_per_hour: float, rate: float, output_tokens_per_request: float) -> float:
@@ -266,6 +267,7 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
         unit_gpus, unit_usd_h = row["gpus"] / row["replicas"], row["usd_per_hour"] / row["replicas"]
         usd_h = check["replicas"] * unit_usd_h  # the unit's price: the sum of its pools'
         check.update({"tp": row["tp"], "gpus": round(check["replicas"] * unit_gpus), "usd_per_hour": usd_h,
+                      **{k: row[k] for k in ("unit", "unit_replicas") if k in row},
                       "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate,
                                                             at_n["output_tokens_per_request"]),
                       **{k: at_n[k] for k in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")}})
@@ -296,7 +298,8 @@ def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec) -> dict:
                                     "sustained_rate", "binding")}
     estimate["stands_on"] = ("per-replica sizing: one replica's sustained rate (bisection) and its p99s "
                              "at target / replicas")
-    unit = {k: row[k] for k in ("deployment", "unit", "unit_gpus", "unit_usd_per_hour") if k in row}
+    unit = {k: row[k] for k in ("deployment", "unit", "unit_replicas", "unit_gpus", "unit_usd_per_hour")
+            if k in row}
     return {"candidate": row["candidate"], **cand, "tp": row["tp"], **unit,
             **{k: check[k] for k in ("replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
                                      "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")},

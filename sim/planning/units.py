@@ -115,3 +115,9 @@ def fleet_cluster(sc: Scenario, units: int, router: RouterSpec) -> dict:
               for g in sc.cluster.groups]
     return {"router": dataclasses.asdict(router), "groups": groups,
             "kv_transfer": dataclasses.asdict(sc.cluster.kv_transfer)}
+
+
+def unit_noun(d: dict) -> str:
+    """'unit' for a plan row, check or recommendation whose unit is several replicas (a
+    cluster scenario), else 'replica'."""
+    return "unit" if (d.get("unit_replicas") or 1) > 1 else "replica"
