@@ -7,19 +7,34 @@ target_rate: 24                           # requests/s the fleet must serve
 slo: {ttft_p99_s: 1.0, tpot_p99_s: 0.06}  # also e2e_p99_s, goodput_min, min_throughput_ratio
 prices: null                              # default gpu_profiles/prices.yaml
 search: {seeds: 2, requests: 300}         # see SearchSpec (also fleet_checks: 3)
-router: {policy: random}                  # the fleet check's load balancer (default random)
+router: {policy: random}                  # the fleet check's load balancer (default random;
+                                          # a cluster scenario's own router when not given)
+arrival: auto                             # auto, poisson or trace (sim/planning/traffic.py)
 candidates:                               # a grid; short names or dotted scenario fields
   gpu: [a100-80gb, h100-sxm, h200-sxm]
   tensor: [1, 2, 4]                       # parallel.tensor
   policy: [continuous, chunked]           # scheduler.policy
+  # over a cluster scenario's pools (sim/planning/poolkeys.py):
+  # ratio: [aggregated, "1:1", "1:2"]     # prefill:decode replicas per unit, or colocated
+  # prefill.tensor: [1, 2]                # decode.gpu, both.policy, prefill.count, ...
 ```
 
-Per candidate (`sim/planning/capacity.py`): the highest Poisson rate one replica (one TP group)
-sustains with every seed meeting the SLOs, by bisection; then replicas =
-ceil(target / that rate), GPUs = replicas x TP, $/hour from the prices file, $/M output
-tokens = $/hour / (target x mean output tokens x 3600) x 1e6, and p99 latencies of one
-replica at its share of the target (target / replicas). The binding constraint is read
-from the first probe that broke the SLOs (`binding`). That is the *estimate*.
+**The unit** (`sim/planning/units.py`): without a `cluster:` one replica (tensor x
+pipeline GPUs); with one, the whole cluster as written — every group's replicas, each on
+its own GPU and tensor degree, in its role — probed as itself and priced as the sum of
+its pools (count x tensor x pipeline x the group's GPU price). `replicas` in a row
+counts units; `unit`, `unit_gpus`, `unit_usd_per_hour` and `deployment` (aggregated /
+disaggregated) describe one.
+
+Per candidate (`sim/planning/capacity.py`): the highest rate one unit sustains with every
+seed meeting the SLOs, by bisection, on the plan's arrival process (`arrival:`: Poisson,
+the scenario's gamma, or its trace's own arrivals replayed at the probed rate; each row's
+`arrival` and the plan's `arrival` entry say which); then units =
+ceil(target / that rate), GPUs = units x the unit's GPUs, $/hour = units x the unit's
+$/hour from the prices file, $/M output tokens = $/hour / (target x mean output tokens x
+3600) x 1e6, and p99 latencies of one unit at its share of the target (target / units).
+The binding constraint is read from the first probe that broke the SLOs (`binding`).
+That is the *estimate*.
 
 The candidates are then **checked as fleets** (`sim/planning/fleet.py`: the cluster engine,
 behind `router`) at the target rate, cheapest estimate first (ties: lower p99 TTFT):
@@ -34,7 +49,11 @@ measured in its check), with the per-replica estimate kept apart under
 `recommended.estimate`. `fleet_checks` lists every check made, `fleet_check` the
 recommended one's, and `unchecked_within` how many candidates estimated at or below the
 recommended cost were left unchecked by the bound. The Pareto front is taken over each
-candidate's validated point where it was checked, else its estimate.
+candidate's validated point where it was checked, else its estimate. A fleet of N units
+is the unit's groups with their counts multiplied by N (`units.fleet_cluster`). When the
+candidates include a disaggregated unit, `deployments` holds the aggregated-vs-
+disaggregated fronts over $/M output tokens, p99 TTFT and p99 TPOT
+(`sim/planning/deployments.py`).
 
 Candidates are checked before any run (`sim/planning/candidates.py`): a key that is no
 scenario field or a value wrong on its own (an unknown GPU, model or runtime name, a

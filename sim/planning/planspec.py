@@ -2,6 +2,20 @@
 
 `llmsim plan` reads it (`sim/planning/plan.py`); the fleet check (`sim/planning/fleet.py`)
 reads the scenario it names.
+
+- `scenario`: a single-replica scenario, or one with a `cluster:`, which is then planned
+  as the unit it is: all its GPUs counted and priced per group, checked as itself, a fleet
+  of N units its groups' counts times N (`sim/planning/units.py`).
+- `candidates`: short names (`ALIASES`: gpu, tensor, policy, chunk_tokens, block_size,
+  max_num_seqs, speculative), dotted scenario fields, and over a cluster scenario's pools
+  `prefill.KEY`, `decode.KEY`, `both.KEY` (KEY a short name or a group field: every group
+  of that role) and `ratio` (`"P:D"` quoted, `[P, D]`, or `aggregated`: the scenario
+  without its cluster) — `sim/planning/poolkeys.py`.
+- `router`: the fleet check's load balancer; default random, or the scenario's own
+  `cluster.router` when it has a cluster.
+- `arrival`: the arrival process sized to — `auto` (a trace scenario: its trace's own
+  arrivals, replayed at each probed rate; else its kind, Poisson or gamma), `poisson`, or
+  `trace` (`sim/planning/traffic.py`).
 """
 
 from __future__ import annotations
