@@ -145,3 +145,13 @@ def test_deployment_fronts_keep_what_nothing_beats_on_cost_ttft_and_tpot():
 def test_front_is_every_point_when_none_dominates_another():
     pts = {str(i): {"usd_per_m_output_tokens": i, "ttft_p99_s": 5 - i, "tpot_p99_s": 1.0} for i in range(5)}
     assert front(pts) == list(pts)
+
+
+@pytest.mark.parametrize("plan", sorted((ROOT / "plans").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_plan_loads_and_its_candidates_check(plan):
+    from sim.planning.candidates import check_candidates
+    from sim.planning.planspec import plan_scenario
+
+    spec = load_plan(plan)
+    check_candidates(spec.file, spec.candidates, plan_scenario(spec), {"slo": spec.slo.as_scenario_slo()})
+    assert len(candidate_grid(spec)) >= 2
