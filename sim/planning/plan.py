@@ -133,8 +133,9 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     base = {**_base(spec), **cand}
     sc = load_scenario(scen, base)
     unit = unit_of(sc)
-    if unit.unpriced(prices) is not None:
-        return {"status": "skipped", "note": f"no price for GPU '{unit.unpriced(prices)}' in the prices file"}
+    unpriced = unit.unpriced(prices)
+    if unpriced is not None:
+        return {"status": "skipped", "note": f"no price for GPU '{unpriced}' in the prices file"}
     gpu = unit.pools[0].gpu  # the binding constraint reads the first pool's GPU
     s = spec.search
     run_at = _runner(scen, base, sc, s.requests * unit.replicas, spec.arrival)
@@ -151,7 +152,8 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     out_per_req = at_share["output_token_throughput"] / max(at_share["request_throughput"], 1e-12)
     usd_h = replicas * unit.usd_per_hour(prices)
     return {**row, "status": "ok", "note": "", **unit_fields(unit, prices), "replicas": replicas,
-            "gpus": replicas * unit.gpus, "usd_per_hour": usd_h, "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate, out_per_req),
+            "gpus": replicas * unit.gpus, "usd_per_hour": usd_h,
+            "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate, out_per_req),
             "ttft_p99_at_target_s": at_share["ttft_s"]["p99"],
             "tpot_p99_at_target_s": at_share["tpot_s"]["p99"],
             "e2e_p99_at_target_s": at_share["e2e_s"]["p99"]}
@@ -238,7 +240,8 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
     cheapest as fleets and recommend the cheapest validated one."""
     prices = load_prices(prices_path or (_resolve(spec, spec.prices) if spec.prices else None))
     scen = plan_scenario(spec)
-    arrival = describe(load_scenario(scen), spec.arrival, spec.file)  # a bad scenario fails before any run
+    # a bad scenario, or arrival: trace without a trace, fails before any run
+    arrival = describe(load_scenario(scen), spec.arrival, spec.file)
     check_candidates(spec.file, spec.candidates, scen, _base(spec))  # a typo fails before any run
     cands = candidate_grid(spec)
     rows: list[dict | None] = [screen(spec, c, prices) for c in cands]
@@ -252,8 +255,8 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
         rows[i] = r
     result = {"name": spec.name, "target_rate": spec.target_rate, "slo": spec.slo.__dict__,
               "max_replicas": spec.search.max_replicas,
-              "scenario": spec.scenario, "arrival": arrival, "candidates": rows, "recommended": None, "fleet_check": None,
-              "fleet_checks": [], "unchecked_within": 0}
+              "scenario": spec.scenario, "arrival": arrival, "candidates": rows, "recommended": None,
+              "fleet_check": None, "fleet_checks": [], "unchecked_within": 0}
     result.update(_fleet_checks(spec, rows, cands))
     front = set(pareto(rows))
     for r in rows:
