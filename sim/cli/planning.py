@@ -72,14 +72,20 @@ def cmd_curve(a) -> int:
 
 
 def cmd_plan(a) -> int:
+    from sim.planning.deployments import deployment_lines
     from sim.planning.plan import run_plan, write_plan
     from sim.planning.planspec import load_plan
+    from sim.planning.traffic import label as arrival_label
 
     spec = load_plan(a.plan)
     result = run_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
     out = write_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
+    if result.get("arrival"):
+        print(f"arrivals: {arrival_label(result['arrival'])}\n")
     print(candidate_table(result["candidates"]) + "\n")
     print("\n".join(plan_verdict(result)))
+    if result.get("deployments"):
+        print("\n".join(deployment_lines(result["deployments"])))
     _maybe_report(a, out)
     print(f"wrote {out}/ (plan.json, candidates.csv, fleet_check.csv)")
     return 0
@@ -88,6 +94,8 @@ def cmd_plan(a) -> int:
 def plan_verdict(result: dict) -> list[str]:
     """The fleet checks made and the recommendation, in lines: every figure of the
     recommended fleet from its check, the per-replica estimate labelled as such."""
+    from sim.planning.units import unit_noun
+
     rec, checks = result["recommended"], result.get("fleet_checks") or []
     if rec is None and not checks:
         return ["no candidate meets the SLOs"]
@@ -97,7 +105,7 @@ def plan_verdict(result: dict) -> list[str]:
     for c in checks:
         n = c["replicas"]
         fewer = (f"; with {n - 1} they {'break' if c['one_fewer_breaks'] else 'STILL HOLD'}" if n > 1 else "")
-        lines.append(f"  {c['candidate']}: {_n(n, 'replica')} (estimate {c['estimated_replicas']}), "
+        lines.append(f"  {c['candidate']}: {_n(n, unit_noun(c))} (estimate {c['estimated_replicas']}), "
                      f"${c['usd_per_hour']:.2f}/hour, TTFT99 {c['ttft_p99_s']:.3f} s, TPOT99 "
                      f"{c['tpot_p99_s']:.3f} s: SLOs {'hold' if c['holds'] else 'DO NOT hold'} with {n}{fewer}")
     if rec is None:
@@ -105,11 +113,11 @@ def plan_verdict(result: dict) -> list[str]:
                         f"{result['target_rate']:g} req/s with up to {result['max_replicas']} "
                         "replicas (search.max_replicas)"]
     est = rec["estimate"]
-    lines += [f"recommended: {rec['candidate']} x {_n(rec['replicas'], 'replica')} ({_n(rec['gpus'], 'GPU')}), "
+    lines += [f"recommended: {rec['candidate']} x {_n(rec['replicas'], unit_noun(rec))} ({_n(rec['gpus'], 'GPU')}), "
               f"${rec['usd_per_hour']:.2f}/hour, ${rec['usd_per_m_output_tokens']:.3f}/M output tokens, "
               f"TTFT99 {rec['ttft_p99_s']:.3f} s, TPOT99 {rec['tpot_p99_s']:.3f} s (its fleet check)",
-              f"  estimate before the check: {_n(est['replicas'], 'replica')}, ${est['usd_per_hour']:.2f}/hour, "
-              f"TTFT99 {est['ttft_p99_at_target_s']:.3f} s (one replica alone sustains "
+              f"  estimate before the check: {_n(est['replicas'], unit_noun(rec))}, ${est['usd_per_hour']:.2f}/hour, "
+              f"TTFT99 {est['ttft_p99_at_target_s']:.3f} s (one {unit_noun(rec)} alone sustains "
               f"{est['sustained_rate']:.2f} req/s within the SLOs)"]
     if result.get("unchecked_within"):
         lines.append(f"  {result['unchecked_within']} more candidate(s) estimated at <= "

@@ -5,10 +5,12 @@
 `RouterSpec`: policy, staleness_s, affinity_slack, as a scenario's `cluster.router`;
 default the random router), and returns the fleet's requests (with a replica index),
 its pooled summary (the same keys as a run summary: `ttft_s.p99`, `goodput`, ...; its
-`stands_on` names the router) and each replica's iterations. A `cluster:` section the
-scenario may have is replaced: the plan sizes one kind of replica. (Before the cluster
-engine landed this was N independent single-replica runs on random 1/N thinnings of
-one workload — the same thing for a random router.)
+`stands_on` names the router) and each replica's iterations. A scenario with a
+`cluster:` is a unit of its own (`sim/planning/units.py`): `replicas` such units are its
+groups' counts multiplied, every group keeping its role, GPU and settings, behind
+`router`; `replicas` then counts units. (Before the cluster engine landed this was N
+independent single-replica runs on random 1/N thinnings of one workload — the same
+thing for a random router.)
 
 `validate_fleet(plan, row, candidate)` is a plan's fleet check: the smallest replica
 count of one candidate whose fleet meets the plan's SLOs at its target rate.
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from sim.config.scenario import Scenario, scenario_from_dict
+from sim.planning.units import fleet_cluster, unit_of
 from sim.policies.router import RouterSpec
 
 if TYPE_CHECKING:
@@ -49,7 +52,7 @@ def simulate_fleet(scenario: Scenario, replicas: int, seed: int,
         raise ValueError("a fleet needs at least one replica")
     data = scenario_dict(scenario)
     data["seed"] = seed
-    data["cluster"] = {"router": dataclasses.asdict(router), "groups": [{"name": "r", "count": replicas}]}
+    data["cluster"] = fleet_cluster(scenario, replicas, router)
     out = run(scenario_from_dict(data, file=scenario.file or None, base_dir=scenario.base_dir or None))
     names = [r.name for r in out.result.replicas]
     index = {n: i for i, n in enumerate(names)}
@@ -87,21 +90,23 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
     each fleet behind the plan's router. Each count's p99s are the worst seed's, its
     output tokens per request the mean over seeds."""
     from sim.config.scenario import load_scenario
-    from sim.planning.capacity import rate_overrides, violations
+    from sim.planning.capacity import violations
     from sim.planning.planspec import plan_scenario
+    from sim.planning.traffic import probe_overrides
 
     scen = plan_scenario(spec)
     base = {"slo": spec.slo.as_scenario_slo(), **cand}
     base_sc = load_scenario(scen, base)
     seeds = [base_sc.seed + 100 + i for i in range(spec.search.seeds)]
+    unit = unit_of(base_sc)  # n units of it: requests per replica as in the probes
     checks: dict[int, dict] = {}
 
     def check(n: int) -> bool:
         if n < 1:
             return False
         if n not in checks:
-            sc = load_scenario(scen, {**base, **rate_overrides(
-                base_sc.workload.arrival, spec.target_rate, spec.search.requests * n)})
+            sc = load_scenario(scen, {**base, **probe_overrides(
+                base_sc, spec.arrival, spec.target_rate, spec.search.requests * n * unit.replicas)})
             runs = [simulate_fleet(sc, n, seed, spec.router).summary for seed in seeds]
             broke = [v for s in runs for v in violations(s, spec.slo)]
             checks[n] = {"replicas": n, "passed": not broke, "broke": "; ".join(dict.fromkeys(broke)),

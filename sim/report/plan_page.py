@@ -10,9 +10,11 @@ import math
 import pandas as pd
 from matplotlib.figure import Figure
 
+from sim.planning.traffic import label as arrival_label
+from sim.report.deploy_page import deployment_section
 from sim.report.document import Report, Section, png
 
-CANDIDATE_COLUMNS = ["candidate", "status", "sustained_rate", "seeds_passed_at_fail", "ttft_p99_spread_s",
+CANDIDATE_COLUMNS = ["candidate", "unit", "status", "sustained_rate", "seeds_passed_at_fail", "ttft_p99_spread_s",
                      "binding", "replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
                      "ttft_p99_at_target_s", "tpot_p99_at_target_s", "fleet_replicas", "fleet_usd_per_hour",
                      "fleet_ttft_p99_s", "pareto", "note"]
@@ -142,7 +144,11 @@ def plan_sections(plan: dict) -> Report:
         "replicas to TTFT/TPOT p99: the per-replica estimate; fleet_*: the fleet check, where one ran. "
         "Skipped: refused by the scenario, or no price."],
         [("candidates", rows[CANDIDATE_COLUMNS])], imgs))
+    deployments = deployment_section(plan)  # aggregated vs disaggregated, when the plan has both
+    secs += [deployments] if deployments else []
     keys = [("target", f"{plan['target_rate']:g} req/s"), ("SLOs", slo or "-")]
+    if plan.get("arrival"):  # the arrival process the plan sized to (sim/planning/traffic.py)
+        keys.append(("arrivals", arrival_label(plan["arrival"])))
     if rec:
         keys += [("recommended", rec["candidate"]), ("replicas", str(rec["replicas"])),
                  ("$/hour", f"{rec['usd_per_hour']:.2f}"),
