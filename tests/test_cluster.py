@@ -292,5 +292,5 @@ def test_a_prompt_no_decode_replica_can_hold_is_rejected_at_hand_off_and_counts_
                            for s in too_big)
     assert all(s.state == "finished" for s in res.seqs if s not in too_big)
     for rep in fleet.replicas:  # the router's outstanding counts come back to zero
-        assert rep.load.outstanding == 0, rep.name
+        assert rep.port.load.outstanding == 0, rep.name
         assert rep.st.kv.free_blocks == rep.st.kv.num_blocks
