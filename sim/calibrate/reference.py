@@ -323,6 +323,7 @@ class ReferenceEngine:
         if rep.done != len(seqs):
             raise RuntimeError(f"reference run ended with {len(seqs) - rep.done} requests "
                                "unaccounted for")
+        rep.rec.check_limits(rep.name, rep.policy.max_seqs, rep.policy.step_tokens)
         return (RunResult(seqs, [ReplicaResult.of(rep)], rep.rec.gaps, rep.rec.weights, r.clock()),
                 r.detail)
 

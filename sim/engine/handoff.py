@@ -43,10 +43,12 @@ def _free_handoff(rep: Replica, s: Seq) -> None:
 
 
 def reserve_transfer(rep: Replica, s: Seq) -> int:
-    """Decode side: take the blocks for `s`'s incoming KV; returns its tokens."""
+    """Decode side: take the blocks and a batch place for `s`'s incoming KV; returns its
+    tokens."""
     tokens = s.prompt + s.generated - 1
     rep.kv.take(rep.st.kv.blocks_for(tokens))
     rep.port.outside_tokens += s.prompt
+    rep.st.held_places += 1
     return tokens
 
 
@@ -60,8 +62,9 @@ def take_over(rep: Replica, s: Seq, t: float) -> None:
 
 def join_arrived(rep: Replica) -> None:
     """Decode side, at a step boundary: requests whose KV arrived join the running batch."""
-    port = rep.port
+    port, st = rep.port, rep.st
     for s, t in port.arrived:
-        rep.st.batch.join(s, t)
+        st.batch.join(s, t)
         port.outside_tokens -= s.prompt
+    st.held_places -= len(port.arrived)
     port.arrived.clear()

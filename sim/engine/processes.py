@@ -149,8 +149,7 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
     kv = rep.st.kv
     # each GPU of the decode replica receives its own heads' share over its own link
     bytes_per_token = rep.config.kv_bytes_per_token
-    max_seqs = rep.config.scenario.scheduler.max_num_seqs
-    in_flight = [0]  # a transfer under way holds a place in the batch
+    max_seqs = rep.policy.max_seqs
     while True:
         if not dst.transfers:
             dst.link_wake = env.event()
@@ -159,19 +158,16 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
             continue
         s, src = dst.transfers[0]
         need = kv.blocks_for(s.prompt + s.generated - 1)
-        if (not kv.can_allocate(need, rep.policy.watermark)
-                or len(rep.st.batch) + len(rep.port.arrived) + in_flight[0] >= max_seqs):
+        if not kv.can_allocate(need, rep.policy.watermark) or rep.places_taken() >= max_seqs:
             dst.room = env.event()
             yield dst.room
             dst.room = None
             continue
         dst.transfers.popleft()
         nbytes = reserve_transfer(rep, s) * bytes_per_token
-        in_flight[0] = 1
         seconds = fleet.link.seconds(nbytes)
         rep.rec.events.append(Event(env.now, s.rid, "kv_transfer", seconds, src.rep.name))
         yield env.timeout(seconds)
-        in_flight[0] = 0
         rep.rec.transfer_bytes += nbytes
         hand_over(src.rep, s)
         src.poke()
@@ -284,6 +280,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         raise RuntimeError(f"simulation ended with {len(seqs) - done} requests unaccounted for")
     for r in replicas:
         r.check_conserved()
+        r.rec.check_limits(r.name, r.policy.max_seqs, r.policy.step_tokens)
     gaps, weights = array("d"), array("q")
     for r in replicas:
         gaps.extend(r.rec.gaps)

@@ -53,6 +53,7 @@ class Replica:
         self.pcie = pcie_bytes_per_s
         self.static_rows: list[Seq] = []
         self.done = 0  # requests this replica finished or rejected
+        self.admitted = 0  # requests a prefill step under way admitted (in no queue or batch)
         self.step = Step(IDLE, 0.0)  # the step under way (start fills it, finish completes it)
         self.name, self.index = "r0", 0
         self.config = None       # the ReplicaConfig it was built from (sim/engine/build.py)
@@ -198,6 +199,7 @@ class Replica:
         """Start an all-prefill step; returns (seconds, sequences, tokens)."""
         loads = self.kv.loaded()
         self.admit(plan, now)
+        self.admitted = len(plan.admit)
         chunks = [(s.tokens_to_prefill - s.prefilled, s.prefilled) for s in plan.prefill]
         dur = self.lat.prefill(chunks, self.prefill_shapes) + self._load_seconds(loads)
         return dur, len(chunks), sum(q for q, _ in chunks)
@@ -248,6 +250,7 @@ class Replica:
 
     def finish_prefill_step(self, plan: StepPlan, t_end: float) -> list[Seq]:
         """Every admitted request has its first token; returns those that finished."""
+        self.admitted = 0
         for s in plan.prefill:
             s.prefilled = s.tokens_to_prefill
             self.first_token(s, t_end)
@@ -270,6 +273,13 @@ class Replica:
                 if s.state == FINISHED:
                     done.append(s)
         return done
+
+    def places_taken(self) -> int:
+        """Batch places held now: by the running batch, prefills under way (chunked, or a
+        prefill step's admissions) and KV transfers into this replica (one count for all:
+        `max_num_seqs` bounds it)."""
+        st = self.st
+        return len(st.batch) + len(st.prefilling) + self.admitted + st.held_places
 
     def check_conserved(self) -> None:
         """At the end of a run every KV block and every swap block is free again."""

@@ -58,7 +58,7 @@ class ChunkedPolicy:
             if reason:
                 plan.reject.append(Rejection(s, reason))
                 continue
-            if budget <= 0 or seqs + 1 > spec.max_num_seqs:
+            if budget <= 0 or seqs + st.held_places + 1 > spec.max_num_seqs:
                 break
             h, cached, _ = st.admission(s)
             q = min(s.tokens_to_prefill - cached, budget)

@@ -58,6 +58,9 @@ class ReplicaState:
     reserve_max_model_len: bool = True  # contiguous KV: reserve the whole window
     prefix: PrefixCache | None = None
     prefilling: list[Seq] = field(default_factory=list)  # chunked: prefills under way, FCFS
+    # batch places held by requests outside the batch and the queues: KV transfers under
+    # way into a disaggregated decode replica, and those arrived but not yet joined
+    held_places: int = 0
 
     def max_total(self, s: Seq) -> int:
         """The longest a request may grow: what a contiguous manager reserves for it."""
@@ -167,7 +170,8 @@ class ContinuousPolicy:
                 continue
             h, cached, need = st.admission(s)
             n = s.tokens_to_prefill - cached
-            if tokens + n > spec.max_num_batched_tokens or seqs + 1 > spec.max_num_seqs:
+            if (tokens + n > spec.max_num_batched_tokens
+                    or seqs + st.held_places + 1 > spec.max_num_seqs):
                 break
             if not kv.can_allocate(blocks + need, self.watermark):
                 break
@@ -208,7 +212,8 @@ class ContinuousPolicy:
                     plan.reject.append(Rejection(s, f"grew to {s.prompt + s.generated} tokens, "
                                                     "more than the KV cache holds"))
                     continue
-                if seqs + 1 > self.spec.max_num_seqs or free - n - need < self.watermark:
+                if (seqs + st.held_places + 1 > self.spec.max_num_seqs
+                        or free - n - need < self.watermark):
                     break
                 plan.swap_in.append(s)
                 free -= n
