@@ -1,5 +1,5 @@
 """The simulation: a replica built from a scenario in one place (`build`, `memory`),
-its state changes (`replica`) beside its KV accounting (`kvaccount`), its record
+its state changes (`replica`, `moves`) beside its KV accounting (`kvaccount`), its record
 (`recorder`) and its port to the fleet (`port`, `handoff`), the SimPy processes
 (`processes`, the only module that imports simpy), what a run leaves (`results`,
 `metrics`, `plots`) and the Python API behind `llmsim run` (`runner`).

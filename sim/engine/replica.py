@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 from sim.costmodel.latency import StepLatency
 from sim.engine.kvaccount import KVAccount
+from sim.engine.moves import preempt, reject, swap
 from sim.engine.port import Port
 from sim.engine.recorder import StepRecorder
 from sim.engine.results import ReplicaResult, RunResult, StepLog
-from sim.policies.batch import FINISHED, REJECTED, SWAPPED, TRANSFERRING, WAITING, Seq
+from sim.policies.batch import FINISHED, TRANSFERRING, Seq
 from sim.policies.plan import DECODE, IDLE, StepKind, StepPlan
-from sim.policies.scheduler import BatchPolicy, ReplicaState, drop_from_head
+from sim.policies.scheduler import BatchPolicy, ReplicaState
 
 __all__ = ["Replica", "ReplicaResult", "RunResult", "Step", "StepLog"]
 
@@ -63,22 +64,10 @@ class Replica:
 
     # ---- plan application -------------------------------------------------------------
     def reject(self, plan: StepPlan) -> None:
-        """Drop the plan's rejected requests. Policies reject while scanning their queue
-        from the head, so each one lies among the first few entries: O(rejected + admitted)."""
-        st = self.st
-        gone = [r.seq for r in plan.reject]
-        from_swap = [s for s in gone if s.state == SWAPPED]
-        if from_swap:
-            drop_from_head(st.swapped, set(from_swap))
-            st.swap_free_blocks += sum(s.reserved for s in from_swap)
-        if len(from_swap) < len(gone):
-            drop_from_head(st.waiting, {s for s in gone if s.state != SWAPPED})
-        for r in plan.reject:
-            s = r.seq
-            s.state = REJECTED
-            s.reject_reason = r.reason
-            self.done += 1
-            self.port.load.outstanding -= 1
+        """Drop the plan's rejected requests (they count as done)."""
+        n = reject(self.st, plan)
+        self.done += n
+        self.port.load.outstanding -= n
 
     def admit(self, plan: StepPlan, now: float, chunked: bool = False) -> None:
         """Take the plan's new requests off the queue and give them KV for their whole
@@ -134,40 +123,11 @@ class Replica:
 
     def preempt(self, plan: StepPlan) -> None:
         """Recompute preemption: victims lose their KV and go back to the queue's front."""
-        st, batch, kv = self.st, self.st.batch, self.kv
-        for v in plan.preempt:
-            held = kv.held(v)
-            if v in batch.members:
-                batch.leave(v)
-            else:
-                st.prefilling.remove(v)
-            kv.free(v, held)
-            v.prefilled = 0
-            v.state = WAITING
-            v.preemptions += 1
-        st.waiting.extendleft(reversed(plan.preempt))
+        preempt(self.st, self.kv, plan)
 
     def swap(self, plan: StepPlan) -> float:
         """Swap victims out and swapped requests back in; returns the seconds spent."""
-        st, batch, kv = self.st, self.st.batch, self.st.kv
-        moved = 0
-        for v in plan.swap_out:
-            held = batch.held_blocks(v)
-            batch.leave(v)
-            kv.free(held)
-            st.swap_free_blocks -= held
-            v.reserved = held
-            v.state = SWAPPED
-            v.preemptions += 1
-            st.swapped.append(v)
-            moved += held
-        for s in plan.swap_in:
-            st.swapped.popleft()
-            self.kv.take(s.reserved)
-            st.swap_free_blocks += s.reserved
-            moved += s.reserved
-            batch.join(s, s.last_token_t)
-        return self._pcie_seconds(moved)
+        return self._pcie_seconds(swap(self.st, self.kv, plan))
 
     def _pcie_seconds(self, blocks: int) -> float:
         """Seconds to move `blocks` KV blocks between host and GPU memory (counted)."""
