@@ -74,7 +74,7 @@ class Replica:
         prefill, or (`chunked`) for their cached prefix plus their first chunk's tokens,
         reusing cached prefix blocks (`KVAccount.admit`)."""
         st, kv = self.st, self.kv
-        per_row = self.policy.row_reservation(st, plan.prefill)
+        per_row = 0 if kv.paged else self.policy.row_reservation(st, plan.prefill)
         need = 0
         for a in plan.admit:
             s = a.seq
