@@ -235,11 +235,9 @@ class Replica:
         return done
 
     def places_taken(self) -> int:
-        """Batch places held now: by the running batch, prefills under way (chunked, or a
-        prefill step's admissions) and KV transfers into this replica (one count for all:
-        `max_num_seqs` bounds it)."""
-        st = self.st
-        return len(st.batch) + len(st.prefilling) + self.admitted + st.held_places
+        """Batch places held now (`ReplicaState.places`), with the admissions of a prefill
+        step under way (in no queue or batch until it ends)."""
+        return self.st.places() + self.admitted
 
     def check_conserved(self) -> None:
         """At the end of a run every KV block and every swap block is free again."""

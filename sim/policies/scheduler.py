@@ -62,6 +62,12 @@ class ReplicaState:
     # way into a disaggregated decode replica, and those arrived but not yet joined
     held_places: int = 0
 
+    def places(self) -> int:
+        """Batch places taken (what `max_num_seqs` bounds): the running batch, prefills under
+        way, and KV transfers into this replica (the one count admission, re-prefill,
+        swap-in and the KV link share)."""
+        return len(self.batch) + len(self.prefilling) + self.held_places
+
     def max_total(self, s: Seq) -> int:
         """The longest a request may grow: what a contiguous manager reserves for it."""
         if self.reserve_max_model_len:
@@ -162,7 +168,7 @@ class ContinuousPolicy:
     def admit(self, st: ReplicaState) -> StepPlan:
         spec, kv = self.spec, st.kv
         plan = StepPlan(StepKind.PREFILL)
-        tokens, seqs, blocks = 0, len(st.batch), 0
+        tokens, seqs, blocks = 0, st.places(), 0
         for s in st.waiting:
             reason = never_fits(st, s, spec.max_num_batched_tokens, self.watermark)
             if reason:
@@ -170,8 +176,7 @@ class ContinuousPolicy:
                 continue
             h, cached, need = st.admission(s)
             n = s.tokens_to_prefill - cached
-            if (tokens + n > spec.max_num_batched_tokens
-                    or seqs + st.held_places + 1 > spec.max_num_seqs):
+            if tokens + n > spec.max_num_batched_tokens or seqs + 1 > spec.max_num_seqs:
                 break
             if not kv.can_allocate(blocks + need, self.watermark):
                 break
@@ -205,15 +210,14 @@ class ContinuousPolicy:
                 if need <= free:
                     break
         elif st.swapped:
-            seqs = len(batch)
+            seqs = st.places()
             for s in st.swapped:
                 n = s.reserved + batch.join_growth(s)  # its blocks and room for its next step
                 if n > kv.num_blocks:  # it outgrew the whole cache
                     plan.reject.append(Rejection(s, f"grew to {s.prompt + s.generated} tokens, "
                                                     "more than the KV cache holds"))
                     continue
-                if (seqs + st.held_places + 1 > self.spec.max_num_seqs
-                        or free - n - need < self.watermark):
+                if seqs + 1 > self.spec.max_num_seqs or free - n - need < self.watermark:
                     break
                 plan.swap_in.append(s)
                 free -= n
