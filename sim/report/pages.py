@@ -8,7 +8,6 @@ with the plots as PNG files beside it; each table is also a CSV (`report_<table>
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pandas as pd
 
 from sim.io.outdir import add_to_output, folder_kind, manifest, write_output
 from sim.io.specload import SpecError
-from sim.report.document import Report, Section, fmt_cell, slug, to_html, to_markdown
+from sim.report.document import Report, Section, fmt_cell, markup, slug, to_html, to_markdown
 
 
 def report_files(rep: Report, out: Path) -> None:
@@ -90,8 +89,9 @@ def sweep_report(p: Path) -> Report:
     cols = fields + [c for c in ("request_throughput", "ttft_s.p99", "tpot_s.p99", "e2e_s.p99",
                                  "goodput.fraction_met", "gpu_busy_fraction", "gpu_kernel_fraction", "preemptions")
                                  if c in t.columns]
-    sec = Section("results", [f"{len(t)} configurations of <code>{html.escape(str(meta.get('scenario')))}</code>;"
-                              " the full table is results.csv / results.parquet."], [("results", t[cols])])
+    sec = Section("results", [markup("{} configurations of <code>{}</code>; the full table is "
+                                     "results.csv / results.parquet.", len(t), meta.get("scenario"))],
+                  [("results", t[cols])])
     return Report(f"llmsim sweep: {p.name}", [("configurations", str(len(t)))], [sec])
 
 
