@@ -1,16 +1,20 @@
 """Where llmsim writes, safely.
 
 Every folder llmsim writes carries a small manifest, `.llmsim-output.json` (tool,
-version, command, what was run, when, and the list of files written). llmsim only
-ever replaces a folder that carries its manifest and holds nothing but the files the
-manifest lists; an existing empty folder may be used; any other existing folder or
-file is refused before anything runs (`OutputError`, one line, exit 2).
+version, command, what was run, when, the files written and each one's size and sha256;
+read without trusting it: `sim/io/manifest.py`). llmsim only ever replaces a folder that
+carries its manifest and holds nothing but the files the manifest lists, each as llmsim
+wrote it; an existing empty folder may be used; any other existing folder or file (a
+manifest listing a path outside its folder, a listed file changed since) is refused
+before anything runs (`OutputError`, one line, exit 2), and nothing in it is touched.
 
 Replacing is atomic: the new results are written into a temp sibling folder, the old
 folder is renamed aside, the new one renamed in, and only then is the old one removed.
 Ctrl-C and SIGTERM are held back during those renames (and during clean-up), so an
 interrupt at any moment leaves either the old or the new results, never a mix, and no
-temp folder behind.
+temp folder behind. A temp folder carries its writer's pid (`.llmsim-new-<pid>@<host>-...`):
+one left by a killed run (its pid gone, or older than STALE_AGE_S) is removed by the next
+llmsim that writes in that parent folder.
 
     check_out_dir(path)                 -> the folder, checked before a simulation starts
     output_kind(manifest)               -> what wrote a folder: run, compare, sweep, ...
@@ -26,12 +30,16 @@ Folder names made from scenario names and values: `sim/io/foldernames.py`.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import signal
+import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -41,14 +49,17 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sim.io.foldernames import unique_names
+from sim.io.manifest import MANIFEST, read_manifest, records, unverified
 from sim.io.specload import SpecError
 
 NOTICES = logging.getLogger("llmsim")  # what a user should know (the CLI prints it as `llmsim: ...`)
-MANIFEST = ".llmsim-output.json"
 TEMP_PREFIX = ".llmsim-new-"
 ASIDE_PREFIX = ".llmsim-old-"
 PROBE_PREFIX = ".llmsim-probe-"
 JUNK = {".DS_Store", "Thumbs.db", "desktop.ini"}  # left by file browsers; safe to replace
+STALE_AGE_S = 24 * 3600  # a temp folder this old is a dead run's, whatever its pid says
+_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+_TEMP_NAME = re.compile(r"\.llmsim-(?:new|old|probe)-(\d+)@([0-9a-f]{8})-")
 
 
 class OutputError(SpecError):
@@ -91,16 +102,56 @@ def provenance() -> dict:
 # --- inspecting a location -------------------------------------------------------------
 
 def _read_manifest(folder: Path) -> dict | None:
+    return read_manifest(folder)
+
+
+def _temp_prefix(kind: str) -> str:
+    """`.llmsim-new-<pid>@<host>-`: whose temp folder this is, for `clean_stale`."""
+    return f"{kind}{os.getpid()}@{_HOST}-"
+
+
+def _alive(pid: int) -> bool:
     try:
-        data = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(data, dict) or data.get("tool") != "llmsim":
-        return None
-    files = data.get("files")
-    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        return None
-    return data
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def clean_stale(parent: Path) -> list[str]:
+    """Remove the temp folders (`.llmsim-new-*`, `.llmsim-old-*`, `.llmsim-probe-*`) that
+    dead llmsim runs left in `parent`: written on this host by a pid that is gone, or
+    older than STALE_AGE_S. Only real folders of this user, never a link; returns their
+    names (a notice says how many)."""
+    gone = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return gone
+    now = time.time()
+    for e in entries:
+        if not e.name.startswith((TEMP_PREFIX, ASIDE_PREFIX, PROBE_PREFIX)):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            continue
+        m = _TEMP_NAME.match(e.name)
+        dead = (m is not None and m.group(2) == _HOST and int(m.group(1)) != os.getpid()
+                and not _alive(int(m.group(1))))
+        if dead or now - st.st_mtime > STALE_AGE_S:
+            with _signals_held():
+                shutil.rmtree(e.path, ignore_errors=True)
+            if not os.path.lexists(e.path):
+                gone.append(e.name)
+    if gone:
+        NOTICES.warning("removed %d temp folder(s) left in %s by llmsim runs that were killed",
+                        len(gone), parent)
+    return gone
 
 
 def _ours(name: str) -> bool:
@@ -157,7 +208,7 @@ def _probe(folder: Path, flag: str, shown: Path) -> None:
     (os.access is not enough: root, read-only mounts, /proc)."""
     try:
         with _signals_held():
-            os.rmdir(tempfile.mkdtemp(prefix=PROBE_PREFIX, dir=folder))
+            os.rmdir(tempfile.mkdtemp(prefix=_temp_prefix(PROBE_PREFIX), dir=folder))
     except OSError as e:
         raise OutputError(flag, shown, f"cannot write in {folder} ({_describe_oserror(e)})") from None
 
@@ -207,6 +258,12 @@ def _inspect(path: str | Path, flag: str) -> tuple[Path, str]:
             more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
             raise OutputError(flag, shown, "llmsim folder also holds files llmsim did not write "
                               f"({', '.join(extra[:3])}{more}): move them or choose another folder")
+        changed = unverified(target, manifest)
+        if changed:
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            raise OutputError(flag, shown, "llmsim folder holds files that are not as llmsim wrote "
+                              f"them ({', '.join(changed[:3])}{more}: changed since, or no record of "
+                              "their checksums); kept: move them or choose another folder")
         cwd = Path(os.path.realpath(os.getcwd()))
         if target == cwd:
             _probe(target, flag, shown)
@@ -283,7 +340,8 @@ def _write_manifest(folder: Path, manifest: dict) -> None:
     """`manifest` may carry its own version, command and created (a folder rewritten with
     a report keeps those of the command that made its results)."""
     files, _ = _entries(folder)
-    data = {"tool": "llmsim", **provenance(), **manifest, "files": sorted(files)}
+    data = {"tool": "llmsim", **provenance(), **manifest, "files": sorted(files),
+            "written": records(folder, sorted(files))}
     (folder / MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -293,7 +351,7 @@ def _swap(tmp: Path, target: Path) -> None:
     manifest lists is ever removed: what file browsers leave (JUNK) and other runs' temp
     folders stay where they are."""
     if tmp.parent == target:  # an empty folder or the current one: swap its entries
-        aside = Path(tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=target))
+        aside = Path(tempfile.mkdtemp(prefix=_temp_prefix(ASIDE_PREFIX), dir=target))
         for entry in _listed_top(target):
             os.rename(target / entry, aside / entry)
         for entry in os.listdir(tmp):
@@ -304,7 +362,7 @@ def _swap(tmp: Path, target: Path) -> None:
         os.rename(tmp, target)
     else:  # rename the old folder aside, the new one in, then remove the old one
         _carry_junk(target, tmp)
-        aside = Path(tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=target.parent))
+        aside = Path(tempfile.mkdtemp(prefix=_temp_prefix(ASIDE_PREFIX), dir=target.parent))
         os.rename(target, aside / "old")
         try:
             os.rename(tmp, target)
@@ -351,10 +409,11 @@ def write_atomically(dest: str | Path, writer: Callable[[Path], None], manifest:
     home = target if kind in ("empty", "in_place") else target.parent
     tmp: Path | None = None
     try:
+        clean_stale(home if kind != "new" or home.exists() else target)
         with _signals_held():
             if kind == "new":
                 home.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=home))
+            tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(TEMP_PREFIX), dir=home))
         writer(tmp)
         _write_manifest(tmp, manifest)
         os.chmod(tmp, _folder_mode())

@@ -171,7 +171,8 @@ def run_sweep(scenario_file: str | Path, configs: list[dict], out_dir: str | Pat
     scenario_file = str(scenario_file)
     check_configs(scenario_file, base, configs)  # before any run, before the folder is made
     keys = [config_key(scenario_file, base, c) for c in configs]
-    meta = {"scenario": scenario_file, "base": base, "fields": sorted({k for c in configs for k in c})}
+    meta = {"scenario": scenario_file, "base": base, "fields": sorted({k for c in configs for k in c}),
+            "appends": ["rows.jsonl"]}  # a resumed sweep appends to the finished folder's log
     out = open_progress(out_dir, "sweep", meta, "rows.jsonl")
     log = out / "rows.jsonl"
     done = read_rows(log)
