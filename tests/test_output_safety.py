@@ -225,3 +225,20 @@ def test_a_run_killed_while_writing_leaves_a_temp_folder_the_next_run_removes(ho
     write_atomically(home / "work" / "next", lambda f: (f / "b.csv").write_text("y"), {})
     assert not list((home / "work").glob(".llmsim-*"))
     assert not (home / "work" / "killed").exists()
+
+
+def test_a_report_never_pulls_a_linked_file_into_its_page(home, made_run, capsys):
+    import base64
+
+    res = home / "work" / "res"
+    shutil.copytree(made_run, res)
+    (home / "key.png").write_bytes(b"PRIVATE KEY MATERIAL")
+    os.symlink(home / "key.png", res / "leak.png")
+    assert main(["report", "res", "--out", "page"]) == 0
+    page = (home / "work" / "page" / "report.html").read_text()
+    assert base64.b64encode(b"PRIVATE KEY MATERIAL").decode() not in page
+    capsys.readouterr()
+    os.remove(res / "summary.json")
+    os.symlink(home / "secret.txt", res / "summary.json")
+    assert main(["report", "res", "--out", "page2"]) == 2
+    assert "summary.json: is a link" in _one_line(capsys)

@@ -44,6 +44,10 @@ def write_report(rep: Report, folder: str | Path, out: str | Path | None = None)
     return Path(folder) / "report.html"
 
 
+READS = {"run": ["summary.json"], "sweep": ["results.csv"], "curve": ["curve.csv", "knees.csv", "curve.png"],
+         "plan": ["plan.json"]}  # the files each kind's page reads (and a run's plots)
+
+
 def build_report(folder: str | Path) -> Report:
     """A report for whatever llmsim folder `folder` is (run, sweep, curve, plan)."""
     p = Path(folder)
@@ -54,6 +58,9 @@ def build_report(folder: str | Path) -> Report:
         raise SpecError(p, "", f"{'not an llmsim output folder' if p.exists() else 'folder not found'} {allowed}")
     if kind not in makers:
         raise SpecError(p, "", f"an llmsim {kind} folder has no report {allowed}")
+    for name in READS[kind]:  # a link in a shared folder could pull any file into the page
+        if (p / name).is_symlink():
+            raise SpecError(p, name, "is a link (allowed: the file llmsim wrote there)")
     try:
         return makers[kind](p)
     except OSError as e:  # a file its manifest promises is missing or unreadable
@@ -76,7 +83,8 @@ def run_report(p: Path) -> Report:
         except (KeyError, TypeError):
             continue
     sec = Section("summary", tables=[("summary", pd.DataFrame(rows, columns=["metric", "value"]))])
-    sec.images = [(f.stem, f.read_bytes()) for f in sorted(p.glob("*.png")) if not f.name.startswith("report_")]
+    sec.images = [(f.stem, f.read_bytes()) for f in sorted(p.glob("*.png"))
+                  if not f.name.startswith("report_") and not f.is_symlink() and f.is_file()]
     keys = [("requests/s", fmt_cell(s["request_throughput"])), ("p99 TTFT (s)", fmt_cell(s["ttft_s"]["p99"])),
             ("p99 TPOT (s)", fmt_cell(s["tpot_s"]["p99"]))]
     return Report(f"llmsim run: {s.get('scenario', p.name)}", keys, [sec])
