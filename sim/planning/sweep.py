@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ import pandas as pd
 
 from sim.io.outdir import open_progress, write_output
 from sim.io.specload import SpecError, parse_cli_value
+from sim.planning.lifetime import die_with_parent, reaper
 
 EXECUTORS = ("process", "ray", "sequential")
 UNSTABLE = ("wall_s", "simulate_wall_s")  # summary fields that differ from run to run: never in a row
@@ -107,7 +109,8 @@ def execute(tasks: list[Task], executor: str = "process", workers: int | None = 
         import concurrent.futures as cf
         import multiprocessing as mp
 
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(_START_METHOD)) as pool:
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(_START_METHOD),
+                                    initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
             futs = {pool.submit(run_config, f, o): key for key, f, o in tasks}
             try:
                 for fut in cf.as_completed(futs):
@@ -128,8 +131,10 @@ def _execute_ray(tasks: list[Task], workers: int | None, address: str | None):
     except ImportError:
         raise SpecError("--executor", "ray", "ray is not installed (pip install 'llmsim[ray]')") from None
     started = not ray.is_initialized()
+    watch = None
     if started:
         kw = {"address": address} if address else {"num_cpus": workers, "include_dashboard": False}
+        watch = None if address else reaper()  # a local Ray's processes end with this one
         ray.init(log_to_driver=False, **kw)
     try:
         remote = ray.remote(run_config)
@@ -147,6 +152,9 @@ def _execute_ray(tasks: list[Task], workers: int | None, address: str | None):
     finally:
         if started:
             ray.shutdown()
+        if watch is not None:
+            watch.kill()
+            watch.wait()
 
 
 def read_rows(path: Path) -> dict[str, dict]:
