@@ -101,3 +101,29 @@ def test_section_text_is_escaped_unless_built_as_markup():
     page = to_html(rep)
     assert "<p>&lt;b&gt;plain&lt;/b&gt;</p>" in page
     assert "<p><b>&lt;i&gt;v&lt;/i&gt;</b></p>" in page
+
+
+@pytest.mark.parametrize("damage", ["slo_list", "secret_number", "deep"])
+def test_a_damaged_plan_is_one_line_that_never_quotes_the_file(tmp_path, capsys, damage):
+    from sim.cli.main import main
+    from sim.planning.plan import write_plan
+
+    plan = json.loads((ROOT / "tests" / "fixtures" / "plan_result.json").read_text())
+    if damage == "slo_list":
+        plan["slo"] = ["s3cr3t"]
+    elif damage == "secret_number":
+        plan["target_rate"] = "s3cr3t"
+    folder = write_plan(plan, tmp_path / "plan")
+    if damage == "deep":  # nested past the JSON reader's recursion limit
+        text = "[" * 100_000 + "]" * 100_000
+        (folder / "plan.json").write_text(text)
+        m = json.loads((folder / ".llmsim-output.json").read_text())
+        m["written"]["plan.json"]["size"] = len(text)
+        import hashlib
+
+        m["written"]["plan.json"]["sha256"] = hashlib.sha256(text.encode()).hexdigest()
+        (folder / ".llmsim-output.json").write_text(json.dumps(m))
+    assert main(["report", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "damaged plan folder" in err, err
+    assert "s3cr3t" not in err

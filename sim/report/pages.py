@@ -9,6 +9,7 @@ with the plots as PNG files beside it; each table is also a CSV (`report_<table>
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -66,8 +67,10 @@ def build_report(folder: str | Path) -> Report:
     except OSError as e:  # a file its manifest promises is missing or unreadable
         raise SpecError(p, Path(e.filename or "").name, f"{e.strerror or e} (allowed: the complete "
                         f"{kind} folder llmsim wrote)") from None
-    except (ValueError, KeyError, TypeError, IndexError) as e:  # damaged JSON or CSV
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as e:
+        # damaged JSON or CSV: the problem in words, never a quoted value from the file
         what = " ".join(str(e).split())[:120]
+        what = what if isinstance(e, KeyError) else re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", what)
         raise SpecError(p, "", f"damaged {kind} folder: {type(e).__name__}: {what} "
                         f"(allowed: the complete {kind} folder llmsim wrote)") from None
 
@@ -83,8 +86,9 @@ def run_report(p: Path) -> Report:
         except (KeyError, TypeError):
             continue
     sec = Section("summary", tables=[("summary", pd.DataFrame(rows, columns=["metric", "value"]))])
-    sec.images = [(f.stem, f.read_bytes()) for f in sorted(p.glob("*.png"))
-                  if not f.name.startswith("report_") and not f.is_symlink() and f.is_file()]
+    listed = set((manifest(p) or {}).get("files") or [f.name for f in p.glob("*.png")])
+    sec.images = [(f.stem, f.read_bytes()) for f in sorted(p.glob("*.png"))  # its own plots only
+                  if f.name in listed and not f.name.startswith("report_") and not f.is_symlink() and f.is_file()]
     keys = [("requests/s", fmt_cell(s["request_throughput"])), ("p99 TTFT (s)", fmt_cell(s["ttft_s"]["p99"])),
             ("p99 TPOT (s)", fmt_cell(s["tpot_s"]["p99"]))]
     return Report(f"llmsim run: {s.get('scenario', p.name)}", keys, [sec])
