@@ -18,7 +18,8 @@ import pytest
 
 from sim.cli.main import main
 from sim.io.manifest import MANIFEST
-from sim.io.outputs import STALE_AGE_S, TEMP_PREFIX, _temp_prefix, write_atomically
+from sim.io.outputs import write_atomically
+from sim.io.tempdirs import STALE_AGE_S, TEMP_PREFIX, _temp_prefix
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")

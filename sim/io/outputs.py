@@ -30,16 +30,12 @@ Folder names made from scenario names and values: `sim/io/foldernames.py`.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import logging
 import os
-import re
 import shlex
 import shutil
 import signal
-import socket
-import stat
 import sys
 import tempfile
 import threading
@@ -51,15 +47,17 @@ from pathlib import Path
 from sim.io.foldernames import unique_names
 from sim.io.manifest import MANIFEST, read_manifest, records, unverified
 from sim.io.specload import SpecError
+from sim.io.tempdirs import (  # noqa: F401  (STALE_AGE_S: part of this module's interface)
+    ASIDE_PREFIX,
+    PROBE_PREFIX,
+    STALE_AGE_S,
+    TEMP_PREFIX,
+    _temp_prefix,
+    clean_stale,
+)
 
 NOTICES = logging.getLogger("llmsim")  # what a user should know (the CLI prints it as `llmsim: ...`)
-TEMP_PREFIX = ".llmsim-new-"
-ASIDE_PREFIX = ".llmsim-old-"
-PROBE_PREFIX = ".llmsim-probe-"
 JUNK = {".DS_Store", "Thumbs.db", "desktop.ini"}  # left by file browsers; safe to replace
-STALE_AGE_S = 24 * 3600  # a temp folder this old is a dead run's, whatever its pid says
-_HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-_TEMP_NAME = re.compile(r"\.llmsim-(?:new|old|probe)-(\d+)@([0-9a-f]{8})-")
 
 
 class OutputError(SpecError):
@@ -103,55 +101,6 @@ def provenance() -> dict:
 
 def _read_manifest(folder: Path) -> dict | None:
     return read_manifest(folder)
-
-
-def _temp_prefix(kind: str) -> str:
-    """`.llmsim-new-<pid>@<host>-`: whose temp folder this is, for `clean_stale`."""
-    return f"{kind}{os.getpid()}@{_HOST}-"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process: alive
-        return True
-    return True
-
-
-def clean_stale(parent: Path) -> list[str]:
-    """Remove the temp folders (`.llmsim-new-*`, `.llmsim-old-*`, `.llmsim-probe-*`) that
-    dead llmsim runs left in `parent`: written on this host by a pid that is gone, or
-    older than STALE_AGE_S. Only real folders of this user, never a link; returns their
-    names (a notice says how many)."""
-    gone = []
-    try:
-        entries = list(os.scandir(parent))
-    except OSError:
-        return gone
-    now = time.time()
-    for e in entries:
-        if not e.name.startswith((TEMP_PREFIX, ASIDE_PREFIX, PROBE_PREFIX)):
-            continue
-        try:
-            st = e.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
-            continue
-        m = _TEMP_NAME.match(e.name)
-        dead = (m is not None and m.group(2) == _HOST and int(m.group(1)) != os.getpid()
-                and not _alive(int(m.group(1))))
-        if dead or now - st.st_mtime > STALE_AGE_S:
-            with _signals_held():
-                shutil.rmtree(e.path, ignore_errors=True)
-            if not os.path.lexists(e.path):
-                gone.append(e.name)
-    if gone:
-        NOTICES.warning("removed %d temp folder(s) left in %s by llmsim runs that were killed",
-                        len(gone), parent)
-    return gone
 
 
 def _ours(name: str) -> bool:
