@@ -3,5 +3,6 @@ its state changes (`replica`, `moves`) beside its KV accounting (`kvaccount`), i
 (`recorder`) and its port to the fleet (`port`, `handoff`), the SimPy processes
 (`processes`, the only module that imports simpy; `closedloop`: what closed-loop users
 share), what a run leaves (`results`, `metrics`, `plots`) and the Python API behind
-`llmsim run` (`runner`).
+`llmsim run` (`runner`), with the memory it needs
+known first (`hostmem`).
 """

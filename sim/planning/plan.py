@@ -360,9 +360,11 @@ def _map(spec, cands, prices, workers, progress) -> list[dict]:
     import concurrent.futures as cf
     import multiprocessing as mp
 
+    from sim.planning.lifetime import die_with_parent
     from sim.planning.sweep import _START_METHOD
 
-    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(_START_METHOD)) as pool:
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(_START_METHOD),
+                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         futs = [pool.submit(evaluate, spec, c, prices) for c in cands]
         if progress:
             from tqdm import tqdm

@@ -4,12 +4,10 @@ fronts, and a plot of $/M output tokens against p99 TTFT and p99 TPOT."""
 
 from __future__ import annotations
 
-import html
-
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sim.report.document import Section, png
+from sim.report.document import Section, markup, png
 
 COLOURS = {"aggregated": "C0", "disaggregated": "C3"}
 
@@ -45,15 +43,16 @@ def deployment_section(plan: dict) -> Section | None:
         return None
     points = pd.DataFrame(dep["points"])
     text = ["Aggregated (every GPU runs prefill and decode) against disaggregated (separate prefill and "
-            "decode pools) at the target rate; points: " + html.escape(dep["stands_on"]) + ". A candidate "
+            "decode pools) at the target rate; points: " + str(dep["stands_on"]) + ". A candidate "
             "is on a front when no other is at least as good on $/M output tokens, p99 TTFT and p99 TPOT."]
     for kind, d in dep["by_deployment"].items():
         c = d["cheapest"]
-        text.append(f"Cheapest {html.escape(kind)}: <b>{html.escape(c['candidate'])}</b>, "
-                    f"${c['usd_per_m_output_tokens']:.3f}/M output tokens, ${c['usd_per_hour']:.2f}/hour on "
-                    f"{c['gpus']} GPUs, p99 TTFT {c['ttft_p99_s']:.3g} s, p99 TPOT {c['tpot_p99_s']:.3g} s "
-                    f"({'fleet check' if c['checked'] else 'estimate'}); {d['candidates']} candidate(s), "
-                    f"{len(d['front'])} on its front.")
+        text.append(markup("Cheapest {}: <b>{}</b>, ${}/M output tokens, ${}/hour on {} GPUs, "
+                           "p99 TTFT {} s, p99 TPOT {} s ({}); {} candidate(s), {} on its front.",
+                           kind, c["candidate"], f"{c['usd_per_m_output_tokens']:.3f}",
+                           f"{c['usd_per_hour']:.2f}", c["gpus"], f"{c['ttft_p99_s']:.3g}",
+                           f"{c['tpot_p99_s']:.3g}", "fleet check" if c["checked"] else "estimate",
+                           d["candidates"], len(d["front"])))
     table = points.assign(on_front=points.candidate.isin(dep["front"]))
     fronts = {k: d["front"] for k, d in dep["by_deployment"].items()}
     return Section("aggregated vs disaggregated", text, [("deployments", table)],

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from sim.planning.traffic import label as arrival_label
 from sim.report.deploy_page import deployment_section
-from sim.report.document import Report, Section, png
+from sim.report.document import Markup, Report, Section, markup, png
 
 CANDIDATE_COLUMNS = ["candidate", "unit", "status", "sustained_rate", "seeds_passed_at_fail", "ttft_p99_spread_s",
                      "binding", "replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
@@ -40,8 +40,9 @@ def pareto_plot(rows: pd.DataFrame, best: str | None) -> Figure:
     front = pd.DataFrame({"x": x, "y": y})[ok.pareto.astype(bool).to_numpy()].sort_values("x")
     ax.plot(front.x, front.y, "-", color="C1", label="Pareto front")
     for name, xi, yi, k in zip(ok.candidate, x, y, _stack_ranks(x, y), strict=True):
-        ax.annotate(name, (xi, yi), fontsize=LABEL_PT, xytext=(3, 3 + LABEL_STEP_PT * k),
-                    textcoords="offset points")
+        ax.annotate(str(name), (xi, yi), fontsize=LABEL_PT, xytext=(3, 3 + LABEL_STEP_PT * k),
+                    textcoords="offset points",
+                    parse_math=False)  # a name is text, never mathtext: `$` in it must not fail
     if best is not None and best in set(ok.candidate):
         i = list(ok.candidate).index(best)
         validated = len(checked) and best in set(checked.candidate)
@@ -89,18 +90,20 @@ def _router(check: dict) -> str:
 
 
 def _recommendation(plan: dict, rec: dict, check: dict) -> Section:
+    """Every value from plan.json goes in through `markup`, escaped (a plan is shared)."""
     verdict = "<span class='ok'>hold</span>" if check["holds"] else "<span class='bad'>do NOT hold</span>"
     fewer = ("<span class='ok'>breaks them</span>" if check["one_fewer_breaks"]
              else "<span class='bad'>still meets them</span>")
     checks = plan.get("fleet_checks") or [check]
     p99 = (f", p99 TTFT {rec['ttft_p99_s']:.3g} s, p99 TPOT {rec['tpot_p99_s']:.3g} s"
            if rec.get("ttft_p99_s") is not None else "")
-    text = [f"Recommended: <b>{rec['candidate']}</b> x <b>{_n(rec['replicas'], 'replica')}</b> "
-            f"({_n(rec['gpus'], 'GPU')}), ${rec['usd_per_hour']:.2f}/hour, "
-            f"${rec['usd_per_m_output_tokens']:.3f} per million output tokens{p99}.",
-            f"Simulated as a fleet at {plan['target_rate']:g} req/s ({_router(check)}, seeds "
-            f"{check['seeds']}): the SLOs {verdict} with {_n(check['replicas'], 'replica')}; one replica "
-            f"fewer {fewer}. The per-replica estimate was {check['estimated_replicas']}."]
+    text = [markup("Recommended: <b>{}</b> x <b>{}</b> ({}), ${}/hour, ${} per million output tokens{}.",
+                   rec["candidate"], _n(rec["replicas"], "replica"), _n(rec["gpus"], "GPU"),
+                   f"{rec['usd_per_hour']:.2f}", f"{rec['usd_per_m_output_tokens']:.3f}", p99),
+            markup("Simulated as a fleet at {} req/s ({}, seeds {}): the SLOs " + verdict + " with {}; "
+                   "one replica fewer " + fewer + ". The per-replica estimate was {}.",
+                   f"{plan['target_rate']:g}", _router(check), check["seeds"],
+                   _n(check["replicas"], "replica"), check["estimated_replicas"])]
     est = rec.get("estimate")
     if est:
         text.append(f"Estimate before the fleet check (per-replica sizing): {_n(est['replicas'], 'replica')}, "
@@ -111,9 +114,9 @@ def _recommendation(plan: dict, rec: dict, check: dict) -> Section:
                     "estimate was at most the cheapest validated cost; the cheapest validated fleet "
                     "is recommended.")
         if plan.get("unchecked_within"):
-            text.append(f"<span class='bad'>{plan['unchecked_within']} more candidate(s) estimated at or "
-                        f"below ${rec['usd_per_hour']:.2f}/hour were not checked</span> "
-                        "(search.fleet_checks).")
+            text.append(markup("<span class='bad'>{} more candidate(s) estimated at or below ${}/hour "
+                               "were not checked</span> (search.fleet_checks).",
+                               plan["unchecked_within"], f"{rec['usd_per_hour']:.2f}"))
     table = pd.DataFrame([{k: c.get(k) for k in CHECK_COLUMNS} for c in checks])
     return Section("recommendation", text, [("fleet checks", table),
                                             ("fleet check", pd.DataFrame(check["checks"]))])
@@ -130,9 +133,9 @@ def plan_sections(plan: dict) -> Report:
         secs = [_recommendation(plan, rec, check)]
     else:
         checks = plan.get("fleet_checks") or ([check] if check else [])
-        secs = [Section("recommendation", ["<span class='bad'>No candidate meets the SLOs"
-                                           + (" as a fleet (the fleet checks below)" if checks else "")
-                                           + ".</span>"],
+        secs = [Section("recommendation", [Markup("<span class='bad'>No candidate meets the SLOs"
+                                                  + (" as a fleet (the fleet checks below)" if checks else "")
+                                                  + ".</span>")],
                         [("fleet checks", pd.DataFrame([{k: c.get(k) for k in CHECK_COLUMNS}
                                                         for c in checks]))] if checks else [])]
     ok = rows[rows.status == "ok"]
