@@ -63,7 +63,7 @@ from sim.config.scenario import Scenario, load_scenario
 from sim.io.specload import SpecError
 from sim.planning.candidates import ALIASES, check_candidates, label, resolve
 from sim.planning.capacity import Capacity, max_rate, rate_overrides
-from sim.planning.fleet import validate_fleet
+from sim.planning.fleet import headroom, validate_fleet
 from sim.planning.planspec import (
     PlanSpec,
     SearchSpec,
@@ -73,6 +73,8 @@ from sim.planning.planspec import (
     load_prices,
     plan_scenario,
 )
+from sim.planning.steady import SteadyRule, steady_run
+from sim.planning.uncertainty import candidate_ranges, fleet_ranges
 
 __all__ = ["ALIASES", "PlanSpec", "SearchSpec", "binding", "candidate_grid", "evaluate", "label",
            "load_plan", "load_prices", "pareto", "run_plan", "validate_fleet", "write_plan"]
@@ -112,37 +114,49 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     if gpu not in prices:
         return {"status": "skipped", "note": f"no price for GPU '{gpu}' in the prices file"}
     s = spec.search
-    run_at = _runner(scen, base, sc, s.requests)
+    run_at = _runner(scen, base, sc, s.rule(), spec.slo.bounds())
     seeds = [sc.seed + i for i in range(s.seeds)]
     cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
                    s.rel_tol, s.max_probes)
     row = _capacity_row(cap, gpu)
     if cap.rate <= 0:
         return {**row, "status": "infeasible", "note": "SLOs broken even at the lowest rate tried"}
-    replicas = math.ceil(spec.target_rate / cap.rate - 1e-9)
+    extra = 1 if s.redundancy == "n+1" else 0
+    replicas = max(s.min_replicas, math.ceil(spec.target_rate / cap.rate - 1e-9) + extra)
     if replicas > s.max_replicas:
         return {**row, "status": "infeasible", "note": f"needs {replicas} replicas > max_replicas"}
-    at_share = run_at(spec.target_rate / replicas, sc.seed)
-    out_per_req = at_share["output_token_throughput"] / max(at_share["request_throughput"], 1e-12)
+    share = spec.target_rate / max(replicas - extra, 1)  # with n+1, one replica down
+    at_share = [run_at(share, seed) for seed in seeds]
+    out_per_req = sum(a["output_token_throughput"] / max(a["request_throughput"], 1e-12)
+                      for a in at_share) / len(at_share)
     usd_h = replicas * tp * prices[gpu]
+    usd_m = _usd_per_m(usd_h, spec.target_rate, out_per_req)
+    worst = {k: max((a[f"{k}_s"]["p99"] for a in at_share if a[f"{k}_s"]["p99"] is not None), default=None)
+             for k in ("ttft", "tpot", "e2e")}
+    rng = candidate_ranges(spec.target_rate, cap.rate, cap.fail_rate,
+                           cap.at_rate.summaries[0].get("lookup_provenance"),
+                           {k: [a[f"{k}_s"]["p99"] for a in at_share] for k in ("ttft", "tpot", "e2e")},
+                           at_share[0].get("lookup_provenance"), tp, prices[gpu], usd_m, usd_h,
+                           extra, s.min_replicas)
     return {**row, "status": "ok", "note": "", "tp": tp, "replicas": replicas, "gpus": replicas * tp,
-            "usd_per_hour": usd_h, "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate, out_per_req),
-            "ttft_p99_at_target_s": at_share["ttft_s"]["p99"],
-            "tpot_p99_at_target_s": at_share["tpot_s"]["p99"],
-            "e2e_p99_at_target_s": at_share["e2e_s"]["p99"]}
+            "usd_per_hour": usd_h, "usd_per_m_output_tokens": usd_m,
+            "ttft_p99_at_target_s": worst["ttft"], "tpot_p99_at_target_s": worst["tpot"],
+            "e2e_p99_at_target_s": worst["e2e"], **rng}
 
 
 def _usd_per_m(usd_per_hour: float, rate: float, output_tokens_per_request: float) -> float:
     return usd_per_hour / (rate * output_tokens_per_request * 3600) * 1e6
 
 
-def _runner(scen: str, base: dict, sc: Scenario, requests: int):
+def _runner(scen: str, base: dict, sc: Scenario, rule: SteadyRule, bounds: dict):
+    """run_at(rate, seed) -> a steady-state probe's summary (`sim/planning/steady.py`)."""
     from sim.engine.runner import run
-    from sim.planning.capacity import steady_throughput
 
     def run_at(rate: float, seed: int) -> dict:
-        out = run(scen, {**base, **rate_overrides(sc.workload.arrival, rate, requests), "seed": seed})
-        return {**out.summary, "steady": steady_throughput(out.requests)}
+        def run_n(n: int):
+            out = run(scen, {**base, **rate_overrides(sc.workload.arrival, rate, n), "seed": seed})
+            return out.requests, out.summary
+        return steady_run(run_n, rate, rule, bounds)
     return run_at
 
 
@@ -154,7 +168,9 @@ def _capacity_row(cap: Capacity, gpu: str) -> dict:
             "ttft_p99_spread_s": f"{spread[0]:.3g}-{spread[1]:.3g}" if spread else "",
             "broke": "; ".join(fail.broke) if fail else "",
             "binding": binding(fail.summaries[-1], gpu) if fail else "none up to rate_max",
-            "probes": len(cap.probes), "runs": sum(p.seeds_run for p in cap.probes)}
+            "probes": len(cap.probes), "runs": sum(p.seeds_run for p in cap.probes),
+            "probe_traffic_s": sum(x["steady"]["traffic_run_s"] for p in cap.probes for x in p.summaries
+                                   if "steady" in x)}
 
 
 def binding(summary: dict, gpu: str) -> str:
@@ -259,11 +275,16 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
     if not held:  # no fleet checked met the SLOs: nothing is recommended
         return {"recommended": None, "fleet_check": done[0][1], "fleet_checks": [c for _, c in done],
                 "unchecked_within": 0}
-    i, check = min(held, key=lambda ic: (ic[1]["usd_per_hour"], ic[1]["ttft_p99_s"]))
+    # ties on cost are shown, and broken toward more replicas (one down hurts less), then p99 TTFT
+    i, check = min(held, key=lambda ic: (ic[1]["usd_per_hour"], -ic[1]["replicas"], ic[1]["ttft_p99_s"]))
+    ties = [c["candidate"] for _, c in held if c is not check
+            and c["usd_per_hour"] <= check["usd_per_hour"] * (1 + 1e-9)]
     checked = {j for j, _ in done}
     unchecked = sum(1 for j in ranked if j not in checked
                     and rows[j]["usd_per_hour"] <= check["usd_per_hour"] * (1 + 1e-9))
-    return {"recommended": _recommended(rows[i], cands[i], check, spec), "fleet_check": check,
+    rec = _recommended(rows[i], cands[i], check, spec)
+    rec["ties"] = ties
+    return {"recommended": rec, "fleet_check": check,
             "fleet_checks": [c for _, c in done], "unchecked_within": unchecked}
 
 
@@ -275,10 +296,15 @@ def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec) -> dict:
                                     "sustained_rate", "binding")}
     estimate["stands_on"] = ("per-replica sizing: one replica's sustained rate (bisection) and its p99s "
                              "at target / replicas")
+    head = headroom(spec, cand, check["replicas"],
+                    check["replicas"] * row["sustained_rate"] / spec.target_rate) \
+        if check["holds"] and spec.search.headroom_probes else None
     return {"candidate": row["candidate"], **cand, "tp": row["tp"],
             **{k: check[k] for k in ("replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
                                      "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")},
-            "holds": check["holds"],
+            "holds": check["holds"], "redundancy": check["redundancy"],
+            "holds_one_down": check["holds_one_down"], "headroom": head,
+            **fleet_ranges(spec, row, check, head),
             "stands_on": f"fleet check: {check['replicas']} x {row['candidate']} behind a {check['router_label']} at "
                          f"{spec.target_rate:g} req/s, seeds {check['seeds']} (p99s: the worst seed)",
             "estimate": estimate}
