@@ -13,7 +13,7 @@ The rule (`SteadyRule`, a plan's `search.steady`), for one seed at one Poisson r
 3. **Clearly fails**: stop now (no longer run can pass) when a request was rejected, a
    window p99 is over `fail_factor` x its bound, or the queue grows: the steady ratio
    is under `min_ratio` *and* the p99 TTFT of the window's second half exceeds its first
-   half's by more than the tolerance.
+   half's by more than `tolerance` x the first half's.
 4. **Steady**: the p99s of the window's two halves (by arrival time) agree within
    `tolerance` x the metric's bound (x the larger of the two where the metric has no
    bound), for each of TTFT, TPOT and E2E that has a bound (TTFT always), and the steady
@@ -125,8 +125,7 @@ def _verdict(stats, halves, ratio, rejected, rule: SteadyRule, bounds) -> str:
             return "clearly fails"
     a, b = halves["ttft_s"]
     low = not math.isnan(ratio) and ratio < rule.min_ratio
-    grows = a is not None and b is not None and \
-        b - a > rule.tolerance * (bounds.get("ttft_s") or max(a, b))
+    grows = a is not None and b is not None and b - a > rule.tolerance * a
     if low and grows:
         return "clearly fails"
     checked = [k for k in METRICS if bounds.get(k) is not None or k == "ttft_s"]
@@ -162,7 +161,7 @@ def windowed_summary(summary: dict, w: dict, n: int, rate: float, runs: int = 1,
     out["steady"] = {"ratio": w["ratio"], "verdict": w["verdict"], "reached": w["verdict"] == "steady",
                      "requests": n, "traffic_s": n / rate, "runs": runs,
                      "traffic_run_s": n / rate if traffic is None else traffic,
-                     "window_arrivals": w["arrived"],
+                     "window_arrivals": w["arrived"], "window_s": w["window_s"][1] - w["window_s"][0],
                      **{f"{k}_p99_halves": list(w["halves"][k]) for k in METRICS}}
     return out
 
