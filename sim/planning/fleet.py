@@ -84,7 +84,8 @@ def scenario_dict(sc: Scenario) -> dict:
 def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
     """Move the replica count until N meets the SLOs (all seeds) and N - 1 does not
     (assumes more replicas never hurt: down by bisection from the estimate, else up),
-    each fleet behind the plan's router, at the target rate for `search.fleet_traffic_s`
+    each fleet behind the plan's router, at the target rate plus `search.margin` (10 % by
+    default) for `search.fleet_traffic_s`
     of traffic (10 minutes by default) on fresh seeds (none a probe used), measured over
     the steady rule's window (warm-up and cool-down left out). Each count's p99s are the
     worst seed's, its output tokens per request the mean over seeds. With
@@ -92,13 +93,14 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
     replica down); never under `search.min_replicas`."""
     s = spec.search
     seeds = fresh_seeds(spec, cand)
+    rate = s.sizing_rate(spec.target_rate)
     checks: dict[int, dict] = {}
 
     def check(n: int) -> bool:
         if n < 1:
             return False
         if n not in checks:
-            runs = [run_fleet(spec, cand, n, spec.target_rate, seed, s.fleet_traffic_s) for seed in seeds]
+            runs = [run_fleet(spec, cand, n, rate, seed, s.fleet_traffic_s) for seed in seeds]
             checks[n] = _check_row(n, runs, spec)
         return checks[n]["passed"]
 
@@ -106,7 +108,7 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
     n = max(1, row["replicas"] - extra)  # the count that must hold with one down (n+1)
     if check(n):  # bisect down to the smallest passing count (0 replicas always fail)
         lo, hi = 0, n
-        guess = math.ceil(spec.target_rate / row["fail_rate"]) if row.get("fail_rate") else 1
+        guess = math.ceil(rate / row["fail_rate"]) if row.get("fail_rate") else 1
         for mid in (guess, guess - 1):  # the likely answer and its neighbour first
             if lo < mid < hi:
                 lo, hi = (lo, mid) if check(mid) else (mid, hi)
@@ -126,7 +128,7 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
     return {"candidate": row["candidate"], "replicas": serving, "needed": n, "estimated_replicas": row["replicas"],
             "holds": ok, "one_fewer_breaks": not fewer, "redundancy": s.redundancy,
             "holds_one_down": bool(extra) and serving - 1 >= n and checks[n]["passed"],
-            "seeds": seeds, "traffic_s": s.fleet_traffic_s,
+            "seeds": seeds, "traffic_s": s.fleet_traffic_s, "rate": rate, "margin": s.margin,
             "router": dataclasses.asdict(spec.router), "router_label": router_label(spec.router),
             "checks": [checks[k] for k in sorted(checks)]}
 
@@ -182,14 +184,15 @@ def _check_row(n: int, runs: list[dict], spec: PlanSpec) -> dict:
 
 def headroom(spec: PlanSpec, cand: dict, n: int, hint: float | None = None) -> dict:
     """The highest rate `n` replicas serve within the SLOs (every seed), as a multiple of the
-    target: bisection in log rate between the target (passed by the fleet check) and a
+    target: bisection in log rate between the target plus the margin (passed by the fleet
+    check) and a
     failing rate, each rate a steady-rule probe of the fleet (`search.headroom_probes`
     runs at most; `hint`: the per-replica estimate of the multiple)."""
     from sim.planning.capacity import violations
 
     seeds, target = fresh_seeds(spec, cand), spec.target_rate
-    lo, hi, tried = 1.0, None, []
-    f = max(hint or 1.25, 1.05)
+    lo, hi, tried = 1 + spec.search.margin, None, []  # the fleet check passed there
+    f = max(hint or 1.25, lo * 1.05)
     for _ in range(spec.search.headroom_probes):
         runs = [run_fleet(spec, cand, n, target * f, seed, None) for seed in seeds]
         ok = not any(violations(r, spec.slo) for r in runs)

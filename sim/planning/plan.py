@@ -122,7 +122,8 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     if cap.rate <= 0:
         return {**row, "status": "infeasible", "note": "SLOs broken even at the lowest rate tried"}
     extra = 1 if s.redundancy == "n+1" else 0
-    replicas = max(s.min_replicas, math.ceil(spec.target_rate / cap.rate - 1e-9) + extra)
+    sizing = s.sizing_rate(spec.target_rate)
+    replicas = max(s.min_replicas, math.ceil(sizing / cap.rate - 1e-9) + extra)
     if replicas > s.max_replicas:
         return {**row, "status": "infeasible", "note": f"needs {replicas} replicas > max_replicas"}
     share = spec.target_rate / max(replicas - extra, 1)  # with n+1, one replica down
@@ -133,7 +134,7 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     usd_m = _usd_per_m(usd_h, spec.target_rate, out_per_req)
     worst = {k: max((a[f"{k}_s"]["p99"] for a in at_share if a[f"{k}_s"]["p99"] is not None), default=None)
              for k in ("ttft", "tpot", "e2e")}
-    rng = candidate_ranges(spec.target_rate, cap.rate, cap.fail_rate,
+    rng = candidate_ranges(sizing, cap.rate, cap.fail_rate,
                            cap.at_rate.summaries[0].get("lookup_provenance"),
                            {k: [a[f"{k}_s"]["p99"] for a in at_share] for k in ("ttft", "tpot", "e2e")},
                            at_share[0].get("lookup_provenance"), tp, prices[gpu], usd_m, usd_h,
@@ -302,11 +303,13 @@ def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec) -> dict:
     return {"candidate": row["candidate"], **cand, "tp": row["tp"],
             **{k: check[k] for k in ("replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
                                      "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")},
-            "holds": check["holds"], "redundancy": check["redundancy"],
-            "holds_one_down": check["holds_one_down"], "headroom": head,
+            "holds": check["holds"], "redundancy": check.get("redundancy", "none"),
+            "holds_one_down": check.get("holds_one_down", False), "headroom": head,
             **fleet_ranges(spec, row, check, head),
             "stands_on": f"fleet check: {check['replicas']} x {row['candidate']} behind a {check['router_label']} at "
-                         f"{spec.target_rate:g} req/s, seeds {check['seeds']} (p99s: the worst seed)",
+                         f"{check.get('rate', spec.target_rate):g} req/s (target + {check.get('margin', 0):.0%} "
+                         f"margin) for {check.get('traffic_s', '?')} s of traffic, seeds {check['seeds']} "
+                         "(p99s: the worst seed)",
             "estimate": estimate}
 
 

@@ -34,9 +34,16 @@ class SearchSpec:
     max_replicas: int = field(default=256, metadata={"ge": 1})
     fleet_checks: int = field(default=3, metadata={"ge": 1})  # candidates checked as fleets, at most
     fleet_traffic_s: float = field(default=600.0, metadata={"gt": 0})  # a fleet check's traffic
+    # size and check fleets at target x (1 + margin): the SLOs then hold at the target on
+    # seeds the plan never ran, and through a traffic estimate that is off by the margin
+    margin: float = field(default=0.1, metadata={"ge": 0, "le": 10})
     redundancy: Literal["none", "n+1"] = "none"  # n+1: the SLOs hold with one replica down
     min_replicas: int = field(default=1, metadata={"ge": 1})
     headroom_probes: int = field(default=4, metadata={"ge": 0})  # fleet runs above the target
+
+    def sizing_rate(self, target: float) -> float:
+        """The rate fleets are sized and checked at: the target plus the margin."""
+        return target * (1 + self.margin)
 
     def rule(self) -> SteadyRule:
         """The steady rule with this search's first-run request count."""

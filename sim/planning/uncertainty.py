@@ -107,10 +107,11 @@ def fleet_ranges(spec, row: dict, check: dict, head: dict | None) -> dict:
     prov = at_n.get("lookup_provenance")
     band = model_band(prov)
     extra = 1 if check.get("redundancy") == "n+1" else 0
-    fleet_rate = spec.target_rate * (head["factor"] if head else 1.0)
+    sizing = spec.search.sizing_rate(spec.target_rate)
+    fleet_rate = spec.target_rate * head["factor"] if head else sizing
     per_replica = fleet_rate / max(check["replicas"] - extra, 1)
     reps = [min(spec.search.max_replicas, max(spec.search.min_replicas,
-                                               math.ceil(spec.target_rate / (per_replica * f) - 1e-9) + extra))
+                                               math.ceil(sizing / (per_replica * f) - 1e-9) + extra))
             for f in (1 + band, 1 - band)]
     usd_gpu = check["usd_per_hour"] / check["gpus"]
     usd = [n * check["tp"] * usd_gpu for n in reps]
