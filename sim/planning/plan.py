@@ -6,7 +6,7 @@ scenario: ../scenarios/quickstart.yaml    # model, runtime, lengths (relative to
 target_rate: 24                           # requests/s the fleet must serve
 slo: {ttft_p99_s: 1.0, tpot_p99_s: 0.06}  # also e2e_p99_s, goodput_min, min_throughput_ratio
 prices: null                              # default gpu_profiles/prices.yaml
-search: {seeds: 2, requests: 300}         # see SearchSpec (also fleet_checks: 3)
+search: {seeds: 2}                        # see SearchSpec: steady, margin, redundancy, ...
 router: {policy: random}                  # the fleet check's load balancer (default random)
 candidates:                               # a grid; short names or dotted scenario fields
   gpu: [a100-80gb, h100-sxm, h200-sxm]
@@ -15,20 +15,31 @@ candidates:                               # a grid; short names or dotted scenar
 ```
 
 Per candidate (`sim/planning/capacity.py`): the highest Poisson rate one replica (one TP group)
-sustains with every seed meeting the SLOs, by bisection; then replicas =
-ceil(target / that rate), GPUs = replicas x TP, $/hour from the prices file, $/M output
+sustains with every seed meeting the SLOs in steady state, by bisection; each probe runs
+as long as the steady rule asks (`sim/planning/steady.py`: warm-up discarded, at least
+60 s of traffic, doubled up to 480 s until the halves of the measured window agree and
+completions keep up; stopped early once it clearly fails). Then replicas =
+ceil(target x (1 + search.margin) / that rate) (+1 with `search.redundancy: n+1`, never
+under `search.min_replicas`), GPUs = replicas x TP, $/hour from the prices file, $/M output
 tokens = $/hour / (target x mean output tokens x 3600) x 1e6, and p99 latencies of one
-replica at its share of the target (target / replicas). The binding constraint is read
-from the first probe that broke the SLOs (`binding`). That is the *estimate*.
+replica at its share of the target (target / replicas, every seed). The binding constraint is read
+from the first probe that broke the SLOs (`binding`). That is the *estimate*. Each
+figure has a range (`sim/planning/uncertainty.py`: the seed spread widened by the step
+model's error band for what the run's step time stands on, bands in
+`data/step_error_bands.yaml`) and the share of its step time that rests on measurement.
 
 The candidates are then **checked as fleets** (`sim/planning/fleet.py`: the cluster engine,
-behind `router`) at the target rate, cheapest estimate first (ties: lower p99 TTFT):
+behind `router`) at the target rate plus `search.margin` (10 % by default) for
+`search.fleet_traffic_s` (600 s) of traffic on fresh seeds (none a probe used),
+measured over the steady window, cheapest estimate first (ties: lower p99 TTFT):
 a check moves the replica count until the fleet meets the SLOs for every seed and one
 replica fewer does not, and prices that count. A check can raise a candidate's cost
 above the next candidates' estimates, so the next candidate is checked too while its
 estimated cost is at most the cheapest validated cost so far, up to
 `search.fleet_checks` checks (default 3). The recommendation is the cheapest validated
-fleet (ties: lower p99 TTFT in its check); every figure in `recommended` is that
+fleet (ties on cost are listed in `recommended.ties` and go to more replicas, then lower
+p99 TTFT); its `headroom` is the highest rate it still serves within the SLOs (a
+bisection of steady fleet probes above the checked rate); every figure in `recommended` is that
 fleet's (replicas, GPUs, $/hour, $/M output tokens from its runs' output tokens, p99s
 measured in its check), with the per-replica estimate kept apart under
 `recommended.estimate`. `fleet_checks` lists every check made, `fleet_check` the
