@@ -17,6 +17,7 @@ count of one candidate whose fleet meets the plan's SLOs at its target rate.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -100,7 +101,7 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
         if n < 1:
             return False
         if n not in checks:
-            runs = [run_fleet(spec, cand, n, rate, seed, s.fleet_traffic_s) for seed in seeds]
+            runs = run_seeds(spec, cand, n, rate, seeds, s.fleet_traffic_s)
             checks[n] = _check_row(n, runs, spec)
         return checks[n]["passed"]
 
@@ -168,6 +169,28 @@ def run_fleet(spec: PlanSpec, cand: dict, n: int, rate: float, seed: int, traffi
     return windowed_summary(summary, window(req, rule, bounds), k, rate)
 
 
+def _one_seed(spec: PlanSpec, cand: dict, n: int, rate: float, traffic_s: float | None, seed: int) -> dict:
+    return run_fleet(spec, cand, n, rate, seed, traffic_s)
+
+
+def run_seeds(spec: PlanSpec, cand: dict, n: int, rate: float, seeds: list[int],
+              traffic_s: float | None) -> list[dict]:
+    """`run_fleet` for each seed, the seeds in parallel worker processes (one per CPU)."""
+    import os
+
+    workers = min(len(seeds), os.cpu_count() or 1)
+    one = functools.partial(_one_seed, spec, cand, n, rate, traffic_s)
+    if workers <= 1:
+        return [one(seed) for seed in seeds]
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    from sim.planning.sweep import _START_METHOD
+
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(_START_METHOD)) as pool:
+        return list(pool.map(one, seeds))
+
+
 def _check_row(n: int, runs: list[dict], spec: PlanSpec) -> dict:
     from sim.planning.capacity import violations
 
@@ -194,7 +217,7 @@ def headroom(spec: PlanSpec, cand: dict, n: int, hint: float | None = None) -> d
     lo, hi, tried = 1 + spec.search.margin, None, []  # the fleet check passed there
     f = max(hint or 1.25, lo * 1.05)
     for _ in range(spec.search.headroom_probes):
-        runs = [run_fleet(spec, cand, n, target * f, seed, None) for seed in seeds]
+        runs = run_seeds(spec, cand, n, target * f, seeds, None)
         ok = not any(violations(r, spec.slo) for r in runs)
         tried.append({"factor": f, "rate": target * f, "passed": ok})
         if ok:
