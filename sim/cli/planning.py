@@ -144,8 +144,8 @@ def range_table(rows: list[dict]) -> str:
     share of its step time that rests on measurement (exact or interpolated lookups)."""
     from sim.planning.uncertainty import fmt_range
 
-    head = (f"{'candidate':30} {'req/s range':>13} {'replicas':>8} {'$/h range':>13} "
-            f"{'TTFT99 range':>13} {'band':>5} {'measured':>8}")
+    head = (f"{'candidate':30} {'req/s range':>13} {'replicas':>8} {'$/h range':>13} {'$/M tok range':>13} "
+            f"{'TTFT99 range':>13} {'TPOT99 range':>13} {'band':>5} {'measured':>8}")
     lines = ["ranges (seed spread + the step model's error band by what each figure stands on):",
              head, "-" * len(head)]
     ok = [r for r in rows if r.get("status") == "ok" and r.get("sustained_rate_range")]
@@ -153,7 +153,9 @@ def range_table(rows: list[dict]) -> str:
         lines.append(f"{r['candidate'][:30]:30} {fmt_range(r['sustained_rate_range'], '{:.3g}'):>13} "
                      f"{fmt_range(r['replicas_range'], '{:d}'):>8} "
                      f"{fmt_range(r['usd_per_hour_range'], '{:.1f}'):>13} "
-                     f"{fmt_range(r.get('ttft_p99_range_s'), '{:.3f}'):>13} {r['model_band']:5.0%} "
+                     f"{fmt_range(r['usd_per_m_output_tokens_range'], '{:.3f}'):>13} "
+                     f"{fmt_range(r.get('ttft_p99_range_s'), '{:.3f}'):>13} "
+                     f"{fmt_range(r.get('tpot_p99_range_s'), '{:.3f}'):>13} {r['model_band']:5.0%} "
                      f"{r['measured_share']:8.0%}")
     return "\n".join(lines)
 
@@ -217,7 +219,9 @@ def add_parsers(sub) -> None:
     c = sub.add_parser("curve", help="throughput-latency curves of scenarios against offered load")
     c.add_argument("scenarios", nargs="+")
     c.add_argument("--rates", required=True, help="offered request rates, e.g. 1,2,4,8,16")
-    c.add_argument("--requests", type=whole_number, help="requests per point (default: the scenario's)")
+    c.add_argument("--requests", type=whole_number,
+                   help="requests in a point's first run, at least 60 s of traffic; the steady rule "
+                        "doubles it until steady (default: the scenario's)")
     c.add_argument("--seed", type=int, help="seed for every point (default: the scenario's)")
     c.add_argument("--ttft-bound", type=positive_seconds, help="p99 TTFT bound of the knee when the scenario has no slo.ttft_s")
     c.add_argument("--out", help="output folder (default runs/curve_<first scenario>)")
