@@ -141,3 +141,30 @@ def test_the_fleet_check_never_grows_a_fleet_past_max_replicas(tmp_path):
     check = validate_fleet(spec, row, {"gpu": "h200-sxm"})
     assert (check["replicas"], check["holds"]) == (2, False)
     assert [c["replicas"] for c in check["checks"]] == [1, 2]
+
+
+@pytest.mark.parametrize("redundancy, min_replicas, serving", [("none", 1, 3), ("n+1", 1, 4), ("none", 5, 5)])
+def test_redundancy_and_min_replicas_size_the_checked_fleet(tmp_path, monkeypatch, redundancy, min_replicas,
+                                                            serving):
+    # stand-in fleets: the SLOs hold from 3 replicas on; n+1 serves 4 so that losing one
+    # leaves 3; min_replicas 5 serves 5
+    import sim.planning.fleet as fleet
+
+    def run_seeds(spec, cand, n, rate, seeds, traffic_s):
+        ttft = 0.5 if n >= 3 else 5.0
+        return [{"ttft_s": {"p99": ttft}, "tpot_s": {"p99": 0.02}, "e2e_s": {"p99": 5.0}, "goodput": None,
+                 "requests": {"rejected": 0}, "steady": {"ratio": 1.0, "verdict": "steady"},
+                 "output_token_throughput": 250.0, "request_throughput": 1.0} for _ in seeds]
+
+    monkeypatch.setattr(fleet, "run_seeds", run_seeds)
+    p = tmp_path / "p.yaml"
+    p.write_text(f"scenario: {ROOT / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 10\nslo: {{ttft_p99_s: 1.0}}\n"
+                 f"search: {{seeds: 2, redundancy: '{redundancy}', min_replicas: {min_replicas}}}\n"
+                 "candidates: {gpu: [h100-sxm]}\n")
+    spec = load_plan(p)
+    extra = 1 if redundancy == "n+1" else 0
+    row = {"candidate": "h100-sxm", "replicas": 3 + extra, "fail_rate": 4.0}
+    check = fleet.validate_fleet(spec, row, {"gpu": "h100-sxm"})
+    assert check["needed"] == 3 and check["replicas"] == serving and check["holds"]
+    assert check["holds_one_down"] == (redundancy == "n+1")
+    assert check["rate"] == pytest.approx(11.0)  # target + the 10 % margin
