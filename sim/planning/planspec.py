@@ -27,6 +27,7 @@ from typing import Any, Literal
 from sim.io.specload import ROOT, SpecError, build, load_yaml
 from sim.planning.candidates import candidate_grid as _grid
 from sim.planning.capacity import SLO
+from sim.planning.steady import SteadyRule
 from sim.policies.router import RouterSpec
 
 DEFAULT_PRICES = ROOT / "gpu_profiles" / "prices.yaml"
@@ -36,7 +37,9 @@ DEFAULT_PRICES = ROOT / "gpu_profiles" / "prices.yaml"
 class SearchSpec:
     seeds: int = field(default=2, metadata={"ge": 1})  # seeds per probe
     need: int | None = field(default=None, metadata={"ge": 1})  # seeds that must pass; default all
-    requests: int = field(default=300, metadata={"ge": 20})  # requests per replica per run
+    # a probe's first run has at least this many requests (the steady rule extends it)
+    requests: int = field(default=300, metadata={"ge": 20})
+    steady: SteadyRule = SteadyRule()  # how long a probe runs (sim/planning/steady.py)
     rate_start: float = field(default=4.0, metadata={"gt": 0})
     rate_min: float = field(default=0.05, metadata={"gt": 0})
     rate_max: float = field(default=1024.0, metadata={"gt": 0})
@@ -44,6 +47,23 @@ class SearchSpec:
     max_probes: int = field(default=14, metadata={"ge": 2})
     max_replicas: int = field(default=256, metadata={"ge": 1})
     fleet_checks: int = field(default=3, metadata={"ge": 1})  # candidates checked as fleets, at most
+    fleet_traffic_s: float = field(default=600.0, metadata={"gt": 0})  # a fleet check's traffic
+    # size and check fleets at target x (1 + margin): the SLOs then hold at the target on
+    # seeds the plan never ran, and through a traffic estimate that is off by the margin
+    margin: float = field(default=0.1, metadata={"ge": 0, "le": 10})
+    redundancy: Literal["none", "n+1"] = "none"  # n+1: the SLOs hold with one replica down
+    min_replicas: int = field(default=1, metadata={"ge": 1})
+    headroom_probes: int = field(default=4, metadata={"ge": 0})  # fleet runs above the target
+
+    def sizing_rate(self, target: float) -> float:
+        """The rate fleets are sized and checked at: the target plus the margin."""
+        return target * (1 + self.margin)
+
+    def rule(self) -> SteadyRule:
+        """The steady rule with this search's first-run request count."""
+        import dataclasses
+
+        return dataclasses.replace(self.steady, min_requests=self.requests)
 
 
 @dataclass(frozen=True)

@@ -126,18 +126,20 @@ Task = tuple[str, str, dict]  # (key, scenario file, overrides)
 
 
 def execute(tasks: list[Task], executor: str = "process", workers: int | None = None,
-            address: str | None = None) -> Iterator[tuple[str, dict]]:
-    """Run tasks, yielding (key, row) as each finishes (order depends on the executor)."""
+            address: str | None = None, fn=None) -> Iterator[tuple[str, dict]]:
+    """Run tasks, yielding (key, row) as each finishes (order depends on the executor);
+    `fn(scenario file, overrides) -> row` (picklable) runs one, default `run_config`."""
+    fn = fn or run_config
     if executor == "sequential" or (executor == "process" and (workers or 2) <= 1) or len(tasks) <= 1:
         for key, f, o in tasks:
-            yield key, run_config(f, o)
+            yield key, fn(f, o)
     elif executor == "process":
         import concurrent.futures as cf
         import multiprocessing as mp
 
         with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(_START_METHOD),
                                     initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-            futs = {pool.submit(run_config, f, o): key for key, f, o in tasks}
+            futs = {pool.submit(fn, f, o): key for key, f, o in tasks}
             try:
                 for fut in cf.as_completed(futs):
                     yield futs[fut], fut.result()
@@ -146,12 +148,12 @@ def execute(tasks: list[Task], executor: str = "process", workers: int | None = 
                     fut.cancel()
                 raise
     elif executor == "ray":
-        yield from _execute_ray(tasks, workers, address)
+        yield from _execute_ray(tasks, workers, address, fn)
     else:
         raise SpecError("--executor", executor, f"unknown (known: {', '.join(EXECUTORS)})")
 
 
-def _execute_ray(tasks: list[Task], workers: int | None, address: str | None):
+def _execute_ray(tasks: list[Task], workers: int | None, address: str | None, fn=None):
     try:
         import ray
     except ImportError:
@@ -163,7 +165,7 @@ def _execute_ray(tasks: list[Task], workers: int | None, address: str | None):
         watch = None if address else reaper()  # a local Ray's processes end with this one
         ray.init(log_to_driver=False, **kw)
     try:
-        remote = ray.remote(run_config)
+        remote = ray.remote(fn or run_config)
         refs = {remote.remote(f, o): key for key, f, o in tasks}
         pending = list(refs)
         while pending:

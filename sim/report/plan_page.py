@@ -5,6 +5,7 @@ A plan.json written before the fleet checks were re-ranked (one `fleet_check`, n
 
 from __future__ import annotations
 
+import html
 import math
 
 import pandas as pd
@@ -122,6 +123,70 @@ def _recommendation(plan: dict, rec: dict, check: dict) -> Section:
                                             ("fleet check", pd.DataFrame(check["checks"]))])
 
 
+RANGE_COLUMNS = ["candidate", "sustained_rate", "sustained_rate_range", "replicas_range", "usd_per_hour_range",
+                 "usd_per_m_output_tokens_range", "ttft_p99_range_s", "tpot_p99_range_s", "model_band",
+                 "measured_share", "stands_on"]
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _rng(r, fmt: str = "{:.3g}") -> str:
+    if r is None or (isinstance(r, float) and math.isnan(r)):
+        return "-"
+    lo, hi = r
+    return fmt.format(lo) if lo == hi else f"{fmt.format(lo)} - {fmt.format(hi)}"
+
+
+def _confidence(plan: dict, rows: pd.DataFrame) -> Section | None:
+    """How sure the figures are: the recommended fleet's ranges, what its step time stands
+    on, its headroom and redundancy, ties; every candidate's ranges. Plans written before
+    the ranges existed have no such section."""
+    rec = plan.get("recommended")
+    if "sustained_rate_range" not in rows.columns and not (rec and "replicas_range" in rec):
+        return None
+    text = ["Every figure comes with a range: the spread over seeds (the bisection's bracket for "
+            "sustained rates, the lowest and highest seed for p99s) widened by the step model's "
+            "own error band, the share-weighted mean of each lookup class's band over the run's "
+            "step time (measured = exact + interpolated, derived, extrapolated, analytic; the bands "
+            "and their sources: data/step_error_bands.yaml)."]
+    if rec and "replicas_range" in rec:
+        text.append(f"Recommended fleet: replicas {_rng(rec['replicas_range'], '{:d}')}, "
+                    f"${_rng(rec['usd_per_hour_range'], '{:.2f}')}/hour, "
+                    f"${_rng(rec['usd_per_m_output_tokens_range'], '{:.3f}')} per million output tokens, "
+                    f"p99 TTFT {_rng(rec['ttft_p99_range_s'])} s, p99 TPOT {_rng(rec['tpot_p99_range_s'])} s. "
+                    f"<b>{_pct(rec['measured_share'])} of its simulated step time rests on measurement</b> "
+                    f"({rec['stands_on_lookups']}); step-model band ±{_pct(rec['model_band'])}.")
+        head = rec.get("headroom")
+        if head:
+            text.append(f"Headroom: the SLOs still hold at {head['rate']:.3g} req/s, "
+                        f"+{_pct(head['over_target'])} over the target"
+                        + (f" (they break at +{_pct(head['fail_factor'] - 1)})." if head.get("fail_factor")
+                           else " (no failing rate found in the rates tried)."))
+        if rec.get("redundancy") == "n+1":
+            text.append("Redundancy n+1: the SLOs "
+                        + ("hold" if rec.get("holds_one_down") else "<span class='bad'>do NOT hold</span>")
+                        + " with one replica down.")
+        elif rec.get("replicas") == 1:
+            text.append("<span class='bad'>No redundancy: one replica.</span> "
+                        "Set search.redundancy: n+1 for a fleet that survives losing one.")
+        if rec.get("ties"):
+            text.append(f"Tied on cost with: {html.escape(', '.join(rec['ties']))} "
+                        "(the tie goes to more replicas).")
+    table = pd.DataFrame()
+    if "sustained_rate_range" in rows.columns:
+        ok = rows[(rows.status == "ok") & rows.sustained_rate_range.notna()]
+        table = pd.DataFrame({c: ok[c] if c in ok else None for c in RANGE_COLUMNS})
+        for c in ("sustained_rate_range", "usd_per_hour_range", "usd_per_m_output_tokens_range",
+                  "ttft_p99_range_s", "tpot_p99_range_s"):
+            table[c] = [_rng(v) for v in table[c]]
+        table["replicas_range"] = [_rng(v, "{:d}") for v in table["replicas_range"]]
+        table["model_band"] = [_pct(v) for v in table["model_band"]]
+        table["measured_share"] = [_pct(v) for v in table["measured_share"]]
+    return Section("how sure", text, [("ranges", table)] if len(table) else [])
+
+
 def plan_sections(plan: dict) -> Report:
     rows = pd.DataFrame(plan["candidates"])
     for c in CANDIDATE_COLUMNS:
@@ -138,6 +203,9 @@ def plan_sections(plan: dict) -> Report:
                                                   + ".</span>")],
                         [("fleet checks", pd.DataFrame([{k: c.get(k) for k in CHECK_COLUMNS}
                                                         for c in checks]))] if checks else [])]
+    sure = _confidence(plan, rows)
+    if sure is not None:
+        secs.append(sure)
     ok = rows[rows.status == "ok"]
     imgs = [("pareto", png(pareto_plot(rows, rec["candidate"] if rec else None)))] if len(ok) else []
     secs.append(Section("candidates", [
