@@ -2,7 +2,7 @@
 
 A run keeps every request (its record, its row of the request table, its share of the
 CSV being written) and every iteration of every replica (its step-log row) in memory.
-Both costs were measured (`benchmarks/host_memory.py`: peak RSS of `llmsim run` on
+Both costs were measured (`benchmarks/speed/host_memory.py`: peak RSS of `llmsim run` on
 quickstart at 1,000 to 24,000 requests, fitted as base + per request + per iteration):
 about 1.75 KB per request and 175 B per iteration by least squares (1.75-2.4 KB and
 90-175 B from pairs of points; issue 19 quotes ~150 B per iteration). A run
@@ -27,7 +27,7 @@ import os
 from sim.config.scenario import Scenario
 from sim.io.specload import SpecError
 
-PER_REQUEST_B = 1500  # measured 1.75-2.4 KB (benchmarks/host_memory.py), rounded down: a floor
+PER_REQUEST_B = 1500  # measured 1.75-2.4 KB (benchmarks/speed/host_memory.py), rounded down: a floor
 PER_ITERATION_B = 90  # measured 90-175 B per step-log row, the low end: a floor
 BASE_B = 60 * 2**20  # interpreter, numpy, model and profile tables (measured 56-76 MiB)
 ENV = "LLMSIM_MEMORY_LIMIT_GIB"

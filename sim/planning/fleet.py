@@ -154,12 +154,12 @@ def run_fleet(spec: PlanSpec, cand: dict, n: int, rate: float, seed: int, traffi
     from sim.config.scenario import load_scenario
     from sim.planning.planspec import plan_scenario
     from sim.planning.steady import steady_run, window, windowed_summary
-    from sim.planning.traffic import probe_overrides
+    from sim.planning.traffic import probe_overrides, steady_rule
 
     scen = plan_scenario(spec)
     base = {"slo": spec.slo.as_scenario_slo(), **cand}
     base_sc = load_scenario(scen, base)
-    rule, bounds = spec.search.rule(), spec.slo.bounds()
+    rule, bounds = steady_rule(spec.search.rule(), base_sc, spec.arrival), spec.slo.bounds()
 
     def run_n(k: int):  # a trace replay takes the seed's own window of the trace
         sc = load_scenario(scen, {**base, **probe_overrides(base_sc, spec.arrival, rate, k, window=seed)})

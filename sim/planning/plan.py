@@ -107,7 +107,7 @@ from sim.planning.planspec import (
     plan_scenario,
 )
 from sim.planning.steady import SteadyRule, steady_run
-from sim.planning.traffic import describe, probe_overrides, process
+from sim.planning.traffic import describe, probe_overrides, process, steady_rule
 from sim.planning.uncertainty import candidate_ranges, fleet_ranges
 from sim.planning.units import Unit, unit_of
 
@@ -152,7 +152,8 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
         return {"status": "skipped", "note": f"no price for GPU '{unpriced}' in the prices file"}
     gpu = unit.pools[0].gpu  # the binding constraint reads the first pool's GPU
     s = spec.search
-    rule = dataclasses.replace(s.rule(), min_requests=s.rule().min_requests * unit.replicas)
+    rule = steady_rule(dataclasses.replace(s.rule(), min_requests=s.rule().min_requests * unit.replicas),
+                       sc, spec.arrival)
     run_at = _runner(scen, base, sc, rule, spec.slo.bounds(), spec.arrival)
     seeds = [sc.seed + i for i in range(s.seeds)]
     cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,

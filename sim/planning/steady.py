@@ -56,6 +56,8 @@ class SteadyRule:
     tolerance: float = field(default=0.25, metadata={"gt": 0})
     min_ratio: float = field(default=0.9, metadata={"ge": 0, "le": 1})
     fail_factor: float = field(default=3.0, metadata={"gt": 1})
+    # compare the window's halves (off for a trace replay: `sim/planning/traffic.py`)
+    halves: bool = True
 
     def first_requests(self, rate: float) -> int:
         return max(self.min_requests, math.ceil(rate * self.min_traffic_s))
@@ -129,7 +131,8 @@ def _verdict(stats, halves, ratio, rejected, rule: SteadyRule, bounds) -> str:
     if low and grows:
         return "clearly fails"
     checked = [k for k in METRICS if bounds.get(k) is not None or k == "ttft_s"]
-    if not low and all(_agree(*halves[k], bounds.get(k), rule.tolerance) for k in checked):
+    if not low and (not rule.halves or all(_agree(*halves[k], bounds.get(k), rule.tolerance)
+                                           for k in checked)):
         return "steady"
     return "not steady"
 

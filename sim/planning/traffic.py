@@ -67,6 +67,19 @@ def _trace(sc: Scenario) -> Trace:
     return trace_window(ts, resolve(ts.path, base, file, "workload.trace.path"), file, "workload.trace")
 
 
+def steady_rule(rule, sc: Scenario, choice: str):
+    """The steady rule for a probe on this process. A trace replay is judged on its whole
+    measured window without the halves test and the throughput ratio: a recorded trace is
+    not stationary (its bursts keep two halves of any window apart, and completions lag
+    a burst by its service time), so neither settles; the clear-failure tests (a p99 over
+    `fail_factor` x its bound, a rejection) and the SLOs still decide."""
+    import dataclasses
+
+    if process(sc, choice) != "trace":
+        return rule
+    return dataclasses.replace(rule, halves=False, min_ratio=0.0)
+
+
 def probe_overrides(sc: Scenario, choice: str, rate: float, requests: int, window: int = 0) -> dict:
     """Overrides that run `sc` at `rate` req/s for `requests` requests on the process
     `choice` resolves to; `window` picks the trace window a trace replay uses."""

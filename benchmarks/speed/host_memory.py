@@ -4,18 +4,20 @@ Runs quickstart at a few sizes and rates, each in a fresh process, and fits peak
 (`llmsim run` writing its CSVs) = base + a x requests + b x iterations by least squares.
 Measured 2026-12 (CPython 3.11, numpy 2): base 76 MiB, a 1,755 B, b 174 B.
 
-    python benchmarks/host_memory.py        (~1 minute)
+    python benchmarks/speed/host_memory.py [--smoke]       (~1 minute; --smoke: three tiny runs)
 """
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
 CODE = """
 import resource, sys, tempfile
 from sim.engine.runner import run
@@ -26,11 +28,14 @@ iters = sum(len(next(iter(t.values()))) for t in out.step_tables)
 print(n, iters, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 POINTS = [(1000, 2.5), (4000, 2.5), (8000, 2.5), (8000, 50.0), (16000, 50.0), (24000, 50.0)]
+SMOKE_POINTS = [(50, 2.5), (100, 2.5), (100, 50.0)]  # the script runs, the fit means little
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--smoke", action="store_true", help="three tiny runs (checks the script works)")
     rows = []
-    for n, rate in POINTS:
+    for n, rate in SMOKE_POINTS if ap.parse_args().smoke else POINTS:
         out = subprocess.run([sys.executable, "-c", CODE, str(n), str(rate), str(ROOT / "scenarios" / "quickstart.yaml")],
                              capture_output=True, text=True, check=True, cwd=ROOT)
         rows.append([float(x) for x in out.stdout.split()])
