@@ -80,6 +80,9 @@ class GPUFacts:
     # yet (weights and KV are bf16 or fp8, sim/costmodel/parallel.py `with_dtypes`)
     datasheet_fp4_tflops: float | None = field(default=None, metadata=_POSITIVE)
     fp4_formats: tuple[str, ...] = ()
+    # a measured profile whose tables, scaled by the roofline ratio, stand in for this GPU's
+    # (sim/costmodel/derived_tables.py); None: its own tables, or the roofline alone
+    derived_from: str | None = None
     network: str | None = None  # the scale-out NIC per GPU: an entry of gpu_profiles/links.yaml
     provenance: dict[str, str] = field(default_factory=dict)  # field (or a.b) -> one of PROVENANCE
 
