@@ -194,7 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli.calibrate import add_parsers as add_calibrate_parsers
 
     add_calibrate_parsers(sub)  # calibrate, validate (torch imported only when they run)
-    sub.add_parser("models", help="list model specs").set_defaults(fn=cmd_models)
+    models = sub.add_parser("models", help="list model specs; `models import` reads a config.json")
+    models.set_defaults(fn=cmd_models)
+    from sim.cli.models import add_parser as add_models_import
+
+    add_models_import(models.add_subparsers(dest="models_cmd", parser_class=OneLineParser))
     sub.add_parser("gpus", help="list GPU profiles").set_defaults(fn=cmd_gpus)
     return ap
 
