@@ -27,12 +27,16 @@ against the other GPUs' roofline fits of those same tables, whose residuals run 
 runtimes of eager unfused elementwise kernels (the H200's table) where the other GPUs
 have only fused ones (Vidur's). The remedy for both: an analytic GPU that borrows the
 H200's attention efficiencies borrows its tables instead, scaled by the roofline ratio.
+
+The AMD profiles' small-message collective latency is a stated assumption (2(n−1) ring steps
+of 3 µs, no RCCL measurement used), above the NVSwitch parts' published α(n), and latency is
+no datasheet figure: pairs with an AMD GPU are compared at tensor degree 1 only.
 """
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sim.costmodel.latency import StepLatency
@@ -63,13 +67,16 @@ def dominated_pairs() -> list[tuple[str, str]]:
 
 
 PAIRS = dominated_pairs()
+AMD = {g for g in known_profiles() if (load_yaml(PROFILES_DIR / g / "profile.yaml").get("interconnect")
+                                       or {}).get("name", "").startswith("AMD")}
 FUSED_RUNTIMES = sorted(p.stem for p in RUNTIMES_DIR.glob("*.yaml")
                         if load_runtime(p.stem).elementwise == "fused")
 MODELS = [m for m in known_models() if m != "tiny-llama"]
 
 
 def test_the_datasheets_order_h200_over_h100_over_a100_and_l40s():
-    assert set(PAIRS) == {("h200-sxm", "h100-sxm"), ("h200-sxm", "a100-80gb"),
+    first = {"h200-sxm", "h100-sxm", "a100-80gb", "l40s"}  # the profiles measured or sourced first
+    assert {p for p in PAIRS if set(p) <= first} == {("h200-sxm", "h100-sxm"), ("h200-sxm", "a100-80gb"),
                           ("h100-sxm", "a100-80gb"), ("h200-sxm", "l40s"), ("h100-sxm", "l40s")}
     assert FUSED_RUNTIMES and "cuda-graph" in FUSED_RUNTIMES and "vllm" in FUSED_RUNTIMES
 
@@ -101,6 +108,7 @@ def cost(s: StepLatency, step) -> float:
 def test_a_gpu_at_least_as_fast_on_every_datasheet_figure_is_never_costed_slower(
         pair, model, tensor, runtime, decode, fp8, step):
     fast, slow = pair
+    assume(tensor == 1 or not AMD & set(pair))
     m, rt = load_model(model), load_runtime(runtime)
     fp8 &= datasheet(slow)["fp8_tflops"] > 0
     a, b = (StepLatency(m, load_profile(g), rt, "flash", decode, tensor=tensor, fp8_weights=fp8)

@@ -70,7 +70,8 @@ def test_a_refusal_at_run_time_in_a_worker_is_a_skipped_row_not_an_exception(tmp
 
 def test_unknown_gpu_among_the_candidates_is_an_error_not_a_skip(tmp_path, capsys):
     assert _refused(tmp_path, capsys, "{gpu: [a100-80gb, h100, h200-sxm]}") == \
-        "candidates.gpu[1]: unknown 'h100' (known: a100-80gb, h100-sxm, h200-sxm, l40s)"
+        ("candidates.gpu[1]: unknown 'h100' (known: a100-80gb, b200, b300, gb200-nvl72, "
+         "gb300-nvl72, h100-sxm, h20, h200-sxm, l40s, mi300x, mi325x, mi355x)")
 
 
 @pytest.mark.parametrize(("candidates", "says"), [

@@ -123,16 +123,31 @@ def cmd_models(a) -> int:
 def cmd_gpus(a) -> int:
     from sim.costmodel.profiles import known_profiles, load_profile
 
+    def rate(x: float | None) -> str:
+        return f"{x:,.0f}" if x else "-"
+
+    print(f"{'gpu':12} {'GiB':>6} {'HBM TB/s':>8} {'bf16 TF':>8} {'fp8 TF':>7} {'fp4 TF':>7} "
+          f"{'link GB/s':>9} {'domain':>6}  kernel times")
     for name in known_profiles():
         p = load_profile(name)
         f = p.facts
-        kind = "measured" if f.analytic is False else ("analytic" if f.analytic is True else "partly measured")
-        print(f"{name:12} {f.memory_gib:6.1f} GiB  {kind}")
+        if f.derived_from:
+            kind = f"derived from {f.derived_from}'s measured tables"
+        else:
+            kind = {False: "measured", True: "analytic"}.get(f.analytic, "partly measured")
+        link = f.interconnect
+        print(f"{name:12} {f.memory_gib:6.1f} {f.datasheet_mem_bw_tbs:8.2f} {rate(f.datasheet_tflops):>8} "
+              f"{rate(f.datasheet_fp8_tflops):>7} {rate(f.datasheet_fp4_tflops):>7} "
+              f"{rate(link.datasheet_gbs if link else None):>9} {link.gpus_per_node if link else 1:>6}  {kind}")
+        if f.provenance:  # how each number was obtained (profile.yaml `provenance:`)
+            counts = ", ".join(f"{t} {n}" for t, n in f.provenance_counts().items())
+            extra = f"; FP4 {'/'.join(f.fp4_formats)} recorded, not used" if f.fp4_formats else ""
+            print(f"{'':12} numbers: {counts}{extra}" + (f"; network {f.network}" if f.network else ""))
         capped = {t: n for t, n in p.capped.items() if n}
         if capped:  # table rows faster than the GPU's peak, raised to it at load
             rows = ", ".join(f"{t} {n}" for t, n in capped.items())
             print(f"{'':12} capped at the GPU's peak: {rows} rows")
-        if p.timing_note:  # tables timed with the L2 flushed, corrected at load
+        if p.timing_note and not f.derived_from:  # tables timed with the L2 flushed, corrected at load
             print(f"{'':12} {p.timing_note}")
         if p.summary()["derived_decode"]:
             print(f"{'':12} paged decode derived from the contiguous table "
@@ -179,7 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli.calibrate import add_parsers as add_calibrate_parsers
 
     add_calibrate_parsers(sub)  # calibrate, validate (torch imported only when they run)
-    sub.add_parser("models", help="list model specs").set_defaults(fn=cmd_models)
+    models = sub.add_parser("models", help="list model specs; `models import` reads a config.json")
+    models.set_defaults(fn=cmd_models)
+    from sim.cli.models import add_parser as add_models_import
+
+    add_models_import(models.add_subparsers(dest="models_cmd", parser_class=OneLineParser))
     sub.add_parser("gpus", help="list GPU profiles").set_defaults(fn=cmd_gpus)
     return ap
 

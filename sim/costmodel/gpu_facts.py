@@ -4,13 +4,17 @@ by `sim/costmodel/profiles.py`, which owns the kernel-time lookups built on them
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from sim.costmodel.comm import Interconnect
 from sim.costmodel.l2flush import Timing
 
 MEASURED_DECODE = ("contiguous", "paged_reference", "paged_gather")  # decode impls with fitted terms
+# how a profile's number was obtained (`provenance:`): read off a datasheet or a vendor's
+# platform figure, measured, derived from such numbers by a stated rule, or assumed
+PROVENANCE = ("datasheet", "measured", "derived", "assumed")
+FP4_FORMATS = ("NVFP4", "MXFP4")
 _FRACTION = {"gt": 0, "le": 1}
 _POSITIVE = {"gt": 0}
 
@@ -72,3 +76,31 @@ class GPUFacts:
     # several PyTorch ops (an eager stack's); a fused-kernel runtime derives its kernels
     # from an unfused table's single-kernel rows (sim/costmodel/fused.py)
     elementwise_kernels: Literal["fused", "unfused"] = "fused"
+    # dense FP4 tensor rate and its formats: recorded facts; the cost model does not use FP4
+    # yet (weights and KV are bf16 or fp8, sim/costmodel/parallel.py `with_dtypes`)
+    datasheet_fp4_tflops: float | None = field(default=None, metadata=_POSITIVE)
+    fp4_formats: tuple[str, ...] = ()
+    # a measured profile whose tables, scaled by the roofline ratio, stand in for this GPU's
+    # (sim/costmodel/derived_tables.py); None: its own tables, or the roofline alone
+    derived_from: str | None = None
+    network: str | None = None  # the scale-out NIC per GPU: an entry of gpu_profiles/links.yaml
+    provenance: dict[str, str] = field(default_factory=dict)  # field (or a.b) -> one of PROVENANCE
+
+    def check(self) -> tuple[str, str] | None:
+        """specload's hook: FP4 formats and provenance tags from their lists."""
+        for i, f in enumerate(self.fp4_formats):
+            if f not in FP4_FORMATS:
+                return f"fp4_formats[{i}]", f"{f!r} is unknown (allowed: {', '.join(FP4_FORMATS)})"
+        if self.fp4_formats and self.datasheet_fp4_tflops is None:
+            return "datasheet_fp4_tflops", "missing while fp4_formats are stated (allowed: dense FP4 TFLOP/s)"
+        names = {f.name for f in fields(self)}
+        for key, tag in self.provenance.items():
+            if key.split(".")[0] not in names:
+                return f"provenance.{key}", "names no field of the profile (allowed: a field, or field.subfield)"
+            if tag not in PROVENANCE:
+                return f"provenance.{key}", f"{tag!r} is unknown (allowed: {', '.join(PROVENANCE)})"
+        return None
+
+    def provenance_counts(self) -> dict[str, int]:
+        """How many of its numbers are datasheet, measured, derived and assumed."""
+        return {t: n for t in PROVENANCE if (n := sum(v == t for v in self.provenance.values()))}

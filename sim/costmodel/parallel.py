@@ -100,6 +100,6 @@ def with_dtypes(model: ModelSpec, dtype: DTypeSpec, profile: GPUProfile, *,
         if value == "fp8":
             if profile.facts.datasheet_fp8_tflops is None:
                 raise SpecError(file, f"{path}.{name}", f"fp8 needs FP8 tensor cores, which "
-                                f"{profile.name} lacks (allowed: bf16; fp8 on H100, H200, L40S)")
+                                f"{profile.name} lacks (allowed: bf16; fp8 on a GPU with datasheet_fp8_tflops)")
             widths[width] = DTYPE_BYTES["fp8"]
     return dataclasses.replace(model, **widths) if widths else model

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sim.costmodel.comm import Collectives, read_all_reduce
+from sim.costmodel.derived_tables import derive_tables
 from sim.costmodel.gpu_facts import Efficiency, GPUFacts
 from sim.costmodel.l2flush import describe, remove_write_back
 from sim.costmodel.mixed_decode import blend, fit_mix_weights
@@ -98,7 +99,10 @@ def _memoised(method: Callable) -> Callable:
         if hit is None:
             if len(self._memo) >= _MEMO_MAX:
                 self._memo.clear()
-            hit = self._memo[key] = method(self, *args, **kw)
+            hit = method(self, *args, **kw)
+            if self.derived_tables and _RANK[hit[1]] < _RANK[DERIVED]:  # another GPU's rows
+                hit = hit[0], DERIVED
+            self._memo[key] = hit
         return hit
     return lookup
 
@@ -108,8 +112,10 @@ class GPUProfile:
 
     def __init__(self, facts: GPUFacts, tables: dict[str, list[dict]],
                  all_reduce: dict[tuple[float, float], float] | None = None,
-                 capped: dict[str, int] | None = None, timing_note: str = ""):
+                 capped: dict[str, int] | None = None, timing_note: str = "",
+                 derived_tables: bool = False):
         self.facts, self.name, self._memo, self.timing_note = facts, facts.name, {}, timing_note
+        self.derived_tables = derived_tables  # tables scaled from another GPU's (derived_from)
         self.comm = Collectives(facts.interconnect, all_reduce)  # see sim/costmodel/comm.py
         self.capped = capped or {}  # rows per table raised to a ceiling (profile_sanity)
         self.rows = {t: len(tables.get(t, [])) for t in TABLES}
@@ -381,6 +387,8 @@ def _read_profile(folder: Path, watch: Callable[[Path], Path]) -> GPUProfile:
     if facts.name != folder.name:
         raise SpecError(yaml_file, "name", f"{facts.name!r} differs from the folder name "
                         f"(allowed: {folder.name!r})")
+    if facts.derived_from is not None:
+        return _derived_profile(folder, facts, yaml_file, watch)
     tables, lowered, capped = _tables(folder, facts, watch)
     link, all_reduce = facts.interconnect, None
     if link is not None and link.all_reduce_table:
@@ -389,6 +397,30 @@ def _read_profile(folder: Path, watch: Callable[[Path], Path]) -> GPUProfile:
                             f"file not found: {show(link.all_reduce_table)}")
         all_reduce = read_all_reduce(folder / link.all_reduce_table)
     return GPUProfile(facts, tables, all_reduce, capped, describe(facts.timing, lowered))
+
+
+def _derived_profile(folder: Path, facts: GPUFacts, yaml_file: Path,
+                     watch: Callable[[Path], Path]) -> GPUProfile:
+    """A profile whose tables are a measured profile's, scaled (sim/costmodel/derived_tables.py)."""
+    base = profile_folder(facts.derived_from, file=yaml_file, path="derived_from")
+    base_yaml = watch(base / "profile.yaml")
+    base_facts = build(GPUFacts, load_yaml(base_yaml), file=base_yaml)
+    if base_facts.derived_from is not None or base_facts.analytic is True:
+        raise SpecError(yaml_file, "derived_from", f"{facts.derived_from!r} has no measured "
+                        "tables of its own (allowed: a measured profile)")
+    if base_facts.elementwise_kernels != facts.elementwise_kernels:
+        raise SpecError(yaml_file, "elementwise_kernels", f"{facts.elementwise_kernels!r} differs "
+                        f"from {facts.derived_from}'s tables (allowed: "
+                        f"{base_facts.elementwise_kernels!r})")
+    if link := facts.interconnect:
+        if link.all_reduce_table:
+            raise SpecError(yaml_file, "interconnect.all_reduce_table",
+                            "a derived profile has no tables of its own (allowed: none)")
+    base_tables = _tables(base, base_facts, watch)[0]
+    tables = derive_tables(base_tables, GPUProfile(base_facts, {}), GPUProfile(facts, {}))
+    note = (f"tables derived: {facts.derived_from}'s measured rows x this GPU's roofline / "
+            f"{facts.derived_from}'s, per shape")
+    return GPUProfile(facts, tables, None, {}, note, derived_tables=True)
 
 
 def _tables(folder: Path, facts: GPUFacts, watch: Callable[[Path], Path]
