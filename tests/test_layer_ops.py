@@ -123,7 +123,13 @@ def _closed_form_params(m) -> int:
     mlp = (3 if m.gated_mlp else 2) * m.hidden * m.ffn
     per_layer = attention + mlp + 2 * m.hidden
     lm_head = 0 if m.tied_embeddings else m.vocab * m.hidden
-    return m.vocab * m.hidden + m.layers * per_layer + m.hidden + lm_head
+    layers = m.layers * per_layer
+    if m.num_experts:  # routed + shared experts (gated, 3 matrices each) and the router
+        E, dense = m.num_experts, m.first_k_dense_replace
+        experts = (E + m.n_shared_experts) * 3 * m.hidden * m.moe_intermediate_size
+        moe_layer = attention + experts + (m.hidden * E if E > 1 else 0) + 2 * m.hidden
+        layers = dense * per_layer + (m.layers - dense) * moe_layer
+    return m.vocab * m.hidden + layers + m.hidden + lm_head
 
 
 def _layouts():
@@ -159,7 +165,7 @@ def test_each_op_splits_as_its_label_says(name):
             whole = full[op.name]
             if op.split == "replicated":
                 assert op.shape == whole.shape and op.params == whole.params, op.name
-            elif op.kind in ("gemm", "lm_head"):
+            elif op.kind in ("gemm", "grouped_gemm", "lm_head"):
                 (k, n), (k1, n1) = op.shape, whole.shape
                 if op.split == "row":
                     assert (k * tp, n) == (k1, n1), op.name

@@ -45,6 +45,14 @@ class ModelSpec:
     weight_dtype_bytes: float = field(default=2, metadata=_POSITIVE)  # 0.5 for 4-bit weights
     kv_dtype_bytes: float = field(default=2, metadata=_POSITIVE)  # 1 for an fp8 KV cache
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2)
+    # Mixture-of-Experts (sim/costmodel/moe.py; 0 experts: a dense model)
+    num_experts: int = field(default=0, metadata={"ge": 0})  # routed experts per MoE layer
+    num_experts_per_tok: int = field(default=0, metadata={"ge": 0})  # top-k
+    moe_intermediate_size: int = field(default=0, metadata={"ge": 0})  # each expert's MLP width
+    n_shared_experts: int = field(default=0, metadata={"ge": 0})  # experts every token uses
+    first_k_dense_replace: int = field(default=0, metadata={"ge": 0})  # leading dense layers
+    router_zipf_s: float = field(default=0.0, metadata={"ge": 0})  # skew (0: uniform routing)
+    expert_load: tuple[float, ...] | None = None  # measured routed-token count per expert
 
     def check(self) -> tuple[str, str] | None:
         """Cross-field rules; (field, message) for the first one broken."""
@@ -55,7 +63,41 @@ class ModelSpec:
                 "kv_heads",
                 f"{self.kv_heads} does not divide heads={self.heads} (allowed: a divisor of heads)",
             )
+        return self._check_moe()
+
+    def _check_moe(self) -> tuple[str, str] | None:
+        E, k = self.num_experts, self.num_experts_per_tok
+        moe_fields = (k, self.moe_intermediate_size, self.n_shared_experts,
+                      self.first_k_dense_replace, self.router_zipf_s, self.expert_load)
+        if not E:
+            if any(moe_fields):
+                return "num_experts", "0 with other MoE fields set (allowed: >= 1 for a MoE model)"
+            return None
+        if not 1 <= k <= E:
+            return "num_experts_per_tok", f"{k} (allowed: 1 to num_experts={E})"
+        if not self.moe_intermediate_size:
+            return "moe_intermediate_size", "missing for a MoE model (allowed: > 0)"
+        if self.first_k_dense_replace >= self.layers:
+            return ("first_k_dense_replace", f"{self.first_k_dense_replace} (allowed: < "
+                    f"layers={self.layers})")
+        if self.expert_load is not None:
+            if self.router_zipf_s:
+                return "expert_load", "given with router_zipf_s (allowed: one of the two)"
+            if len(self.expert_load) != E:
+                return "expert_load", (f"{len(self.expert_load)} counts (allowed: one per expert, "
+                                       f"{E})")
+            if min(self.expert_load) < 0 or not sum(self.expert_load) > 0:
+                return "expert_load", "negative or all zero (allowed: counts >= 0, not all 0)"
         return None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses (of the routed experts, its k; dense: all)."""
+        return self.ops().active_params
 
     # ---- parameter counts -------------------------------------------------------
 
@@ -69,10 +111,11 @@ class ModelSpec:
         """Width of the key (or value) projection output (kv_heads × head_dim)."""
         return self.kv_heads * self.head_dim
 
-    def ops(self, tensor: int = 1) -> ModelOps:
-        """Its forward pass as a list of operations on one GPU of a `tensor`-way group
-        (sim/costmodel/layer.py): the sizes below are read from it."""
-        return model_ops(self, tensor)
+    def ops(self, tensor: int = 1, expert: int = 1) -> ModelOps:
+        """Its forward pass as a list of operations on one GPU of a `tensor`-way group,
+        `expert`-way expert parallel (sim/costmodel/layer.py): the sizes below are read
+        from it."""
+        return model_ops(self, tensor, expert)
 
     @property
     def params(self) -> int:
@@ -123,11 +166,27 @@ class ModelSpec:
         if self.kv_heads % tensor and tensor % self.kv_heads:
             return (f"{tensor} neither divides kv_heads={self.kv_heads} nor is a multiple of it "
                     "(KV heads are split, or replicated when the degree exceeds them)")
-        if self.ffn % tensor:
+        if self.ffn % tensor and (not self.is_moe or self.first_k_dense_replace):
             return f"{tensor} does not divide ffn={self.ffn}"
+        if self.is_moe and self.moe_intermediate_size % tensor:
+            return f"{tensor} does not divide moe_intermediate_size={self.moe_intermediate_size}"
         return None
 
-    def shard(self, tensor: int) -> ModelSpec:
+    def expert_problem(self, expert: int, tensor: int) -> str | None:
+        """Why `expert`-way expert parallelism over a `tensor`-way replica cannot hold
+        this model, or None."""
+        if expert == 1:
+            return None
+        if not self.is_moe:
+            return f"{self.name} has no experts"
+        if expert != tensor:
+            return (f"{expert} differs from parallel.tensor={tensor} (experts are spread over "
+                    "the replica's GPUs)")
+        if self.num_experts % expert:
+            return f"{expert} does not divide num_experts={self.num_experts}"
+        return None
+
+    def shard(self, tensor: int, expert: int = 1) -> ModelSpec:
         """What one GPU of a `tensor`-way tensor-parallel group holds (Megatron-style).
 
         Column-parallel q/k/v and gate/up keep their K and split N; row-parallel o and
@@ -139,10 +198,14 @@ class ModelSpec:
         """
         if tensor == 1:
             return self
+        moe = {}
+        if self.is_moe:  # experts split like the MLP, or held whole under expert parallelism
+            split = self.moe_intermediate_size // tensor
+            moe = dict(moe_intermediate_size=split if expert == 1 else self.moe_intermediate_size)
         return dataclasses.replace(
             self, name=f"{self.name}/tp{tensor}", heads=self.heads // tensor,
             kv_heads=max(1, self.kv_heads // tensor), ffn=self.ffn // tensor,
-            vocab=-(-self.vocab // tensor),
+            vocab=-(-self.vocab // tensor), **moe,
         )
 
 
