@@ -228,3 +228,36 @@ def test_bad_moe_fields_are_refused_naming_the_field(change, field):
     data = {**load_yaml(ROOT / "models" / "mixtral-8x7b.yaml"), **change}
     with pytest.raises(SpecError, match=field):
         build(ModelSpec, data, file="m.yaml")
+
+
+# ---- latent attention (DeepSeek-V3) --------------------------------------------------------
+
+def test_deepseek_v3_has_671_b_parameters_37_b_active():
+    m = load_model("deepseek-v3")  # DeepSeek: 671 B main model, 37 B activated per token
+    assert round(m.params / 1e9) == 671
+    assert round(m.active_params / 1e9) in (37, 38)  # 37.55 B: the figure truncates
+    # by hand, one MLA layer: q_a 7168 x 1536, its norm, q_b 1536 x 128 x 192, kv_a
+    # 7168 x 576, its norm (512), kv_b 512 x 128 x 256, o 128 x 128 x 7168
+    mla = (7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256
+           + 128 * 128 * 7168)
+    assert m.ops().find("o").params + m.ops().find("kv_b").params == 128 * 128 * 7168 + 512 * 32768
+    assert sum(op.params for op in m.ops().layer[:12]) == mla + 7168  # with the input norm
+
+
+def test_latent_attention_caches_576_elements_per_token_and_layer_on_every_gpu():
+    m = load_model("deepseek-v3")
+    assert m.kv_bytes_per_token == 61 * (512 + 64) * 2  # 68.6 KiB; as MHA: 61 x 2 x 128 x 128 x 2
+    assert m.shard(8).kv_bytes_per_token == m.kv_bytes_per_token  # the latent is not split
+    assert m.kv_bytes_per_token * 56 < 61 * 2 * 128 * 128 * 2  # 57x fewer bytes than MHA
+
+
+def test_latent_attention_decodes_absorbed_and_prefills_expanded():
+    m, p, rt = load_model("deepseek-v3"), load_profile("h200-sxm"), load_runtime("cuda-graph")
+    att = m.ops(8).find("attention")
+    assert att.shape == (16, 16, 192)  # prefill: 16 heads a GPU of nope + rope
+    assert att.decode_shape == (16, 1, 288)  # decode: one latent head (K and V: 576)
+    lat = StepLatency(m, p, rt, tensor=8)
+    short, long = lat.decode(32, 32 * 1000, 1000), lat.decode(32, 32 * 8000, 8000)
+    assert long > short
+    # decode attention reads the latent: 8x the context costs far less than 8x the step
+    assert long < 2 * short

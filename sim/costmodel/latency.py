@@ -126,7 +126,10 @@ class StepLatency:
         self._collectives = [(k, b, c) for (k, b, per_seq), c in calls.items() if not per_seq]
         self._lm_collectives = [(k, b, c) for (k, b, per_seq), c in calls.items() if per_seq]
         self._lm_head = ops.find("lm_head")
-        self.heads, self.kv_heads, self.head_dim = ops.find("attention").shape
+        attention = ops.find("attention")
+        self.heads, self.kv_heads, self.head_dim = attention.shape
+        # decode and verify: latent attention's absorbed form where the op states one
+        self.d_heads, self.d_kv_heads, self.d_head_dim = attention.decode_shape or attention.shape
         self.attn_calls = sum(times for op, times in ops.each() if op.kind == "attention")
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
@@ -257,7 +260,7 @@ class StepLatency:
     def _decode_attn_parts(self, n: int, ctx_q: int, max_q: int) -> list[tuple[float, str]]:
         ctx_q, max_q = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
         ms, tag = self.p.decode_attn(
-            self.decode_impl, n, ctx_q * n, self.heads, self.kv_heads, self.head_dim,
+            self.decode_impl, n, ctx_q * n, self.d_heads, self.d_kv_heads, self.d_head_dim,
             max_ctx=max_q if max_q > ctx_q else None,
         )
         return [(self.attn_calls * ms, self._kv_tag(tag))]
@@ -279,8 +282,8 @@ class StepLatency:
                 paged = self.verify_impl in ("paged", "paged_reference")
                 impl = self.verify_impl if paged else "paged_gather"
                 rows = q_len if paged else 1
-                ms, tag = self.p.decode_attn(impl, rows, rows * self._kv_ctx(kv_q), self.heads,
-                                             self.kv_heads, self.head_dim)
+                ms, tag = self.p.decode_attn(impl, rows, rows * self._kv_ctx(kv_q), self.d_heads,
+                                             self.d_kv_heads, self.d_head_dim)
                 tag = self._kv_tag(tag)
             return [(self.attn_calls * ms, tag)]
 
@@ -387,8 +390,9 @@ class StepLatency:
 
         def compute():
             c, mx = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
-            ms, tag = self.p.decode_attn(self.decode_impl, n * q, c * n * q, self.heads,
-                                         self.kv_heads, self.head_dim, max_ctx=mx if mx > c else None)
+            ms, tag = self.p.decode_attn(self.decode_impl, n * q, c * n * q, self.d_heads,
+                                         self.d_kv_heads, self.d_head_dim,
+                                         max_ctx=mx if mx > c else None)
             return (self._dense_parts(n * q) + self._lm_parts(n * q)
                     + [(self.attn_calls * ms, self._kv_tag(tag))])
 

@@ -67,6 +67,11 @@ class Architecture(Protocol):
     first_k_dense_replace: int
     router_zipf_s: float
     expert_load: tuple[float, ...] | None
+    kv_lora_rank: int
+    q_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
 
     @property
     def q_dim(self) -> int: ...
@@ -101,6 +106,9 @@ class Op:
     # a row-split op whose partial sums join the next row-split op's before one all-reduce
     # (the shared experts' down projection, summed with the routed experts')
     reduce_with_next: bool = False
+    # attention: the (query heads, KV heads, head_dim) decode and verify run at, when not
+    # `shape` (latent attention's absorbed form: every query head over one latent KV head)
+    decode_shape: tuple[int, ...] | None = None
 
     def at(self, rows: int) -> tuple[int, ...]:
         """The op's shape in a step of `rows` rows."""
@@ -138,6 +146,57 @@ def decoder_layer(m: Architecture) -> tuple[Op, ...]:
         Op("down", "gemm", "gemm", (f, h), "row", params=f * h, fp8=True),
         Op("mlp_residual", "elementwise", "residual_add", (h,)),
     )
+
+
+def attention_block(m: Architecture) -> tuple[Op, ...]:
+    """The layer's attention, up to its residual add: `decoder_layer`'s, or latent
+    attention's when the model has `kv_lora_rank`."""
+    return mla_attention(m) if m.kv_lora_rank else decoder_layer(m)[:7]
+
+
+def mla_attention(m: Architecture) -> tuple[Op, ...]:
+    """DeepSeek's multi-head latent attention (MLA), up to its residual add: RMSNorm; q
+    down-projection (q_lora_rank; replicated) and its RMSNorm, q up-projection to
+    heads × (nope + rope) (column); the joint KV down-projection to the latent
+    (kv_lora_rank) and the shared rope key (qk_rope_head_dim), replicated, and the latent's
+    RMSNorm; rotary; the cache write of latent + rope key (kv_lora_rank + qk_rope_head_dim
+    elements per token and layer, the same on every GPU of a tensor-parallel group); the KV
+    up-projection latent → heads × (nope + v) (column); attention; o (row).
+
+    Prefill expands the latent (the KV up-projection on the step's rows) and runs
+    multi-head attention at head_dim nope + rope; decode and verify run the absorbed form
+    (`decode_shape`): every query head over one KV head of latent + rope, the up-projection's
+    weights applied to q and to the output instead (equal FLOPs and weight bytes per row:
+    the same GEMM). The decode kernel's table counts K and V apart: reading one latent of
+    kv_lora_rank + rope elements is priced as a head of half that (K and V of it together),
+    the bytes a latent cache holds; its FLOPs then undercount the value product
+    (analytic; no MLA kernel measured)."""
+    h, H = m.hidden, m.heads
+    rope, nope, v, r = m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
+    qk = nope + rope
+    latent = r + rope
+    ops = [Op("input_norm", "norm", "rmsnorm", (h,), params=h, activation=h * BF16)]
+    if m.q_lora_rank:
+        ql = m.q_lora_rank
+        ops += [Op("q_a", "gemm", "gemm", (h, ql), params=h * ql, activation=ql * BF16, fp8=True),
+                Op("q_a_norm", "norm", "rmsnorm", (ql,), params=ql),
+                Op("q_b", "gemm", "gemm", (ql, H * qk), "column", params=ql * H * qk,
+                   activation=H * qk * BF16, fp8=True)]
+    else:
+        ops.append(Op("q", "gemm", "gemm", (h, H * qk), "column", params=h * H * qk,
+                      activation=H * qk * BF16, fp8=True))
+    ops += [Op("kv_a", "gemm", "gemm", (h, latent), params=h * latent, activation=latent * BF16,
+               fp8=True),
+            Op("kv_a_norm", "norm", "rmsnorm", (r,), params=r),
+            Op("rotary", "elementwise", "rotary", (H * rope + rope,), "column"),
+            Op("kv_write", "elementwise", "kv_write", (latent,), cache=latent),
+            Op("kv_b", "gemm", "gemm", (r, H * (nope + v)), "column", params=r * H * (nope + v),
+               activation=H * (nope + v) * BF16, fp8=True),
+            Op("attention", "attention", "attention", (H, H, qk), "column",
+               decode_shape=(H, 1, max(1, latent // 2))),
+            Op("o", "gemm", "gemm", (H * v, h), "row", params=H * v * h, fp8=True),
+            Op("attention_residual", "elementwise", "residual_add", (h,))]
+    return tuple(ops)
 
 
 def moe_layer(m: Architecture, ep: int = 1) -> tuple[Op, ...]:
@@ -184,8 +243,7 @@ def moe_layer(m: Architecture, ep: int = 1) -> tuple[Op, ...]:
     if k > 1:
         mlp.append(Op("experts_combine", "elementwise", "residual_add", (k * h,)))
     mlp.append(Op("mlp_residual", "elementwise", "residual_add", (h,)))
-    attention = decoder_layer(m)[:7]
-    return (*attention, *mlp)
+    return (*attention_block(m), *mlp)
 
 
 def routing_rows_share(routing: Routing, k: int, ep: int) -> float:
@@ -301,8 +359,10 @@ def model_ops(model: Architecture, tensor: int = 1, expert: int = 1) -> ModelOps
                activation=model.vocab * LOGIT_BYTES, per_sequence=True))  # fp32, gathered
     if s.num_experts:
         lead = s.first_k_dense_replace
-        ops = ModelOps(s.layers - lead, first, moe_layer(s, expert), last,
-                       decoder_layer(s) if lead else (), lead)
+        dense = (*attention_block(s), *decoder_layer(s)[7:]) if lead else ()
+        ops = ModelOps(s.layers - lead, first, moe_layer(s, expert), last, dense, lead)
+    elif s.kv_lora_rank:
+        ops = ModelOps(s.layers, first, (*attention_block(s), *decoder_layer(s)[7:]), last)
     else:
         ops = ModelOps(s.layers, first, decoder_layer(s), last)
     return with_collectives(ops, tensor, model.vocab) if tensor > 1 else ops

@@ -53,6 +53,12 @@ class ModelSpec:
     first_k_dense_replace: int = field(default=0, metadata={"ge": 0})  # leading dense layers
     router_zipf_s: float = field(default=0.0, metadata={"ge": 0})  # skew (0: uniform routing)
     expert_load: tuple[float, ...] | None = None  # measured routed-token count per expert
+    # Multi-head latent attention (DeepSeek; sim/costmodel/layer.mla_attention; 0: none)
+    kv_lora_rank: int = field(default=0, metadata={"ge": 0})  # the cached KV latent's width
+    q_lora_rank: int = field(default=0, metadata={"ge": 0})  # q's low-rank width (0: full q)
+    qk_rope_head_dim: int = field(default=0, metadata={"ge": 0})  # rotary part of q and k
+    qk_nope_head_dim: int = field(default=0, metadata={"ge": 0})  # the rest of q and k
+    v_head_dim: int = field(default=0, metadata={"ge": 0})
 
     def check(self) -> tuple[str, str] | None:
         """Cross-field rules; (field, message) for the first one broken."""
@@ -63,6 +69,10 @@ class ModelSpec:
                 "kv_heads",
                 f"{self.kv_heads} does not divide heads={self.heads} (allowed: a divisor of heads)",
             )
+        if self.kv_lora_rank and not (self.qk_rope_head_dim and self.qk_nope_head_dim
+                                      and self.v_head_dim):
+            return ("kv_lora_rank", "latent attention without qk_rope_head_dim, "
+                    "qk_nope_head_dim and v_head_dim (allowed: all four > 0, or kv_lora_rank 0)")
         return self._check_moe()
 
     def _check_moe(self) -> tuple[str, str] | None:
