@@ -261,3 +261,19 @@ def test_latent_attention_decodes_absorbed_and_prefills_expanded():
     assert long > short
     # decode attention reads the latent: 8x the context costs far less than 8x the step
     assert long < 2 * short
+
+
+def test_a_measured_expert_load_file_beside_the_model_sets_its_routing(tmp_path):
+    from sim.io.specload import load_yaml
+    data = {**load_yaml(ROOT / "models" / "mixtral-8x7b.yaml"), "name": "skewed",
+            "expert_load_file": "load.txt"}
+    import yaml
+    (tmp_path / "skewed.yaml").write_text(yaml.safe_dump(data))
+    (tmp_path / "load.txt").write_text("# routed tokens per expert\n40\n10\n10\n10\n10\n10\n5\n5\n")
+    m = load_model(str(tmp_path / "skewed.yaml"))
+    assert m.expert_load == (40, 10, 10, 10, 10, 10, 5, 5)
+    # top-2: the hottest expert is picked by 2 x 40 % = 80 % of tokens
+    assert m.ops().find("experts_gate_up").routing.picks[0] == pytest.approx(0.8)
+    (tmp_path / "load.txt").write_text("40\nmany\n")
+    with pytest.raises(SpecError, match="line 2"):
+        load_model(str(tmp_path / "skewed.yaml"))

@@ -14,12 +14,22 @@ without biases (SwiGLU when `gated_mlp`), a final norm and an LM head.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.costmodel.layer import ModelOps, model_ops
 from sim.io.filecache import FileCache
-from sim.io.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
+from sim.io.specload import (
+    ROOT,
+    SpecError,
+    build,
+    is_file,
+    known_names,
+    load_yaml,
+    read_text,
+    show,
+)
 
 MODELS_DIR = ROOT / "models"
 
@@ -53,6 +63,8 @@ class ModelSpec:
     first_k_dense_replace: int = field(default=0, metadata={"ge": 0})  # leading dense layers
     router_zipf_s: float = field(default=0.0, metadata={"ge": 0})  # skew (0: uniform routing)
     expert_load: tuple[float, ...] | None = None  # measured routed-token count per expert
+    # or those counts in a file beside the model file: one number per line, `#` comments
+    expert_load_file: str | None = None
     # Multi-head latent attention (DeepSeek; sim/costmodel/layer.mla_attention; 0: none)
     kv_lora_rank: int = field(default=0, metadata={"ge": 0})  # the cached KV latent's width
     q_lora_rank: int = field(default=0, metadata={"ge": 0})  # q's low-rank width (0: full q)
@@ -91,6 +103,8 @@ class ModelSpec:
             return ("first_k_dense_replace", f"{self.first_k_dense_replace} (allowed: < "
                     f"layers={self.layers})")
         if self.expert_load is not None:
+            if any(not math.isfinite(c) for c in self.expert_load):
+                return "expert_load", "a count that is not finite (allowed: counts >= 0)"
             if self.router_zipf_s:
                 return "expert_load", "given with router_zipf_s (allowed: one of the two)"
             if len(self.expert_load) != E:
@@ -249,19 +263,43 @@ def load_model(
             raise SpecError(file, path, f"unknown {show(name_or_path)} (known: {', '.join(known)})")
         p = MODELS_DIR / f"{name_or_path}.yaml"
     p = p.resolve()
-    return _LOADED.get(p, lambda watch: _read_model(watch(p)))
+    return _LOADED.get(p, lambda watch: _read_model(watch(p), watch))
 
 
 _LOADED: FileCache[ModelSpec] = FileCache()  # by path, while the file is unchanged
 
 
-def _read_model(p: Path) -> ModelSpec:
-    spec = build(ModelSpec, load_yaml(p), file=p)
+def _read_model(p: Path, watch=lambda f: f) -> ModelSpec:
+    data = load_yaml(p)
+    if isinstance(data, dict) and isinstance(data.get("expert_load_file"), str):
+        if "expert_load" in data:
+            raise SpecError(p, "expert_load_file", "given with expert_load (allowed: one of the two)")
+        load = p.parent / data["expert_load_file"]
+        data = {**data, "expert_load": read_expert_load(watch(load) if is_file(load) else load, p)}
+    spec = build(ModelSpec, data, file=p)
     if spec.name != p.stem:
         raise SpecError(
             p, "name", f"{spec.name!r} differs from the file name (allowed: {p.stem!r})"
         )
     return spec
+
+
+def read_expert_load(f: Path, model_file: Path) -> list[float]:
+    """A measured expert-load histogram: one count (or share) per expert per line, in expert
+    order; blank lines and `#` comments skipped."""
+    if not is_file(f):
+        raise SpecError(model_file, "expert_load_file", f"file not found: {show(str(f))}")
+    counts = []
+    for i, line in enumerate(read_text(f).splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            counts.append(float(text))
+        except ValueError:
+            raise SpecError(f, f"line {i}", f"{show(text)} is not a number (allowed: one count "
+                            "per line)") from None
+    return counts
 
 
 def context_window(model: ModelSpec, max_model_len: int | None, *,
