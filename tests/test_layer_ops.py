@@ -120,10 +120,22 @@ def _closed_form_params(m) -> int:
     """Parameters of a Llama-style model (or one GPU's shard), written out apart from the list."""
     q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
     attention = m.hidden * (q + 2 * kv) + q * m.hidden + ((q + 2 * kv) if m.qkv_bias else 0)
+    if m.kv_lora_rank:  # latent attention: q down/norm/up, kv down/norm/up, o
+        qk, r, rope = m.qk_nope_head_dim + m.qk_rope_head_dim, m.kv_lora_rank, m.qk_rope_head_dim
+        ql = m.q_lora_rank
+        attention = ((m.hidden * ql + ql + ql * m.heads * qk) if ql else m.hidden * m.heads * qk)
+        attention += (m.hidden * (r + rope) + r + r * m.heads * (m.qk_nope_head_dim + m.v_head_dim)
+                      + m.heads * m.v_head_dim * m.hidden)
     mlp = (3 if m.gated_mlp else 2) * m.hidden * m.ffn
     per_layer = attention + mlp + 2 * m.hidden
     lm_head = 0 if m.tied_embeddings else m.vocab * m.hidden
-    return m.vocab * m.hidden + m.layers * per_layer + m.hidden + lm_head
+    layers = m.layers * per_layer
+    if m.num_experts:  # routed + shared experts (gated, 3 matrices each) and the router
+        E, dense = m.num_experts, m.first_k_dense_replace
+        experts = (E + m.n_shared_experts) * 3 * m.hidden * m.moe_intermediate_size
+        moe_layer = attention + experts + (m.hidden * E if E > 1 else 0) + 2 * m.hidden
+        layers = dense * per_layer + (m.layers - dense) * moe_layer
+    return m.vocab * m.hidden + layers + m.hidden + lm_head
 
 
 def _layouts():
@@ -142,7 +154,9 @@ def test_op_list_weight_and_kv_bytes_equal_the_models_for_every_layout(name, tp,
     per_op = sum(op.weight_bytes(m.weight_dtype_bytes) * t for op, t in ops.each())
     assert round(per_op) == shard.weight_bytes == round(_closed_form_params(shard) * m.weight_dtype_bytes)
     width = {"bf16": 2, "fp8": 1}
-    assert shard.kv_bytes_per_token == 2 * m.layers * shard.kv_heads * m.head_dim * width[kv]
+    per_layer = ((m.kv_lora_rank + m.qk_rope_head_dim) if m.kv_lora_rank  # one latent, every GPU
+                 else 2 * shard.kv_heads * m.head_dim)
+    assert shard.kv_bytes_per_token == m.layers * per_layer * width[kv]
     assert ops.kv_bytes_per_token(m.kv_dtype_bytes) == shard.kv_bytes_per_token
 
 
@@ -159,7 +173,7 @@ def test_each_op_splits_as_its_label_says(name):
             whole = full[op.name]
             if op.split == "replicated":
                 assert op.shape == whole.shape and op.params == whole.params, op.name
-            elif op.kind in ("gemm", "lm_head"):
+            elif op.kind in ("gemm", "grouped_gemm", "lm_head"):
                 (k, n), (k1, n1) = op.shape, whole.shape
                 if op.split == "row":
                     assert (k * tp, n) == (k1, n1), op.name

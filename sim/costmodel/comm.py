@@ -159,6 +159,14 @@ class Collectives:
         return (kernel.latency_us * 1e-3
                 + 2 * (gpus - 1) / gpus * nbytes / (kernel.bus_gbs * 1e6))
 
+    def all_to_all(self, nbytes: float, gpus: int) -> tuple[float, str]:
+        """An all-to-all in which the busiest GPU receives `nbytes` (α–β, pairwise: it
+        gets (n−1)/n of them from the n−1 others over its link, one α per peer):
+        (n−1)/n · S / B + (n−1) · α. Analytic; no measured table."""
+        link = self._link()
+        ms = (gpus - 1) / gpus * nbytes / (link.bus_gbs * 1e6) + (gpus - 1) * link.latency_us * 1e-3
+        return ms, ANALYTIC
+
     def all_gather(self, nbytes: int, gpus: int) -> tuple[float, str]:
         """An all-gather producing `nbytes` on every GPU (α–β; no measured table)."""
         if gpus == 1:

@@ -47,6 +47,7 @@ from __future__ import annotations
 from sim.costmodel.fused import stack_elementwise
 from sim.costmodel.layer import ModelOps, elementwise_calls
 from sim.costmodel.models import ModelSpec
+from sim.costmodel.moe import Routing
 from sim.costmodel.profiles import (
     ANALYTIC,
     BF16,
@@ -85,15 +86,16 @@ class StepLatency:
         verify_impl: str = "paged_gather",
         tensor: int = 1,
         fp8_weights: bool = False,
+        expert: int = 1,
     ):
         """`model` is the whole model (with its dtype widths); each of the `tensor` GPUs
         runs `model.shard(tensor)`, the operations of `model.ops(tensor)`. `fp8_weights`:
         the ops marked fp8 (the projections) at the FP8 rate."""
-        self.m, self.p, self.rt = model.shard(tensor), profile, runtime
+        self.m, self.p, self.rt = model.shard(tensor, expert), profile, runtime
         self.prefill_impl, self.decode_impl = prefill_impl, decode_impl
         self.verify_impl = verify_impl
         self.tensor, self.fp8_weights = tensor, fp8_weights
-        self._price_ops(model.ops(tensor))
+        self._price_ops(model.ops(tensor, expert))
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses(, s, kernel s)]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
         self.kernel_s = 0.0  # GPU kernel seconds of the step priced last (before jitter)
@@ -105,9 +107,16 @@ class StepLatency:
         one lookup per kernel and width (ELEMENTWISE_ORDER); those before and after the
         layers; the collectives, one lookup per kind and size. The LM head and its gather
         run on their own rows (`_lm_parts`), attention per call (`*_attn_ms`)."""
-        self._elementwise, layer = stack_elementwise(self.p, self.rt.elementwise, ops.layer)
-        self._gemms = [(op.shape, op.fp8 and self.fp8_weights) for op in layer if op.kind == "gemm"]
-        self._layer_elementwise = elementwise_calls(layer)
+        self._gemms: list[tuple[tuple[int, ...], bool, int]] = []
+        self._grouped: list[tuple[tuple[int, ...], bool, int, Routing]] = []
+        self._layer_elementwise: list[tuple[str, int, int]] = []
+        for block, times in ops.blocks():  # a MoE model's dense layers first
+            self._elementwise, layer = stack_elementwise(self.p, self.rt.elementwise, block)
+            fp8 = self.fp8_weights
+            self._gemms += [(op.shape, op.fp8 and fp8, times) for op in layer if op.kind == "gemm"]
+            self._grouped += [(op.shape, op.fp8 and fp8, times, op.routing) for op in layer
+                              if op.kind == "grouped_gemm" and op.routing is not None]
+            self._layer_elementwise += [(k, w, c * times) for k, w, c in elementwise_calls(layer)]
         self._step_elementwise = elementwise_calls(ops.first + ops.last)
         calls: dict[tuple[str, int, bool], int] = {}
         for op, times in ops.each():
@@ -117,7 +126,10 @@ class StepLatency:
         self._collectives = [(k, b, c) for (k, b, per_seq), c in calls.items() if not per_seq]
         self._lm_collectives = [(k, b, c) for (k, b, per_seq), c in calls.items() if per_seq]
         self._lm_head = ops.find("lm_head")
-        self.heads, self.kv_heads, self.head_dim = ops.find("attention").shape
+        attention = ops.find("attention")
+        self.heads, self.kv_heads, self.head_dim = attention.shape
+        # decode and verify: latent attention's absorbed form where the op states one
+        self.d_heads, self.d_kv_heads, self.d_head_dim = attention.decode_shape or attention.shape
         self.attn_calls = sum(times for op, times in ops.each() if op.kind == "attention")
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
@@ -141,14 +153,16 @@ class StepLatency:
         return parts
 
     def _dense_lookup(self, T: int) -> list[tuple[float, str]]:
-        p, L = self.p, self.m.layers
+        p = self.p
         parts = []
-        for (k, n), fp8 in self._gemms:
+        for (k, n), fp8, times in self._gemms:
             ms, tag = (p.gemm_fp8 if fp8 else p.gemm)(T, k, n)
-            parts.append((L * ms, tag))
+            parts.append((times * ms, tag))
+        for shape, fp8, times, routing in self._grouped:
+            parts += self._grouped_parts(T, shape, fp8, times, routing)
         for kernel, width, calls in self._layer_elementwise:
             ms, tag = self._elementwise(kernel, T, width)
-            parts.append((L * calls * ms, tag))
+            parts.append((calls * ms, tag))
         for kernel, width, calls in self._step_elementwise:
             ms, tag = self._elementwise(kernel, T, width)
             parts.append((calls * ms, tag))
@@ -157,7 +171,33 @@ class StepLatency:
             parts.append((calls * ms, tag))
         return parts
 
+    def _grouped_parts(self, T: int, shape: tuple[int, ...], fp8: bool, times: int,
+                       routing: Routing) -> list[tuple[float, str]]:
+        """The experts' grouped GEMM over a step of T tokens, one kernel per popularity
+        group (sim/costmodel/moe.py; uniform routing: one): the D experts it expects to hit,
+        m rows each, priced as one GEMM of m rows over their D · N output columns (the
+        weights of the experts hit, read once; m · D · K · N multiply-adds), m between whole
+        rows interpolated linearly. Derived from the GEMM lookups; one expert taking every
+        token is the dense GEMM itself."""
+        k, n = shape
+        gemm = self.p.gemm_fp8 if fp8 else self.p.gemm
+        parts = []
+        for hit, rows in routing.groups(T):
+            cols = max(1, round(hit * n))
+            lo = int(rows)
+            ms, tag = gemm(lo, k, cols)
+            if rows > lo:  # between whole rows: linear between the two GEMMs
+                hi_ms, hi_tag = gemm(lo + 1, k, cols)
+                ms += (rows - lo) * (hi_ms - ms)
+                tag = max(tag, hi_tag, key=_TAG_INDEX.__getitem__)
+            if routing.experts > 1 and tag in (EXACT, INTERPOLATED):
+                tag = DERIVED
+            parts.append((times * ms, tag))
+        return parts
+
     def _collective(self, kernel: str, nbytes: int) -> tuple[float, str]:
+        if kernel == "all_to_all":
+            return self.p.comm.all_to_all(nbytes, self.tensor)
         if kernel == "all_reduce":
             return self.p.comm.all_reduce(nbytes, self.tensor, custom=self.rt.custom_all_reduce)
         return self.p.comm.all_gather(nbytes, self.tensor)
@@ -174,6 +214,12 @@ class StepLatency:
 
     def dense_ms(self, tokens: int) -> float:
         return self._piece(("dense", tokens), lambda: self._dense_parts(tokens))
+
+    def experts_ms(self, tokens: int) -> float:
+        """GPU ms of the routed experts' grouped GEMMs in a step of `tokens` tokens (0 for a
+        dense model): grows with the distinct experts the tokens hit (sim/costmodel/moe.py)."""
+        return sum(ms for shape, fp8, times, routing in self._grouped
+                   for ms, _ in self._grouped_parts(tokens, shape, fp8, times, routing))
 
     def lm_head_ms(self, rows: int) -> float:
         return self._piece(("lm", rows), lambda: self._lm_parts(rows))
@@ -214,7 +260,7 @@ class StepLatency:
     def _decode_attn_parts(self, n: int, ctx_q: int, max_q: int) -> list[tuple[float, str]]:
         ctx_q, max_q = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
         ms, tag = self.p.decode_attn(
-            self.decode_impl, n, ctx_q * n, self.heads, self.kv_heads, self.head_dim,
+            self.decode_impl, n, ctx_q * n, self.d_heads, self.d_kv_heads, self.d_head_dim,
             max_ctx=max_q if max_q > ctx_q else None,
         )
         return [(self.attn_calls * ms, self._kv_tag(tag))]
@@ -236,8 +282,8 @@ class StepLatency:
                 paged = self.verify_impl in ("paged", "paged_reference")
                 impl = self.verify_impl if paged else "paged_gather"
                 rows = q_len if paged else 1
-                ms, tag = self.p.decode_attn(impl, rows, rows * self._kv_ctx(kv_q), self.heads,
-                                             self.kv_heads, self.head_dim)
+                ms, tag = self.p.decode_attn(impl, rows, rows * self._kv_ctx(kv_q), self.d_heads,
+                                             self.d_kv_heads, self.d_head_dim)
                 tag = self._kv_tag(tag)
             return [(self.attn_calls * ms, tag)]
 
@@ -344,8 +390,9 @@ class StepLatency:
 
         def compute():
             c, mx = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
-            ms, tag = self.p.decode_attn(self.decode_impl, n * q, c * n * q, self.heads,
-                                         self.kv_heads, self.head_dim, max_ctx=mx if mx > c else None)
+            ms, tag = self.p.decode_attn(self.decode_impl, n * q, c * n * q, self.d_heads,
+                                         self.d_kv_heads, self.d_head_dim,
+                                         max_ctx=mx if mx > c else None)
             return (self._dense_parts(n * q) + self._lm_parts(n * q)
                     + [(self.attn_calls * ms, self._kv_tag(tag))])
 

@@ -32,7 +32,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-Kind = Literal["gemm", "attention", "norm", "elementwise", "collective", "embedding", "lm_head"]
+from sim.costmodel.moe import Routing, local_routing
+
+Kind = Literal["gemm", "grouped_gemm", "attention", "norm", "elementwise", "collective",
+               "embedding", "lm_head"]
 Split = Literal["column", "row", "replicated", "vocab"]
 
 BF16 = 2  # bytes per activation element
@@ -57,6 +60,18 @@ class Architecture(Protocol):
     vocab: int
     tied_embeddings: bool
     qkv_bias: bool
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    n_shared_experts: int
+    first_k_dense_replace: int
+    router_zipf_s: float
+    expert_load: tuple[float, ...] | None
+    kv_lora_rank: int
+    q_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
 
     @property
     def q_dim(self) -> int: ...
@@ -64,7 +79,7 @@ class Architecture(Protocol):
     @property
     def kv_dim(self) -> int: ...
 
-    def shard(self, tensor: int) -> Architecture: ...
+    def shard(self, tensor: int, expert: int = 1) -> Architecture: ...
 
 
 @dataclass(frozen=True)
@@ -86,6 +101,14 @@ class Op:
     cache: int = 0  # KV-cache elements it stores per token
     fp8: bool = False  # runs at the FP8 rate when the weights are fp8
     per_sequence: bool = False  # one row per sequence (else one per token)
+    # grouped_gemm: the experts' GEMMs, each expert's rows from the routing (see moe.py)
+    routing: Routing | None = None
+    # a row-split op whose partial sums join the next row-split op's before one all-reduce
+    # (the shared experts' down projection, summed with the routed experts')
+    reduce_with_next: bool = False
+    # attention: the (query heads, KV heads, head_dim) decode and verify run at, when not
+    # `shape` (latent attention's absorbed form: every query head over one latent KV head)
+    decode_shape: tuple[int, ...] | None = None
 
     def at(self, rows: int) -> tuple[int, ...]:
         """The op's shape in a step of `rows` rows."""
@@ -125,20 +148,131 @@ def decoder_layer(m: Architecture) -> tuple[Op, ...]:
     )
 
 
+def attention_block(m: Architecture) -> tuple[Op, ...]:
+    """The layer's attention, up to its residual add: `decoder_layer`'s, or latent
+    attention's when the model has `kv_lora_rank`."""
+    return mla_attention(m) if m.kv_lora_rank else decoder_layer(m)[:7]
+
+
+def mla_attention(m: Architecture) -> tuple[Op, ...]:
+    """DeepSeek's multi-head latent attention (MLA), up to its residual add: RMSNorm; q
+    down-projection (q_lora_rank; replicated) and its RMSNorm, q up-projection to
+    heads × (nope + rope) (column); the joint KV down-projection to the latent
+    (kv_lora_rank) and the shared rope key (qk_rope_head_dim), replicated, and the latent's
+    RMSNorm; rotary; the cache write of latent + rope key (kv_lora_rank + qk_rope_head_dim
+    elements per token and layer, the same on every GPU of a tensor-parallel group); the KV
+    up-projection latent → heads × (nope + v) (column); attention; o (row).
+
+    Prefill expands the latent (the KV up-projection on the step's rows) and runs
+    multi-head attention at head_dim nope + rope; decode and verify run the absorbed form
+    (`decode_shape`): every query head over one KV head of latent + rope, the up-projection's
+    weights applied to q and to the output instead (equal FLOPs and weight bytes per row:
+    the same GEMM). The decode kernel's table counts K and V apart: reading one latent of
+    kv_lora_rank + rope elements is priced as a head of half that (K and V of it together),
+    the bytes a latent cache holds; its FLOPs then undercount the value product
+    (analytic; no MLA kernel measured)."""
+    h, H = m.hidden, m.heads
+    rope, nope, v, r = m.qk_rope_head_dim, m.qk_nope_head_dim, m.v_head_dim, m.kv_lora_rank
+    qk = nope + rope
+    latent = r + rope
+    ops = [Op("input_norm", "norm", "rmsnorm", (h,), params=h, activation=h * BF16)]
+    if m.q_lora_rank:
+        ql = m.q_lora_rank
+        ops += [Op("q_a", "gemm", "gemm", (h, ql), params=h * ql, activation=ql * BF16, fp8=True),
+                Op("q_a_norm", "norm", "rmsnorm", (ql,), params=ql),
+                Op("q_b", "gemm", "gemm", (ql, H * qk), "column", params=ql * H * qk,
+                   activation=H * qk * BF16, fp8=True)]
+    else:
+        ops.append(Op("q", "gemm", "gemm", (h, H * qk), "column", params=h * H * qk,
+                      activation=H * qk * BF16, fp8=True))
+    ops += [Op("kv_a", "gemm", "gemm", (h, latent), params=h * latent, activation=latent * BF16,
+               fp8=True),
+            Op("kv_a_norm", "norm", "rmsnorm", (r,), params=r),
+            Op("rotary", "elementwise", "rotary", (H * rope + rope,), "column"),
+            Op("kv_write", "elementwise", "kv_write", (latent,), cache=latent),
+            Op("kv_b", "gemm", "gemm", (r, H * (nope + v)), "column", params=r * H * (nope + v),
+               activation=H * (nope + v) * BF16, fp8=True),
+            Op("attention", "attention", "attention", (H, H, qk), "column",
+               decode_shape=(H, 1, max(1, latent // 2))),
+            Op("o", "gemm", "gemm", (H * v, h), "row", params=H * v * h, fp8=True),
+            Op("attention_residual", "elementwise", "residual_add", (h,))]
+    return tuple(ops)
+
+
+def moe_layer(m: Architecture, ep: int = 1) -> tuple[Op, ...]:
+    """One Mixture-of-Experts layer: attention as in `decoder_layer`, then RMSNorm, the
+    router GEMM (hidden → E logits, replicated; none with one expert), the shared experts
+    (one gated MLP n_shared_experts × moe_intermediate_size wide, its output summed into
+    the routed experts' before their all-reduce), the routed experts as grouped GEMMs
+    (gate/up, SiLU·mul, down) over the tokens' k choices, the weighted combine of each
+    token's k outputs (priced as an add over k · hidden; none when k = 1) and the residual
+    add. SiLU·mul on T·k rows of width f is priced as T rows of width k·f (equal bytes).
+
+    With `ep`-way expert parallelism (over the replica's `tensor` GPUs) this GPU holds E/ep
+    whole experts and the shared experts whole, and runs at the pace of the most loaded
+    rank (moe.local_routing): its tokens reach it by an all-to-all dispatch and return by
+    an all-to-all combine (that rank receives T · Σq_local rows of hidden, bf16) in place
+    of the experts' all-reduce."""
+    h, E, k, f = m.hidden, m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size
+    local = E // ep
+    routing = local_routing(E, k, zipf_s=m.router_zipf_s, load=m.expert_load, ep=ep)
+    mlp: list[Op] = [Op("mlp_norm", "norm", "rmsnorm", (h,), params=h)]
+    if E > 1:
+        mlp.append(Op("router", "gemm", "gemm", (h, E), params=h * E, activation=E * 4))
+    if m.n_shared_experts:
+        fs = m.n_shared_experts * f
+        col: Split = "column" if ep == 1 else "replicated"  # EP: whole on every GPU
+        mlp += [Op("shared_gate_up", "gemm", "gemm", (h, 2 * fs), col, params=2 * h * fs,
+                   activation=2 * fs * BF16, fp8=True),
+                Op("shared_activation", "elementwise", "silu_mul", (fs,), col),
+                Op("shared_down", "gemm", "gemm", (fs, h), "row" if ep == 1 else "replicated",
+                   params=fs * h, fp8=True, reduce_with_next=True)]
+    share = routing_rows_share(routing, k, ep)
+    kf = round(k * f * share)
+    tp_split: Split = "replicated" if ep > 1 else "column"
+    if ep > 1:  # the max rank receives T · Σq_local rows of hidden, bf16
+        mlp.append(Op("experts_dispatch", "collective", "all_to_all", (round(k * share * h) * BF16,)))
+    mlp += [Op("experts_gate_up", "grouped_gemm", "gemm", (h, 2 * f), tp_split,
+               params=local * 2 * h * f, activation=2 * kf * BF16, fp8=True, routing=routing),
+            Op("experts_activation", "elementwise", "silu_mul", (kf,), tp_split),
+            Op("experts_down", "grouped_gemm", "gemm", (f, h), "replicated" if ep > 1 else "row",
+               params=local * f * h, fp8=True, routing=routing)]
+    if ep > 1:
+        mlp.append(Op("experts_combine_all_to_all", "collective", "all_to_all",
+                      (round(k * share * h) * BF16,)))
+    if k > 1:
+        mlp.append(Op("experts_combine", "elementwise", "residual_add", (k * h,)))
+    mlp.append(Op("mlp_residual", "elementwise", "residual_add", (h,)))
+    return (*attention_block(m), *mlp)
+
+
+def routing_rows_share(routing: Routing, k: int, ep: int) -> float:
+    """The share of a token's k expert rows that this GPU computes: 1 without expert
+    parallelism, else Σ q_e over its experts / k (the most loaded rank's)."""
+    return 1.0 if ep == 1 else sum(routing.picks) / k
+
+
 @dataclass(frozen=True)
 class ModelOps:
-    """A forward pass on one GPU: `first` before the layers, `layer` run `layers` times,
-    `last` after them."""
+    """A forward pass on one GPU: `first` before the layers, `dense` run `dense_layers`
+    times (a MoE model's first dense layers), `layer` run `layers` times, `last` after."""
 
     layers: int
     first: tuple[Op, ...]
     layer: tuple[Op, ...]
     last: tuple[Op, ...]
+    dense: tuple[Op, ...] = ()
+    dense_layers: int = 0
+
+    def blocks(self) -> tuple[tuple[tuple[Op, ...], int], ...]:
+        """The layer types with the times each runs per pass, in the order they run."""
+        main = ((self.layer, self.layers),)
+        return ((self.dense, self.dense_layers), *main) if self.dense_layers else main
 
     def each(self) -> tuple[tuple[Op, int], ...]:
         """Every op with the times it runs per pass."""
-        L = self.layers
-        return (*((op, 1) for op in self.first), *((op, L) for op in self.layer),
+        return (*((op, 1) for op in self.first),
+                *((op, n) for ops, n in self.blocks() for op in ops),
                 *((op, 1) for op in self.last))
 
     def find(self, name: str) -> Op:
@@ -149,11 +283,25 @@ class ModelOps:
 
     def of_kind(self, *kinds: str) -> tuple[Op, ...]:
         """The ops of these kinds, in the order they run (each layer op once)."""
-        return tuple(op for op in (*self.first, *self.layer, *self.last) if op.kind in kinds)
+        return tuple(op for op in (*self.first, *self.dense, *self.layer, *self.last)
+                     if op.kind in kinds)
 
     @property
     def params(self) -> int:
         return sum(op.params * times for op, times in self.each())
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: every weight, but of the routed experts only its k
+        (a grouped GEMM's K · N per expert row; the embedding counts whole)."""
+        return sum(times * (self._rows_per_token(op) * op.shape[0] * op.shape[1]
+                            if op.kind == "grouped_gemm" else op.params)
+                   for op, times in self.each())
+
+    @staticmethod
+    def _rows_per_token(op: Op) -> float:
+        """Expert rows per token a grouped GEMM computes on this GPU (Σ q_e: k without EP)."""
+        return sum(op.routing.picks) if op.routing is not None else 1.0
 
     def weight_bytes(self, width: float) -> int:
         """Bytes of all weights at `width` bytes each (every weight at the model's width)."""
@@ -167,7 +315,7 @@ class ModelOps:
         """Activation bytes of a step of `tokens` rows of tokens and `sequences` of
         sequences: one layer's at a time (buffers are reused layer to layer)."""
         per_token = per_seq = 0
-        for op in (*self.first, *self.layer, *self.last):
+        for op in (*self.first, *max((self.layer, self.dense), key=_activation), *self.last):
             if op.per_sequence:
                 per_seq += op.activation
             else:
@@ -176,24 +324,32 @@ class ModelOps:
 
     def gemm_shapes(self) -> dict[str, tuple[int, int]]:
         """The GEMMs (and the LM head) as name -> (K, N), in the order they run."""
-        return {op.name: op.shape for op in self.of_kind("gemm", "lm_head")}
+        return {op.name: op.shape for op in self.of_kind("gemm", "grouped_gemm", "lm_head")}
 
     def flops_per_token(self, context: int) -> float:
         """Forward FLOPs of one token attending to `context` keys: 2 per weight of every
-        GEMM (the LM head too, tied or not), and 4 · heads · head_dim per key and layer
-        (QKᵀ and the weighted sum of V). Embedding, biases, norms and activations: none."""
-        matmul = attention = 0
+        GEMM (the LM head too, tied or not; of the routed experts its k), and
+        4 · heads · head_dim per key and layer (QKᵀ and the weighted sum of V). Embedding,
+        biases, norms and activations: none."""
+        matmul = attention = 0.0
         for op, times in self.each():
             if op.kind in ("gemm", "lm_head"):
                 matmul += times * op.shape[0] * op.shape[1]
+            elif op.kind == "grouped_gemm":
+                matmul += times * self._rows_per_token(op) * op.shape[0] * op.shape[1]
             elif op.kind == "attention":
                 attention += 4 * times * op.shape[0] * op.shape[2] * context
         return float(2 * matmul + attention)
 
 
-def model_ops(model: Architecture, tensor: int = 1) -> ModelOps:
-    """The forward pass of `model` on one GPU of a `tensor`-way tensor-parallel group."""
-    s = model.shard(tensor)
+def _activation(ops: tuple[Op, ...]) -> int:
+    return sum(op.activation for op in ops if not op.per_sequence)
+
+
+def model_ops(model: Architecture, tensor: int = 1, expert: int = 1) -> ModelOps:
+    """The forward pass of `model` on one GPU of a `tensor`-way tensor-parallel group
+    (`expert`-way expert parallel over the same GPUs for a MoE model)."""
+    s = model.shard(tensor, expert)
     h = s.hidden
     first = (Op("embedding", "embedding", "embedding", (h,), "vocab", params=s.vocab * h,
                 activation=h * BF16),)  # the residual stream
@@ -201,7 +357,14 @@ def model_ops(model: Architecture, tensor: int = 1) -> ModelOps:
             Op("lm_head", "lm_head", "gemm", (h, s.vocab), "vocab",
                params=0 if s.tied_embeddings else s.vocab * h,
                activation=model.vocab * LOGIT_BYTES, per_sequence=True))  # fp32, gathered
-    ops = ModelOps(s.layers, first, decoder_layer(s), last)
+    if s.num_experts:
+        lead = s.first_k_dense_replace
+        dense = (*attention_block(s), *decoder_layer(s)[7:]) if lead else ()
+        ops = ModelOps(s.layers - lead, first, moe_layer(s, expert), last, dense, lead)
+    elif s.kv_lora_rank:
+        ops = ModelOps(s.layers, first, (*attention_block(s), *decoder_layer(s)[7:]), last)
+    else:
+        ops = ModelOps(s.layers, first, decoder_layer(s), last)
     return with_collectives(ops, tensor, model.vocab) if tensor > 1 else ops
 
 
@@ -213,15 +376,18 @@ def with_collectives(ops: ModelOps, tensor: int, vocab: int) -> ModelOps:
         out: list[Op] = []
         for op in seq:
             out.append(op)
+            if op.reduce_with_next:
+                continue
             if op.split == "row" or (op.split == "vocab" and op.kind == "embedding"):
-                width = op.shape[-1] if op.kind == "gemm" else op.shape[0]
+                width = op.shape[-1] if op.kind in ("gemm", "grouped_gemm") else op.shape[0]
                 out.append(Op(f"{op.name}_all_reduce", "collective", "all_reduce",
                               (width * BF16,), per_sequence=op.per_sequence))
             elif op.split == "vocab" and op.kind == "lm_head":
                 out.append(Op(f"{op.name}_all_gather", "collective", "all_gather",
                               (vocab * BF16,), per_sequence=True))
         return tuple(out)
-    return dataclasses.replace(ops, first=add(ops.first), layer=add(ops.layer), last=add(ops.last))
+    return dataclasses.replace(ops, first=add(ops.first), layer=add(ops.layer), last=add(ops.last),
+                               dense=add(ops.dense))
 
 
 def fuse_add_norms(layer: tuple[Op, ...]) -> tuple[Op, ...]:

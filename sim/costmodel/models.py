@@ -14,12 +14,22 @@ without biases (SwiGLU when `gated_mlp`), a final norm and an LM head.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sim.costmodel.layer import ModelOps, model_ops
 from sim.io.filecache import FileCache
-from sim.io.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
+from sim.io.specload import (
+    ROOT,
+    SpecError,
+    build,
+    is_file,
+    known_names,
+    load_yaml,
+    read_text,
+    show,
+)
 
 MODELS_DIR = ROOT / "models"
 
@@ -45,6 +55,22 @@ class ModelSpec:
     weight_dtype_bytes: float = field(default=2, metadata=_POSITIVE)  # 0.5 for 4-bit weights
     kv_dtype_bytes: float = field(default=2, metadata=_POSITIVE)  # 1 for an fp8 KV cache
     qkv_bias: bool = False  # biases on the q, k and v projections (Qwen2)
+    # Mixture-of-Experts (sim/costmodel/moe.py; 0 experts: a dense model)
+    num_experts: int = field(default=0, metadata={"ge": 0})  # routed experts per MoE layer
+    num_experts_per_tok: int = field(default=0, metadata={"ge": 0})  # top-k
+    moe_intermediate_size: int = field(default=0, metadata={"ge": 0})  # each expert's MLP width
+    n_shared_experts: int = field(default=0, metadata={"ge": 0})  # experts every token uses
+    first_k_dense_replace: int = field(default=0, metadata={"ge": 0})  # leading dense layers
+    router_zipf_s: float = field(default=0.0, metadata={"ge": 0})  # skew (0: uniform routing)
+    expert_load: tuple[float, ...] | None = None  # measured routed-token count per expert
+    # or those counts in a file beside the model file: one number per line, `#` comments
+    expert_load_file: str | None = None
+    # Multi-head latent attention (DeepSeek; sim/costmodel/layer.mla_attention; 0: none)
+    kv_lora_rank: int = field(default=0, metadata={"ge": 0})  # the cached KV latent's width
+    q_lora_rank: int = field(default=0, metadata={"ge": 0})  # q's low-rank width (0: full q)
+    qk_rope_head_dim: int = field(default=0, metadata={"ge": 0})  # rotary part of q and k
+    qk_nope_head_dim: int = field(default=0, metadata={"ge": 0})  # the rest of q and k
+    v_head_dim: int = field(default=0, metadata={"ge": 0})
 
     def check(self) -> tuple[str, str] | None:
         """Cross-field rules; (field, message) for the first one broken."""
@@ -55,7 +81,47 @@ class ModelSpec:
                 "kv_heads",
                 f"{self.kv_heads} does not divide heads={self.heads} (allowed: a divisor of heads)",
             )
+        if self.kv_lora_rank and not (self.qk_rope_head_dim and self.qk_nope_head_dim
+                                      and self.v_head_dim):
+            return ("kv_lora_rank", "latent attention without qk_rope_head_dim, "
+                    "qk_nope_head_dim and v_head_dim (allowed: all four > 0, or kv_lora_rank 0)")
+        return self._check_moe()
+
+    def _check_moe(self) -> tuple[str, str] | None:
+        E, k = self.num_experts, self.num_experts_per_tok
+        moe_fields = (k, self.moe_intermediate_size, self.n_shared_experts,
+                      self.first_k_dense_replace, self.router_zipf_s, self.expert_load)
+        if not E:
+            if any(moe_fields):
+                return "num_experts", "0 with other MoE fields set (allowed: >= 1 for a MoE model)"
+            return None
+        if not 1 <= k <= E:
+            return "num_experts_per_tok", f"{k} (allowed: 1 to num_experts={E})"
+        if not self.moe_intermediate_size:
+            return "moe_intermediate_size", "missing for a MoE model (allowed: > 0)"
+        if self.first_k_dense_replace >= self.layers:
+            return ("first_k_dense_replace", f"{self.first_k_dense_replace} (allowed: < "
+                    f"layers={self.layers})")
+        if self.expert_load is not None:
+            if any(not math.isfinite(c) for c in self.expert_load):
+                return "expert_load", "a count that is not finite (allowed: counts >= 0)"
+            if self.router_zipf_s:
+                return "expert_load", "given with router_zipf_s (allowed: one of the two)"
+            if len(self.expert_load) != E:
+                return "expert_load", (f"{len(self.expert_load)} counts (allowed: one per expert, "
+                                       f"{E})")
+            if min(self.expert_load) < 0 or not sum(self.expert_load) > 0:
+                return "expert_load", "negative or all zero (allowed: counts >= 0, not all 0)"
         return None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses (of the routed experts, its k; dense: all)."""
+        return self.ops().active_params
 
     # ---- parameter counts -------------------------------------------------------
 
@@ -69,10 +135,11 @@ class ModelSpec:
         """Width of the key (or value) projection output (kv_heads × head_dim)."""
         return self.kv_heads * self.head_dim
 
-    def ops(self, tensor: int = 1) -> ModelOps:
-        """Its forward pass as a list of operations on one GPU of a `tensor`-way group
-        (sim/costmodel/layer.py): the sizes below are read from it."""
-        return model_ops(self, tensor)
+    def ops(self, tensor: int = 1, expert: int = 1) -> ModelOps:
+        """Its forward pass as a list of operations on one GPU of a `tensor`-way group,
+        `expert`-way expert parallel (sim/costmodel/layer.py): the sizes below are read
+        from it."""
+        return model_ops(self, tensor, expert)
 
     @property
     def params(self) -> int:
@@ -123,11 +190,27 @@ class ModelSpec:
         if self.kv_heads % tensor and tensor % self.kv_heads:
             return (f"{tensor} neither divides kv_heads={self.kv_heads} nor is a multiple of it "
                     "(KV heads are split, or replicated when the degree exceeds them)")
-        if self.ffn % tensor:
+        if self.ffn % tensor and (not self.is_moe or self.first_k_dense_replace):
             return f"{tensor} does not divide ffn={self.ffn}"
+        if self.is_moe and self.moe_intermediate_size % tensor:
+            return f"{tensor} does not divide moe_intermediate_size={self.moe_intermediate_size}"
         return None
 
-    def shard(self, tensor: int) -> ModelSpec:
+    def expert_problem(self, expert: int, tensor: int) -> str | None:
+        """Why `expert`-way expert parallelism over a `tensor`-way replica cannot hold
+        this model, or None."""
+        if expert == 1:
+            return None
+        if not self.is_moe:
+            return f"{self.name} has no experts"
+        if expert != tensor:
+            return (f"{expert} differs from parallel.tensor={tensor} (experts are spread over "
+                    "the replica's GPUs)")
+        if self.num_experts % expert:
+            return f"{expert} does not divide num_experts={self.num_experts}"
+        return None
+
+    def shard(self, tensor: int, expert: int = 1) -> ModelSpec:
         """What one GPU of a `tensor`-way tensor-parallel group holds (Megatron-style).
 
         Column-parallel q/k/v and gate/up keep their K and split N; row-parallel o and
@@ -139,10 +222,14 @@ class ModelSpec:
         """
         if tensor == 1:
             return self
+        moe = {}
+        if self.is_moe:  # experts split like the MLP, or held whole under expert parallelism
+            split = self.moe_intermediate_size // tensor
+            moe = dict(moe_intermediate_size=split if expert == 1 else self.moe_intermediate_size)
         return dataclasses.replace(
             self, name=f"{self.name}/tp{tensor}", heads=self.heads // tensor,
             kv_heads=max(1, self.kv_heads // tensor), ffn=self.ffn // tensor,
-            vocab=-(-self.vocab // tensor),
+            vocab=-(-self.vocab // tensor), **moe,
         )
 
 
@@ -176,19 +263,43 @@ def load_model(
             raise SpecError(file, path, f"unknown {show(name_or_path)} (known: {', '.join(known)})")
         p = MODELS_DIR / f"{name_or_path}.yaml"
     p = p.resolve()
-    return _LOADED.get(p, lambda watch: _read_model(watch(p)))
+    return _LOADED.get(p, lambda watch: _read_model(watch(p), watch))
 
 
 _LOADED: FileCache[ModelSpec] = FileCache()  # by path, while the file is unchanged
 
 
-def _read_model(p: Path) -> ModelSpec:
-    spec = build(ModelSpec, load_yaml(p), file=p)
+def _read_model(p: Path, watch=lambda f: f) -> ModelSpec:
+    data = load_yaml(p)
+    if isinstance(data, dict) and isinstance(data.get("expert_load_file"), str):
+        if "expert_load" in data:
+            raise SpecError(p, "expert_load_file", "given with expert_load (allowed: one of the two)")
+        load = p.parent / data["expert_load_file"]
+        data = {**data, "expert_load": read_expert_load(watch(load) if is_file(load) else load, p)}
+    spec = build(ModelSpec, data, file=p)
     if spec.name != p.stem:
         raise SpecError(
             p, "name", f"{spec.name!r} differs from the file name (allowed: {p.stem!r})"
         )
     return spec
+
+
+def read_expert_load(f: Path, model_file: Path) -> list[float]:
+    """A measured expert-load histogram: one count (or share) per expert per line, in expert
+    order; blank lines and `#` comments skipped."""
+    if not is_file(f):
+        raise SpecError(model_file, "expert_load_file", f"file not found: {show(str(f))}")
+    counts = []
+    for i, line in enumerate(read_text(f).splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            counts.append(float(text))
+        except ValueError:
+            raise SpecError(f, f"line {i}", f"{show(text)} is not a number (allowed: one count "
+                            "per line)") from None
+    return counts
 
 
 def context_window(model: ModelSpec, max_model_len: int | None, *,

@@ -2,6 +2,7 @@
 
 ```yaml
 parallel: {tensor: 4, pipeline: 1}    # GPUs of one replica: tensor x pipeline
+parallel: {tensor: 4, expert: 4}      # a MoE model's experts spread over those 4 GPUs
 dtype: {weights: fp8, kv_cache: fp8}  # defaults bf16
 ```
 
@@ -11,6 +12,12 @@ operation split as its `split` says, an all-reduce after every row-split operati
 per Llama layer) and the embedding, a gather after the LM head (sim/costmodel/layer.py;
 priced by sim/costmodel/latency.py, sim/costmodel/comm.py).
 Pipeline parallelism is not modelled: `pipeline` must be 1.
+
+Expert parallelism (`expert: N`, a MoE model only) spreads the routed experts over the
+replica's N = `tensor` GPUs, E/N whole experts each (instead of every expert split N
+ways), attention still tensor-parallel; tokens reach their experts by an all-to-all
+dispatch and return by an all-to-all combine per MoE layer, and the step runs at the pace
+of the most loaded rank (sim/costmodel/layer.moe_layer, sim/costmodel/moe.py).
 
 FP8 needs FP8 tensor cores (a profile with `datasheet_fp8_tflops`). fp8 weights halve
 weight bytes and run the operations marked `fp8` (the projections) at the FP8 rate
@@ -39,6 +46,7 @@ class ParallelSpec:
 
     tensor: int = field(default=1, metadata={"gt": 0})
     pipeline: int = field(default=1, metadata={"gt": 0})
+    expert: int = field(default=1, metadata={"gt": 0})  # expert-parallel ranks (= tensor)
 
     def check(self) -> tuple[str, str] | None:
         if self.pipeline != 1:
@@ -68,6 +76,10 @@ def check_layout(parallel: ParallelSpec, model: ModelSpec, profile: GPUProfile, 
                  draft: ModelSpec | None = None) -> None:
     """A one-line SpecError at `path`.tensor if the model cannot be split that way here."""
     tp = parallel.tensor
+    problem = model.expert_problem(parallel.expert, tp)
+    if problem:
+        ok = f", or {tp} when it divides num_experts" if model.is_moe and tp > 1 else ""
+        raise SpecError(file, f"{path}.expert", f"{problem} (allowed: 1{ok})")
     if tp == 1:
         return
     for m in (model, draft):

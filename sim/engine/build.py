@@ -130,7 +130,8 @@ def _resolve(sc: Scenario, name: str, group: str, role: str, where: str,
         budget = dataclasses.replace(budget, kv_tokens=kv_tokens)
     tp = sc.parallel.tensor
     lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
-                      verify_impl=_verify_impl(sc), tensor=tp, fp8_weights=sc.dtype.fp8_weights)
+                      verify_impl=_verify_impl(sc), tensor=tp, fp8_weights=sc.dtype.fp8_weights,
+                      expert=sc.parallel.expert)
     draft_lat = StepLatency(draft, profile, runtime, sc.attention.prefill,
                             sc.decode_attention, tensor=tp) if draft else None
     return ReplicaConfig(name, group, role, sc, model, profile, runtime, budget, draft, lat,

@@ -82,7 +82,7 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
         step_tokens = sc.scheduler.max_num_batched_tokens
         rows = sc.scheduler.max_num_seqs
         longest = min(max_len, sc.scheduler.max_num_batched_tokens)
-    ops = model.ops(tp)
+    ops = model.ops(tp, sc.parallel.expert)
     draft_ops = draft.ops(tp) if draft else None
     weights = float(ops.weight_bytes(model.weight_dtype_bytes)) + (
         draft_ops.weight_bytes(draft.weight_dtype_bytes) if draft_ops else 0)
