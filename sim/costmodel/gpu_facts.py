@@ -9,6 +9,7 @@ from typing import Literal
 
 from sim.costmodel.comm import Interconnect
 from sim.costmodel.l2flush import Timing
+from sim.costmodel.power import PowerSpec
 
 MEASURED_DECODE = ("contiguous", "paged_reference", "paged_gather")  # decode impls with fitted terms
 _FRACTION = {"gt": 0, "le": 1}
@@ -72,3 +73,4 @@ class GPUFacts:
     # several PyTorch ops (an eager stack's); a fused-kernel runtime derives its kernels
     # from an unfused table's single-kernel rows (sim/costmodel/fused.py)
     elementwise_kernels: Literal["fused", "unfused"] = "fused"
+    power: PowerSpec | None = None  # power draw (sim/costmodel/power.py); None: energy not modelled
