@@ -127,8 +127,8 @@ def test_a_power_block_with_idle_above_board_power_is_refused(tmp_path):
 
 
 def test_the_report_states_the_sources_escaped(tmp_path):
-    from sim.report.pages import build_report
     from sim.report.document import to_html
+    from sim.report.pages import build_report
 
     path = tmp_path / "q.yaml"
     path.write_text(QUICK_YAML)
