@@ -41,7 +41,7 @@ def test_a_fleet_run_report_holds_the_replica_table_the_cli_prints(fleet_run):
 def test_a_single_replica_run_report_has_no_replica_table(tmp_path):
     out = run(QUICK, {"workload.num_requests": 10})
     folder = out.write(tmp_path / "one")
-    assert [s.title for s in build_report(folder).sections] == ["summary"]
+    assert [s.title for s in build_report(folder).sections] == ["summary", "energy and cost"]
 
 
 def test_wide_tables_scroll_inside_the_page_instead_of_being_cut_off():

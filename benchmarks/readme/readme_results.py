@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's sim and benchmarks, not an installed one
 
 from benchmarks.readme.readme_accuracy import warm_grid_accuracy, warm_grid_fit  # noqa: E402
+from benchmarks.readme.readme_energy import energy_quickstart  # noqa: E402
 from benchmarks.readme.readme_features import (  # noqa: E402
     chunked,
     curve_knees,
@@ -82,6 +83,7 @@ BLOCKS: dict[str, Block] = {
     "prefix-caching": Block("Prefix caching", prefix_caching),
     "prefix-caching-gpu-only": Block("Prefix caching", prefix_caching_gpu_only),
     "curve-knees": Block("Capacity planning", curve_knees),
+    "energy-quickstart": Block("Energy and cost", energy_quickstart),
     "warm-grid-accuracy": Block("Accuracy", warm_grid_accuracy),
     "warm-grid-fit": Block("Accuracy", warm_grid_fit),
 }

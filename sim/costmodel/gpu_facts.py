@@ -9,6 +9,7 @@ from typing import Literal
 
 from sim.costmodel.comm import Interconnect
 from sim.costmodel.l2flush import Timing
+from sim.costmodel.power import PowerSpec
 
 MEASURED_DECODE = ("contiguous", "paged_reference", "paged_gather")  # decode impls with fitted terms
 # how a profile's number was obtained (`provenance:`): read off a datasheet or a vendor's
@@ -85,6 +86,7 @@ class GPUFacts:
     derived_from: str | None = None
     network: str | None = None  # the scale-out NIC per GPU: an entry of gpu_profiles/links.yaml
     provenance: dict[str, str] = field(default_factory=dict)  # field (or a.b) -> one of PROVENANCE
+    power: PowerSpec | None = None  # power draw (sim/costmodel/power.py); None: energy not modelled
 
     def check(self) -> tuple[str, str] | None:
         """specload's hook: FP4 formats and provenance tags from their lists."""

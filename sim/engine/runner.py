@@ -26,8 +26,16 @@ from sim.config.scenario import Scenario, load_scenario
 from sim.costmodel.latency import StepLatency
 from sim.engine.build import POLICIES, ReplicaConfig, build_fleet, replica_configs
 from sim.engine.closedloop import client_summary
+from sim.engine.energy import energy_and_cost
 from sim.engine.hostmem import check_host_memory
-from sim.engine.metrics import itl_table, per_replica, request_table, step_tables, summarize
+from sim.engine.metrics import (
+    _measured,
+    itl_table,
+    per_replica,
+    request_table,
+    step_tables,
+    summarize,
+)
 from sim.engine.processes import simulate
 from sim.engine.replica import RunResult
 from sim.io.outputs import write_atomically
@@ -150,6 +158,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         "wall_s": time.perf_counter() - t0,
         "simulate_wall_s": t_sim,  # the engine alone (wall_s adds loading, tables, summary)
     }
+    summary.update(energy_and_cost(configs, res, summary, t0=_measured(req)[1]))
     if wl.clients is not None:
         summary["clients"] = client_summary(wl.clients, req)
     if len(configs) > 1:

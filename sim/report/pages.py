@@ -99,7 +99,32 @@ def run_report(p: Path) -> Report:
         note = [REPLICA_NOTE + "."] if any(r["role"] == "prefill" for r in reps) else []
         frame = pd.DataFrame(replica_cells(reps), columns=list(REPLICA_COLUMNS))
         sections.append(Section("replicas", note, [("replicas", frame)]))
+    if s.get("energy") or s.get("cost"):
+        sections.append(energy_section(s))
     return Report(f"llmsim run: {s.get('scenario', p.name)}", keys, sections)
+
+
+def energy_section(s: dict) -> Section:
+    """The run's energy and dollars, with every figure's source (escaped as table cells)."""
+    e, c = s.get("energy") or {}, s.get("cost") or {}
+    rows: list[tuple[str, str]] = []
+    if e.get("available"):
+        rows += [("energy (kWh)", fmt_cell(e["energy_j"] / 3.6e6)),
+                 ("energy per request (J)", fmt_cell(e["joules_per_request"])),
+                 ("energy per M output tokens (kWh)", fmt_cell(e["kwh_per_m_output_tokens"])),
+                 ("average power (W)", fmt_cell(e["average_power_w"])),
+                 ("MWh per day at this rate", fmt_cell(e["mwh_per_day"]))]
+    if "gpu_hours" in c:
+        rows.append(("GPU-hours", fmt_cell(c["gpu_hours"])))
+    for kind, usd in (c.get("usd") or {}).items():
+        rows += [(f"$ ({kind})", fmt_cell(usd)),
+                 (f"$ / M output tokens ({kind})", fmt_cell(c["usd_per_m_output_tokens"][kind]))]
+    sources = [("energy", x) for x in e.get("sources", [])]
+    sources += [("prices " + str(c.get("prices_date", "")), x) for x in c.get("sources", [])]
+    notes = [str(x) for x in (e.get("basis"), e.get("note"), c.get("note")) if x]  # escaped as text
+    return Section("energy and cost", notes,
+                   [("energy", pd.DataFrame(rows, columns=["metric", "value"])),
+                    ("energy sources", pd.DataFrame(sources, columns=["figure", "source"]))])
 
 
 def sweep_report(p: Path) -> Report:

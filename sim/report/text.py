@@ -56,6 +56,17 @@ def provenance_shares(p: dict[str, float]) -> str:
     return " / ".join(share(sum(p.get(t, 0.0) for t in tags)) for _, tags in PROVENANCE_CLASSES)
 
 
+def _energy(s: dict, key: str) -> str:
+    """An `energy` figure, `-` where the run has no power model (or predates it)."""
+    e = s.get("energy") or {}
+    return fmt(e.get(key)) if e.get("available") else "-"
+
+
+def _usd_per_m(s: dict) -> str:
+    c = s.get("cost") or {}
+    return fmt(c["usd_per_m_output_tokens"].get("on_demand")) if c.get("available") else "-"
+
+
 ROWS = [
     ("requests finished", lambda s: f"{fmt(s['requests']['finished'])}/{fmt(s['requests']['total'])}"),
     ("rejected", lambda s: fmt(s["requests"]["rejected"])),
@@ -77,6 +88,9 @@ ROWS = [
     ("spec. speed-up vs decode", lambda s: f"{s['speculative']['speedup_vs_decode']:.2f}x" if s.get("speculative") else "-"),
     ("prefix cache hit rate (tokens)", lambda s: f"{s['prefix_cache']['hit_rate']:.1%}" if s.get("prefix_cache") else "-"),
     ("goodput (req/s)", lambda s: fmt(s["goodput"]["requests_per_s"]) if s.get("goodput") else "-"),
+    ("energy (kWh / M output tokens)", lambda s: _energy(s, "kwh_per_m_output_tokens")),
+    ("average power (W)", lambda s: _energy(s, "average_power_w")),
+    ("$ / M output tokens (on demand)", lambda s: _usd_per_m(s)),
     ("step time: measured/derived/extrap./analytic",
      lambda s: provenance_shares(s["lookup_provenance"])),
     ("wall time (s)", lambda s: f"{s['wall_s']:.2f}"),
