@@ -20,6 +20,7 @@ SMOKE = {
     "speed/engine_speed.py": ["--repeat", "1", "--duration-s", "20"],
     "speed/run_speed.py": ["--repeat", "1", "--scenario", str(ROOT / "scenarios" / "quickstart.yaml")],
     "speed/fleet_speed.py": ["--replicas", "2", "--hours", "0.005", "--write", "{tmp}/fleet"],
+    "speed/autoscale_day_speed.py": ["--hours", "0.01", "--period-hours", "0.01", "--rate", "2"],
     "speed/overload.py": ["--requests", "2000"],
     "speed/plan_speed.py": ["--plan", "{tmp}/plan.yaml", "--workers", "1"],
     "speed/sweep_speed.py": ["--configs", "4", "--requests", "20", "--no-ray"],
