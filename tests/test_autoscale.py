@@ -174,3 +174,33 @@ def test_bad_autoscale_spec_is_a_one_line_error(change, text):
     with pytest.raises(SpecError) as e:
         run(DAY, {**change, "workload.duration_s": 5})
     assert text in str(e.value) and "\n" not in str(e.value)
+
+
+# ---- accounting -----------------------------------------------------------------------
+
+
+def test_accounting_check_fails_when_a_replica_did_not_end_what_it_was_routed():
+    from sim.config.cluster import AutoscaleSpec
+    from sim.engine.autoscale import Lifecycle
+
+    lc = Lifecycle(AutoscaleSpec(target=0.5, max_replicas=2), 0.0, 1, 2)
+    lc.begin(2)
+    lc.routed[:] = [3, 2]
+    lc.check_accounted([3, 2], 5)
+    with pytest.raises(RuntimeError, match="replica 1 was routed 2 requests and ended 1"):
+        lc.check_accounted([3, 1], 5)
+    with pytest.raises(RuntimeError, match="5 requests routed, 6 in the run"):
+        lc.check_accounted([3, 2], 6)
+
+
+@pytest.mark.parametrize("seed", [2, 3])
+def test_queue_policy_with_stale_reports_and_bursts_accounts_for_every_request(seed):
+    out = run(DAY, {"seed": seed, "cluster.router": {"policy": "least_kv", "staleness_s": 0.5},
+                    "cluster.autoscale": {"policy": "queue", "target": 3, "max_replicas": 4,
+                                          "scrape_s": 5, "stabilization_s": 10,
+                                          "provisioning": {"node_start_s": 5}},
+                    "workload.arrival.cv": 3.0, "workload.duration_s": 240,
+                    "workload.arrival.period_s": 240})
+    req, a = out.summary["requests"], out.summary["autoscale"]
+    assert req["finished"] + req["rejected"] == req["total"] > 0
+    assert len(a["timeline"]) > 2 and any(t["draining_s"] is not None for t in a["timeline"])
