@@ -93,6 +93,12 @@ def test_fleet_speed_runs_the_fleet_and_writes_its_tables(tmp_path):
     assert (tmp_path / "fleet" / "summary.json").is_file() and "writing tables:" in out
 
 
+def test_autoscale_day_speed_runs_a_short_autoscaled_day(tmp_path):
+    out = ok("speed/autoscale_day_speed.py", tmp_path)
+    assert re.search(r"^0.01 h at mean 2 req/s, up to 8 replicas: [\d,]+ requests", out, re.M), out
+    assert "GPU-hours" in out and "SLO attainment" in out
+
+
 def test_overload_rejects_the_prompts_over_the_context_window(tmp_path):
     out = ok("speed/overload.py", tmp_path)
     n, rejected, iterations = (int(x) for x in out.splitlines()[1].split()[:3])
