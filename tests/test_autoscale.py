@@ -204,3 +204,11 @@ def test_queue_policy_with_stale_reports_and_bursts_accounts_for_every_request(s
     req, a = out.summary["requests"], out.summary["autoscale"]
     assert req["finished"] + req["rejected"] == req["total"] > 0
     assert len(a["timeline"]) > 2 and any(t["draining_s"] is not None for t in a["timeline"])
+
+
+def test_a_run_that_ends_while_a_replica_starts_closes_it_at_the_runs_end():
+    out = run(DAY, {"workload.duration_s": 120})  # the ramp has a replica starting at the end
+    lives = out.summary["autoscale"]["timeline"]
+    end = out.result.end_time
+    assert any(t["ready_s"] is None for t in lives)
+    assert all(t["gone_s"] == pytest.approx(end) for t in lives if t["draining_s"] is None)

@@ -104,9 +104,9 @@ class Lifecycle:
             self.lives.append(life)
         return i
 
-    def became_ready(self, i: int, now: float) -> bool:
-        if self.state[i] != "starting":
-            return False  # cancelled while it started
+    def became_ready(self, i: int, now: float, life: Life) -> bool:
+        if self.state[i] != "starting" or self.current.get(i) is not life:
+            return False  # cancelled while it started (and perhaps started again since)
         self.state[i] = "ready"
         self.current[i].ready = now
         self._mark(now)
@@ -118,7 +118,8 @@ class Lifecycle:
             return False
         i = max(starting, key=lambda k: self.current[k].start)
         self.state[i] = "off"
-        self.current.pop(i).gone = now
+        life = self.current.pop(i)
+        life.gone = max(now, life.start)
         return True
 
     def drain(self, i: int, now: float) -> None:

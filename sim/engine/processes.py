@@ -210,8 +210,10 @@ def autoscaler(env: simpy.Environment, fleet: Fleet, policy, total: int, finishe
     per = slots if lc.spec.policy == "utilization" else 1
 
     def ready_at(i: int):
+        life = lc.current[i]
+
         def up(_) -> None:
-            if lc.became_ready(i, env.now):
+            if lc.became_ready(i, env.now, life):
                 fleet.ready = sorted([*fleet.ready, i])
         return up
 
@@ -237,6 +239,9 @@ def autoscaler(env: simpy.Environment, fleet: Fleet, policy, total: int, finishe
             break  # (simulate's own check names them)
         yield env.timeout(lc.spec.scrape_s)
     else:
+        last = max((r.log.t_end[-1] for r in reps if len(r.log.t_end)), default=env.now)
+        while lc.cancel_newest_starting(last):  # no request left for them: the run's end
+            pass
         retire(fleet, env.now, check=total)
     finished[0] = True
 
