@@ -181,3 +181,42 @@ def test_chunked_starts_from_scratch_when_a_cached_prefix_does_not_fit_above_the
     assert list(out.requests.status) == ["finished", "finished"]
     assert list(out.requests.cached_tokens) == [0, 0]
     assert out.result.kv.free_blocks == 12
+
+
+def test_a_block_recomputed_while_its_evicted_copy_waits_in_host_memory_keeps_every_reference():
+    # issue 18: a prompt of exactly one cached block recomputes that block (vLLM
+    # recomputes the last token), and its copy in the host tier was inserted as new: the
+    # block sat in the host tier and in the GPU cache at once, the next hit from the host
+    # overwrote its reference count, and the second release was a KeyError.
+    from sim.policies.batch import Seq
+    from sim.policies.kv import PagedKV
+    from sim.policies.prefix import PrefixCache
+
+    kv = PagedKV(num_blocks=4, block_size=16)
+    cache = PrefixCache(kv, hash_tokens=16, host_blocks=4)
+
+    def request(rid: int) -> Seq:
+        s = Seq(rid, 0.0, 16, 4, 4)
+        s.prefix = (7,)
+        return s
+
+    a = request(0)
+    cache.insert(a, 16)            # a computed the block: cached, referenced once
+    assert cache.release(a) == 0   # ... and unreferenced (evictable) when a leaves
+    kv.allocate(4)                 # memory pressure: the evictable block moves to host
+    cache.evict_to_fit()
+    kv.free(4)
+    assert list(cache.host) == [7] and not cache.evictable
+    b = request(1)
+    assert cache.match(b) == 0     # its whole prompt is cached: the last block is recomputed
+    cache.acquire(b, 0, True)
+    cache.insert(b, 16)            # b's own GPU copy replaces the one in host memory
+    assert 7 not in cache.host and cache.refs == {7: 1}
+    c = request(2)
+    c.prompt = 32                  # c reuses the block, from the GPU
+    assert cache.match(c) == 1
+    cache.acquire(c, 1, True)
+    assert cache.refs == {7: 2} and cache.loaded == 0
+    assert cache.release(b) == 1   # c still holds it
+    assert cache.release(c) == 0
+    assert cache.refs == {} and list(cache.evictable) == [7]

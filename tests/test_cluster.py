@@ -291,5 +291,23 @@ def test_a_prompt_no_decode_replica_can_hold_is_rejected_at_hand_off_and_counts_
                            for s in too_big)
     assert all(s.state == "finished" for s in res.seqs if s not in too_big)
     for rep in fleet.replicas:  # the router's outstanding counts come back to zero
-        assert rep.load.outstanding == 0, rep.name
+        assert rep.port.load.outstanding == 0, rep.name
         assert rep.st.kv.free_blocks == rep.st.kv.num_blocks
+
+
+def test_a_decode_replica_never_runs_more_sequences_than_max_num_seqs_with_transfers_in_flight():
+    # issue 18: a decode replica preempts (16 blocks for prompts up to 200 tokens and
+    # outputs up to 200) and re-admitted its victim while a KV transfer held the last
+    # batch place: 3 sequences ran against max_num_seqs 2. Admission, re-prefill and
+    # incoming transfers share one count of batch places.
+    out = run(scenario({"groups": [
+        {"name": "p", "count": 2, "role": "prefill"},
+        {"name": "d", "role": "decode", "scheduler": {"max_num_seqs": 2},
+         "kv": {"num_blocks": 16}}]}, seed=0, workload={
+        "num_requests": 40, "arrival": {"kind": "poisson", "rate": 50},
+        "prompt": {"kind": "uniform", "low": 16, "high": 200},
+        "output": {"kind": "uniform", "low": 20, "high": 200}}))
+    assert_conserved(out, 40)
+    dec = out.steps[out.steps.replica == "d-0"]
+    assert out.requests.preemptions.sum() > 0  # the case the bug needs
+    assert dec.num_seqs.max() == 2

@@ -115,15 +115,15 @@ def test_trace_out_of_time_order_is_refused_naming_its_line(tmp_path):
     sc = _trace_scenario(tmp_path, "t.csv", "arrival_s,prompt_tokens,output_tokens\n0,10,5\n5,100,10\n1,100,20\n")
     with pytest.raises(SpecError) as e:
         run(load_scenario(sc))
-    assert str(e.value) == (f"{tmp_path / 't.csv'}: line 4: arrival_s 1 is before the previous "
-                            "row's 5 (allowed: non-decreasing arrival times)")
+    assert str(e.value) == (f"{tmp_path / 't.csv'}: line 4: arrival_s: 4 s before the previous "
+                            "row's (line 3; allowed: non-decreasing arrival times)")
 
 
 def test_mooncake_trace_out_of_time_order_is_refused_naming_its_line(tmp_path):
     rows = ['{"timestamp": 2000, "input_length": 10, "output_length": 2, "hash_ids": [1]}',
             '{"timestamp": 1000, "input_length": 10, "output_length": 2, "hash_ids": [2]}']
     sc = _trace_scenario(tmp_path, "m.jsonl", "\n".join(rows) + "\n", fmt="mooncake")
-    with pytest.raises(SpecError, match=r"m.jsonl: line 2: timestamp 1000 is before the previous row's 2000"):
+    with pytest.raises(SpecError, match=r"m.jsonl: line 2: timestamp: 1 s before the previous row's \(line 1;"):
         run(load_scenario(sc))
 
 

@@ -207,8 +207,7 @@ def test_the_owner_rule_catches_simpy_outside_the_engine():
 def test_the_cycle_rule_catches_a_circle():
     g = no_package_graph(graph())
     g["sim.io.specload"] = g["sim.io.specload"] | {"sim.io.outputs"}
-    assert ["sim.io.foldernames", "sim.io.outputs", "sim.io.specload"] in cycles(g) or \
-        ["sim.io.outputs", "sim.io.specload"] in cycles(g)
+    assert any({"sim.io.outputs", "sim.io.specload"} <= set(c) for c in cycles(g)), cycles(g)
 
 
 def test_the_print_rule_catches_a_print_in_the_library():

@@ -22,7 +22,7 @@ H100 = 3.0  # gpu_profiles/prices.yaml, $ per GPU-hour
 def _plan(tmp_path: Path, fleet_checks: int = 3) -> Path:
     p = tmp_path / "p.yaml"
     p.write_text(f"scenario: {ROOT / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 10\n"
-                 f"slo: {{ttft_p99_s: 1.0}}\nsearch: {{seeds: 1, requests: 40, fleet_checks: {fleet_checks}}}\n"
+                 f"slo: {{ttft_p99_s: 1.0}}\nsearch: {{seeds: 1, requests: 40, fleet_checks: {fleet_checks}, headroom_probes: 0}}\n"
                  "candidates: {gpu: [h100-sxm], tensor: [1, 2, 4]}\n")
     return p
 
@@ -83,15 +83,17 @@ def test_a_fleet_check_that_raises_the_first_pick_above_the_next_estimate_recomm
     assert "2 candidate(s) checked as fleets" in text and "p99 TTFT 0.35 s" in text
 
 
-def test_a_tie_after_the_fleet_check_goes_to_the_lower_checked_p99_ttft(tmp_path, monkeypatch):
-    # tp1's fleet needs 2 replicas ($6/h), tying tp2's estimate: tp2 is checked too and,
-    # validated at $6/h with the lower p99 TTFT, recommended; tp4 ($12/h) is not checked
+def test_a_tie_after_the_fleet_check_is_shown_and_goes_to_more_replicas(tmp_path, monkeypatch):
+    # tp1's fleet needs 2 replicas ($6/h), tying tp2's estimate: tp2 is checked too and
+    # validated at $6/h with 1 replica; the tie is shown, and goes to the fleet that survives
+    # losing a replica better (2 x tp1), not to the single replica; tp4 ($12/h) is not checked
     checked = _stand_ins(monkeypatch, estimate={1: (1, 0.5), 2: (1, 0.3), 4: (1, 0.2)},
                          fleet={1: (2, 0.6), 2: (1, 0.35), 4: (1, 0.25)})
     result = run_plan(load_plan(_plan(tmp_path)), workers=1)
     assert checked == [1, 2]
-    assert result["recommended"]["candidate"] == "h100-sxm tp2"
+    assert result["recommended"]["candidate"] == "h100-sxm tp1"
     assert result["recommended"]["usd_per_hour"] == 6.0
+    assert result["recommended"]["ties"] == ["h100-sxm tp2"]
 
 
 def test_the_bound_on_fleet_checks_is_reported_with_what_it_left_unchecked(tmp_path, monkeypatch):
@@ -139,3 +141,30 @@ def test_the_fleet_check_never_grows_a_fleet_past_max_replicas(tmp_path):
     check = validate_fleet(spec, row, {"gpu": "h200-sxm"})
     assert (check["replicas"], check["holds"]) == (2, False)
     assert [c["replicas"] for c in check["checks"]] == [1, 2]
+
+
+@pytest.mark.parametrize("redundancy, min_replicas, serving", [("none", 1, 3), ("n+1", 1, 4), ("none", 5, 5)])
+def test_redundancy_and_min_replicas_size_the_checked_fleet(tmp_path, monkeypatch, redundancy, min_replicas,
+                                                            serving):
+    # stand-in fleets: the SLOs hold from 3 replicas on; n+1 serves 4 so that losing one
+    # leaves 3; min_replicas 5 serves 5
+    import sim.planning.fleet as fleet
+
+    def run_seeds(spec, cand, n, rate, seeds, traffic_s):
+        ttft = 0.5 if n >= 3 else 5.0
+        return [{"ttft_s": {"p99": ttft}, "tpot_s": {"p99": 0.02}, "e2e_s": {"p99": 5.0}, "goodput": None,
+                 "requests": {"rejected": 0}, "steady": {"ratio": 1.0, "verdict": "steady"},
+                 "output_token_throughput": 250.0, "request_throughput": 1.0} for _ in seeds]
+
+    monkeypatch.setattr(fleet, "run_seeds", run_seeds)
+    p = tmp_path / "p.yaml"
+    p.write_text(f"scenario: {ROOT / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 10\nslo: {{ttft_p99_s: 1.0}}\n"
+                 f"search: {{seeds: 2, redundancy: '{redundancy}', min_replicas: {min_replicas}}}\n"
+                 "candidates: {gpu: [h100-sxm]}\n")
+    spec = load_plan(p)
+    extra = 1 if redundancy == "n+1" else 0
+    row = {"candidate": "h100-sxm", "replicas": 3 + extra, "fail_rate": 4.0}
+    check = fleet.validate_fleet(spec, row, {"gpu": "h100-sxm"})
+    assert check["needed"] == 3 and check["replicas"] == serving and check["holds"]
+    assert check["holds_one_down"] == (redundancy == "n+1")
+    assert check["rate"] == pytest.approx(11.0)  # target + the 10 % margin

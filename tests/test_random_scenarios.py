@@ -1,6 +1,8 @@
-"""Random valid scenarios over every policy x KV manager x prefix caching x speculative
-decoding x tight memory x preemption mode: each runs to the end and keeps the engine's
-invariants (requests and KV blocks conserved, step budgets, timing order).
+"""Random valid scenarios over every policy x KV manager x prefix caching (with a host
+tier) x speculative decoding x tight memory x preemption mode x clusters (a fleet behind
+a router, or prefill and decode pools with their own limits): each runs to the end and
+keeps the engine's invariants on every replica (requests and KV blocks conserved, batch
+places and step budgets, timing order).
 
     LLMSIM_FUZZ_EXAMPLES=5000 python -m pytest tests/test_random_scenarios.py -q
 
@@ -28,9 +30,13 @@ EPS = 1e-9
 
 @st.composite
 def scenarios(draw) -> dict:
-    policy = draw(st.sampled_from(["continuous", "static", "chunked"]))
+    layout = draw(st.sampled_from(["one", "one", "fleet", "disaggregated"]))
+    # prefill and decode pools need paged KV and continuous or chunked batching
+    policy = draw(st.sampled_from(["continuous", "chunked"] if layout == "disaggregated"
+                                  else ["continuous", "static", "chunked"]))
     # chunked prefill needs paged KV (the loader refuses the rest; fewer draws wasted)
-    manager = "paged" if policy == "chunked" else draw(st.sampled_from(["paged", "contiguous"]))
+    manager = ("paged" if policy == "chunked" or layout == "disaggregated"
+               else draw(st.sampled_from(["paged", "contiguous"])))
     block_size = draw(st.sampled_from([1, 2, 4, 8, 16, 32, 48]))
     max_model_len = draw(st.sampled_from([64, 256, 1024, None]))
     kv = {
@@ -41,7 +47,7 @@ def scenarios(draw) -> dict:
         "reserve": draw(st.sampled_from(["max_model_len", "max_tokens"])),
         "swap_space_gib": draw(st.sampled_from([0.0, 0.0005, 4.0])),
         "prefix_caching": manager == "paged" and policy != "static" and draw(st.booleans()),
-        "prefix_cache_host_gib": draw(st.sampled_from([0.0, 0.001])),
+        "prefix_cache_host_gib": draw(st.sampled_from([0.0, 0.001, 0.01, 0.05])),
     }
     scheduler = {
         "policy": policy,
@@ -88,31 +94,67 @@ def scenarios(draw) -> dict:
             speculative["draft_model"] = "llama-3.2-1b"
     if policy == "continuous":  # as vLLM without chunked prefill: budget >= context window
         kv["max_model_len"] = min(kv["max_model_len"] or 8192, scheduler["max_num_batched_tokens"])
-    return {
+    out = {
         "name": "fuzz", "seed": draw(st.integers(0, 2**16)), "model": "llama-3-8b",
         "kv": {k: v for k, v in kv.items() if v is not None}, "scheduler": scheduler,
         "workload": workload, "speculative": speculative,
     }
+    if layout != "one":
+        out["cluster"] = draw(clusters(layout))
+    return out
+
+
+@st.composite
+def clusters(draw, layout: str) -> dict:
+    """A fleet of one group behind a router, or a prefill pool and a decode pool whose
+    batch places and KV blocks are drawn apart from the scenario's (small, to make the
+    decode replica preempt while KV transfers arrive)."""
+    router = {"policy": draw(st.sampled_from(["round_robin", "least_outstanding", "least_kv",
+                                              "affinity"])),
+              "staleness_s": draw(st.sampled_from([0.0, 0.05]))}
+    if layout == "fleet":
+        return {"router": router, "groups": [{"name": "g", "count": draw(st.integers(2, 3))}]}
+    decode = {"name": "d", "count": draw(st.integers(1, 2)), "role": "decode",
+              "scheduler": {"max_num_seqs": draw(st.integers(1, 8))},
+              "kv": {"num_blocks": draw(st.integers(8, 80))}}
+    return {"router": router, "groups": [
+        {"name": "p", "count": draw(st.integers(1, 2)), "role": "prefill"}, decode],
+        "kv_transfer": {"link": draw(st.sampled_from(["nvlink4", "infiniband-ndr400"]))}}
+
+
+def replica_limits(data: dict, name: str) -> tuple[int, int | None]:
+    """(most sequences a step may compute, most tokens a prefilling step may compute) of
+    the replica called `name`, from the drawn scenario and its group's overrides."""
+    sched = dict(data["scheduler"])
+    for g in (data.get("cluster") or {}).get("groups", []):
+        if name.startswith(f"{g['name']}-"):
+            sched.update(g.get("scheduler", {}))
+    if sched["policy"] == "static":
+        return sched["max_batch_size"], None
+    return sched["max_num_seqs"], sched["max_num_batched_tokens"]
 
 
 def check_invariants(data: dict, out) -> None:
-    sched = data["scheduler"]
     seqs = out.result.seqs
-    kv = out.result.kv
     # every request ends finished, or rejected with a reason
     assert all(s.state in (FINISHED, REJECTED) for s in seqs)
     assert all(s.reject_reason for s in seqs if s.state == REJECTED)
-    # KV blocks conserved (over-allocation raises during the run)
-    assert kv.free_blocks == kv.num_blocks
-    steps = out.steps
-    assert (steps.kv_blocks_used <= kv.num_blocks).all()
-    # step budgets
-    prefill = steps[steps.kind.isin(["prefill", "mixed"])]
-    if sched["policy"] != "static":
-        assert (prefill.num_tokens <= sched["max_num_batched_tokens"]).all(), prefill.num_tokens.max()
-        assert (steps.num_seqs <= sched["max_num_seqs"]).all()
-    else:
-        assert (steps.num_seqs <= sched["max_batch_size"]).all()
+    for r in out.result.replicas:
+        kv = r.kv
+        # KV blocks conserved (over-allocation raises during the run)
+        assert kv.free_blocks == kv.num_blocks, r.name
+        steps = out.steps[out.steps.replica == r.name]
+        assert (steps.kv_blocks_used <= kv.num_blocks).all(), r.name
+        # batch places and step budgets
+        max_seqs, budget = replica_limits(data, r.name)
+        assert (steps.num_seqs <= max_seqs).all(), (r.name, steps.num_seqs.max(), max_seqs)
+        if budget is not None:
+            prefill = steps[steps.kind.isin(["prefill", "mixed"])]
+            assert (prefill.num_tokens <= budget).all(), (r.name, prefill.num_tokens.max())
+        # steps in order and not overlapping
+        t0, t1 = steps.t_start.to_numpy(), steps.t_end.to_numpy()
+        assert (t1 >= t0).all()
+        assert (t0[1:] >= t1[:-1] - EPS).all(), r.name
     # per request: arrival <= scheduled <= first token <= finish, finite times
     for s in seqs:
         if s.sched_t >= 0:
@@ -124,10 +166,6 @@ def check_invariants(data: dict, out) -> None:
             assert math.isfinite(s.finish_t - s.arrival)
     fin = out.requests[out.requests.status == "finished"]
     assert np.isfinite(fin.ttft_s).all() and np.isfinite(fin.e2e_s).all()
-    # steps in order and not overlapping
-    t0, t1 = steps.t_start.to_numpy(), steps.t_end.to_numpy()
-    assert (t1 >= t0).all()
-    assert (t0[1:] >= t1[:-1] - EPS).all()
 
 
 @settings(max_examples=EXAMPLES, deadline=None, derandomize="LLMSIM_FUZZ_EXAMPLES" not in os.environ,

@@ -3,6 +3,7 @@ trace is valid trace-event JSON."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import tempfile
@@ -150,6 +151,8 @@ def test_a_new_report_replaces_the_files_of_the_last_one(tmp_path):
     (tmp_path / "r" / "report_gone.csv").write_text("a\n1\n")
     manifest = _manifest(tmp_path / "r")
     manifest["files"].append("report_gone.csv")
+    manifest["written"]["report_gone.csv"] = {  # as llmsim records what it wrote
+        "size": 4, "sha256": hashlib.sha256(b"a\n1\n").hexdigest()}
     (tmp_path / "r" / MANIFEST).write_text(json.dumps(manifest))
     write_report(build_report(tmp_path / "r"), tmp_path / "r")
     files = _manifest(tmp_path / "r")["files"]

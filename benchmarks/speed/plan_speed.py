@@ -1,5 +1,6 @@
 """Wall time of `llmsim plan` on the README's example (plans/chat_8b.yaml:
-3 GPU types x 3 TP degrees x 2 policies), with 2 worker processes.
+3 GPU types x 3 TP degrees x 2 policies), with 2 worker processes: steady-state probes
+(sim/planning/steady.py), 10-minute fleet checks and the headroom search.
 
     python benchmarks/speed/plan_speed.py [--plan FILE] [--workers 2]
 
@@ -34,7 +35,14 @@ if __name__ == "__main__":
     runs = sum(r.get("runs", 0) for r in rows)
     rec = result["recommended"]
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    traffic = sum(r.get("probe_traffic_s", 0) for r in rows)
+    checks = result.get("fleet_checks") or []
+    counts = sum(len(c["checks"]) for c in checks)
     print(f"{len(rows)} candidates ({sum(r['status'] == 'skipped' for r in rows)} skipped), "
-          f"{runs} bisection runs + fleet check; wall {wall:.1f} s, CPU {cpu:.1f} s")
+          f"{runs} steady probes ({traffic / 3600:.1f} h of simulated traffic) + {len(checks)} fleet "
+          f"check(s) ({counts} replica counts x {len(checks[0]['seeds']) if checks else 0} seeds x "
+          f"{checks[0]['traffic_s'] if checks else 0:g} s) + headroom; wall {wall:.1f} s, CPU {cpu:.1f} s")
     if rec:
-        print(f"recommended {rec['candidate']} x {rec['replicas']}, fleet check {result['fleet_check']['holds']}")
+        head = rec.get("headroom") or {}
+        print(f"recommended {rec['candidate']} x {rec['replicas']}, fleet check {result['fleet_check']['holds']}, "
+              f"headroom +{head.get('over_target', 0):.0%}")

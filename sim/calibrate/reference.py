@@ -26,6 +26,7 @@ the tokens being back on the host).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -37,13 +38,15 @@ import torch.nn.functional as F
 
 from sim.calibrate import ops
 from sim.calibrate.device import Device
-from sim.config.scenario import Scenario
+from sim.config.scenario import Scenario, replace_scenario
 from sim.costmodel.models import ModelSpec
+from sim.costmodel.runtime import RuntimeSpec
+from sim.engine.build import ReplicaConfig, build_replica, replica_configs
 from sim.engine.replica import Replica, ReplicaResult, RunResult
 from sim.io.specload import SpecError
-from sim.policies.batch import RunningBatch, Seq
-from sim.policies.kv import make_kv
-from sim.policies.scheduler import ContinuousPolicy, ReplicaState, StaticPolicy
+from sim.policies.batch import Seq
+from sim.policies.plan import StepKind
+from sim.policies.scheduler import ContinuousPolicy, StaticPolicy
 from sim.workload.requests import Workload
 
 POLICIES = {"continuous": ContinuousPolicy, "static": StaticPolicy}  # the ones it implements
@@ -210,6 +213,9 @@ def check_supported(sc: Scenario) -> None:
     if getattr(sc.kv, "prefix_caching", False):
         raise SpecError(where, "kv.prefix_caching", "not implemented by the reference engine "
                         "(allowed: false)")
+    if sc.speculative.method != "none":
+        raise SpecError(where, "speculative.method", f"'{sc.speculative.method}' is not "
+                        "implemented by the reference engine (allowed: none)")
     if sc.elementwise == "fused":
         raise SpecError(where, "elementwise", "'fused': the reference engine runs RMSNorm, "
                         "SiLU*mul and adds as PyTorch ops (allowed: unfused, or leave it out)")
@@ -257,6 +263,15 @@ class _NoLatency:
         return 0.0
 
 
+def reference_config(sc: Scenario, kv_tokens: int, max_model_len: int) -> ReplicaConfig:
+    """The replica the reference engine schedules with, built as every replica is
+    (`sim/engine/build.py`), with the engine's real KV pool and context window; its step
+    latency is never modelled (`_NoLatency`: the real step is timed)."""
+    sc = replace_scenario(sc, kv=dataclasses.replace(sc.kv, max_model_len=max_model_len))
+    (cfg,) = replica_configs(sc, runtime=RuntimeSpec(name="reference"), kv_tokens=kv_tokens)
+    return cfg
+
+
 class ReferenceEngine:
     """Replays a workload through the model in real time, with the simulator's policy
     (wall time on a GPU; on the CPU the engine thread's CPU time, which the idle polling
@@ -277,6 +292,7 @@ class ReferenceEngine:
             else sc.scheduler.max_batch_size
         self.cache = PagedCache(model.spec, kv_tokens // sc.kv.block_size + rows,
                                 sc.kv.block_size, model.dev)
+        self.config = reference_config(sc, kv_tokens, max_model_len)
 
     def run(self, wl: Workload, seed: int = 0) -> tuple[RunResult, StepDetail]:
         """Serve every request of `wl`; returns the simulator's RunResult and step details."""
@@ -292,15 +308,15 @@ class ReferenceEngine:
             for v in plan.preempt:
                 self.cache.free(v.rid)
             if step is not None:
-                if plan.kind == "decode":
+                if plan.kind is StepKind.DECODE:
                     self._decode_plan(r)
                 else:
                     self._prefill_plan(r, plan)
                 for s in rep.finish(step, now, r.clock()):
                     table = self.cache.free(s.rid)
-                    if r.static and plan.kind == "decode":  # padding until the batch ends
+                    if r.static and plan.kind is StepKind.DECODE:  # padding until the batch ends
                         r.padding.append((s.rid, table, len(r.tokens[s.rid])))
-            elif plan.kind == "idle":
+            elif plan.kind is StepKind.IDLE:
                 wake = seqs[r.next].arrival if r.next < len(seqs) else float("inf")
                 wake = min(wake, plan.wake_at if plan.wake_at is not None else wake)
                 if wake == float("inf"):
@@ -312,17 +328,14 @@ class ReferenceEngine:
         if rep.done != len(seqs):
             raise RuntimeError(f"reference run ended with {len(seqs) - rep.done} requests "
                                "unaccounted for")
-        return RunResult(seqs, [ReplicaResult.of(rep)], rep.gaps, rep.weights, r.clock()), r.detail
+        rep.rec.check_limits(rep.name, rep.policy.max_seqs, rep.policy.step_tokens)
+        return (RunResult(seqs, [ReplicaResult.of(rep)], rep.rec.gaps, rep.rec.weights, r.clock()),
+                r.detail)
 
     def _start(self, wl: Workload, seed: int) -> _Run:
-        sc = self.sc
-        kv = make_kv("paged", self.kv_tokens, sc.kv.block_size)
-        static = sc.scheduler.policy == "static"
-        batch = RunningBatch(kv.block_size, paged=True, keep_finished=static)
-        st = ReplicaState(kv=kv, batch=batch, max_model_len=self.max_len)
-        policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
-        rep = Replica(st, policy, _NoLatency(), self.model.spec.kv_bytes_per_token, 1.0)
         rng = np.random.default_rng(seed)
+        rep = build_replica(self.config, rng, latency=_NoLatency())
+        static = rep.holds_batch
         seqs = [Seq(i, float(a), int(p), int(o), int(mx)) for i, (a, p, o, mx) in enumerate(
             zip(wl.arrival_s, wl.prompt_tokens, wl.output_tokens, wl.max_tokens, strict=True))]
         tokens = {s.rid: rng.integers(0, self.model.spec.vocab, s.prompt).tolist() for s in seqs}

@@ -234,6 +234,14 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `llmsim ... | head`
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         return 0
+    except OSError as e:  # an I/O error no command turned into its own line (stdout on a full disk)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"llmsim: error: {where}{(e.strerror or str(e)).lower()}", file=sys.stderr)
+        return 1
+    except MemoryError:  # past the estimate checked before the run (sim/engine/hostmem.py)
+        print("llmsim: error: out of memory (allowed: fewer requests; see LLMSIM_MEMORY_LIMIT_GIB)",
+              file=sys.stderr)
+        return 1
     finally:
         if before is not None:
             signal.signal(signal.SIGTERM, before)

@@ -72,14 +72,22 @@ def cmd_curve(a) -> int:
 
 
 def cmd_plan(a) -> int:
+    from sim.planning.deployments import deployment_lines
     from sim.planning.plan import run_plan, write_plan
     from sim.planning.planspec import load_plan
+    from sim.planning.traffic import label as arrival_label
 
     spec = load_plan(a.plan)
     result = run_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
     out = write_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
+    if result.get("arrival"):
+        print(f"arrivals: {arrival_label(result['arrival'])}\n")
     print(candidate_table(result["candidates"]) + "\n")
+    print(range_table(result["candidates"]) + "\n")
     print("\n".join(plan_verdict(result)))
+    print("\n".join(confidence(result)))
+    if result.get("deployments"):
+        print("\n".join(deployment_lines(result["deployments"])))
     _maybe_report(a, out)
     print(f"wrote {out}/ (plan.json, candidates.csv, fleet_check.csv)")
     return 0
@@ -88,6 +96,8 @@ def cmd_plan(a) -> int:
 def plan_verdict(result: dict) -> list[str]:
     """The fleet checks made and the recommendation, in lines: every figure of the
     recommended fleet from its check, the per-replica estimate labelled as such."""
+    from sim.planning.units import unit_noun
+
     rec, checks = result["recommended"], result.get("fleet_checks") or []
     if rec is None and not checks:
         return ["no candidate meets the SLOs"]
@@ -97,7 +107,7 @@ def plan_verdict(result: dict) -> list[str]:
     for c in checks:
         n = c["replicas"]
         fewer = (f"; with {n - 1} they {'break' if c['one_fewer_breaks'] else 'STILL HOLD'}" if n > 1 else "")
-        lines.append(f"  {c['candidate']}: {_n(n, 'replica')} (estimate {c['estimated_replicas']}), "
+        lines.append(f"  {c['candidate']}: {_n(n, unit_noun(c))} (estimate {c['estimated_replicas']}), "
                      f"${c['usd_per_hour']:.2f}/hour, TTFT99 {c['ttft_p99_s']:.3f} s, TPOT99 "
                      f"{c['tpot_p99_s']:.3f} s: SLOs {'hold' if c['holds'] else 'DO NOT hold'} with {n}{fewer}")
     if rec is None:
@@ -105,16 +115,68 @@ def plan_verdict(result: dict) -> list[str]:
                         f"{result['target_rate']:g} req/s with up to {result['max_replicas']} "
                         "replicas (search.max_replicas)"]
     est = rec["estimate"]
-    lines += [f"recommended: {rec['candidate']} x {_n(rec['replicas'], 'replica')} ({_n(rec['gpus'], 'GPU')}), "
+    lines += [f"recommended: {rec['candidate']} x {_n(rec['replicas'], unit_noun(rec))} ({_n(rec['gpus'], 'GPU')}), "
               f"${rec['usd_per_hour']:.2f}/hour, ${rec['usd_per_m_output_tokens']:.3f}/M output tokens, "
               f"TTFT99 {rec['ttft_p99_s']:.3f} s, TPOT99 {rec['tpot_p99_s']:.3f} s (its fleet check)",
-              f"  estimate before the check: {_n(est['replicas'], 'replica')}, ${est['usd_per_hour']:.2f}/hour, "
-              f"TTFT99 {est['ttft_p99_at_target_s']:.3f} s (one replica alone sustains "
+              f"  estimate before the check: {_n(est['replicas'], unit_noun(rec))}, ${est['usd_per_hour']:.2f}/hour, "
+              f"TTFT99 {est['ttft_p99_at_target_s']:.3f} s (one {unit_noun(rec)} alone sustains "
               f"{est['sustained_rate']:.2f} req/s within the SLOs)"]
     if result.get("unchecked_within"):
         lines.append(f"  {result['unchecked_within']} more candidate(s) estimated at <= "
                      f"${rec['usd_per_hour']:.2f}/hour were not fleet-checked (search.fleet_checks)")
     return lines
+
+
+def confidence(result: dict) -> list[str]:
+    """How sure the recommendation is: ranges, what they stand on, headroom, redundancy, ties."""
+    from sim.planning.uncertainty import fmt_range
+
+    rec = result.get("recommended")
+    if not rec or "replicas_range" not in rec:
+        return []
+    lines = [f"how sure: replicas {fmt_range(rec['replicas_range'], '{:d}')}, "
+             f"${fmt_range(rec['usd_per_hour_range'], '{:.2f}')}/hour, "
+             f"${fmt_range(rec['usd_per_m_output_tokens_range'], '{:.3f}')}/M output tokens, "
+             f"TTFT99 {fmt_range(rec['ttft_p99_range_s'], '{:.3f}')} s, "
+             f"TPOT99 {fmt_range(rec['tpot_p99_range_s'], '{:.3f}')} s "
+             f"(seed spread + the step model's ±{rec['model_band']:.0%} band)",
+             f"  the step time behind it: {rec['stands_on_lookups']} "
+             f"({rec['measured_share']:.0%} rests on measurement; bands: data/step_error_bands.yaml)"]
+    head = rec.get("headroom")
+    if head:
+        more = f"; fails at +{head['fail_factor'] - 1:.0%}" if head.get("fail_factor") else \
+            " (no failure found in the rates tried)"
+        lines.append(f"  headroom: the SLOs still hold at {head['rate']:.3g} req/s, "
+                     f"+{head['over_target']:.0%} over the target{more}")
+    if rec.get("redundancy") == "n+1":
+        lines.append(f"  redundancy n+1: the SLOs {'hold' if rec.get('holds_one_down') else 'DO NOT hold'} "
+                     f"with one replica down ({rec['replicas'] - 1} serving)")
+    elif rec["replicas"] == 1:
+        lines.append("  no redundancy: one replica; set search.redundancy: n+1 to survive losing it")
+    if rec.get("ties"):
+        lines.append(f"  tied on cost with: {', '.join(rec['ties'])} (shown; the tie goes to more replicas)")
+    return lines
+
+
+def range_table(rows: list[dict]) -> str:
+    """Per candidate, the range of each figure (seed spread + step-model band) and the
+    share of its step time that rests on measurement (exact or interpolated lookups)."""
+    from sim.planning.uncertainty import fmt_range
+
+    head = (f"{'candidate':30} {'req/s range':>13} {'replicas':>8} {'$/h range':>13} {'$/M tok range':>13} "
+            f"{'TTFT99 range':>13} {'TPOT99 range':>13} {'band':>5} {'measured':>8}")
+    lines = ["ranges (seed spread + the step model's error band by what each figure stands on):",
+             head, "-" * len(head)]
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("sustained_rate_range")]
+    for r in sorted(ok, key=lambda r: (r["usd_per_hour"], r["ttft_p99_at_target_s"] or 0)):
+        lines.append(f"{r['candidate'][:30]:30} {fmt_range(r['sustained_rate_range'], '{:.3g}'):>13} "
+                     f"{fmt_range(r['replicas_range'], '{:d}'):>8} "
+                     f"{fmt_range(r['usd_per_hour_range'], '{:.1f}'):>13} "
+                     f"{fmt_range(r['usd_per_m_output_tokens_range'], '{:.3f}'):>13} "
+                     f"{fmt_range(r.get('ttft_p99_range_s'), '{:.3f}'):>13} "
+                     f"{fmt_range(r.get('tpot_p99_range_s'), '{:.3f}'):>13} {r['model_band']:5.0%} "
+                     f"{r['measured_share']:8.0%}")
+    return "\n".join(lines)
 
 
 def _n(count: int, noun: str) -> str:
@@ -177,7 +239,10 @@ def add_parsers(sub) -> None:
     c.add_argument("scenarios", nargs="+")
     c.add_argument("--rates", help="offered request rates, e.g. 1,2,4,8,16")
     c.add_argument("--concurrency", help="closed-loop users instead of rates, e.g. 1,4,16,64")
-    c.add_argument("--requests", type=whole_number, help="requests per point (default: the scenario's)")
+    c.add_argument("--requests", type=whole_number,
+                   help="requests in a point's first run, at least 60 s of traffic; the steady rule "
+                        "doubles it until steady (default: the scenario's; with --concurrency, "
+                        "requests per point)")
     c.add_argument("--seed", type=int, help="seed for every point (default: the scenario's)")
     c.add_argument("--ttft-bound", type=positive_seconds, help="p99 TTFT bound of the knee when the scenario has no slo.ttft_s")
     c.add_argument("--out", help="output folder (default runs/curve_<first scenario>)")

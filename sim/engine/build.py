@@ -29,7 +29,7 @@ from sim.engine.replica import Replica
 from sim.io.specload import ROOT, SpecError, load_yaml
 from sim.policies.batch import RunningBatch
 from sim.policies.chunked import ChunkedPolicy
-from sim.policies.kv import ContiguousKV, make_kv
+from sim.policies.kv import make_kv
 from sim.policies.prefix import PrefixCache
 from sim.policies.router import make_router
 from sim.policies.scheduler import ContinuousPolicy, ReplicaState, StaticPolicy
@@ -145,15 +145,16 @@ def _verify_impl(sc: Scenario) -> str:
 
 def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
                   acceptance: np.ndarray | None = None, prefix_tokens: int | None = None,
-                  index: int = 0, seed: int | None = None) -> Replica:
+                  index: int = 0, seed: int | None = None, latency=None) -> Replica:
     """A replica with fresh state: KV manager, running batch, policy, prefix cache, speculator.
 
     `seed` (default: the scenario's) seeds step-time jitter where the runtime has it.
     `rng` feeds speculative acceptance draws; `prefix_tokens` is the workload's tokens per
-    prefix hash (None: the workload declares no prefixes, so nothing can be cached)."""
+    prefix hash (None: the workload declares no prefixes, so nothing can be cached).
+    `latency` replaces the step model (the reference engine times real steps instead)."""
     sc = cfg.scenario
     kv = make_kv(sc.kv.manager, cfg.budget.kv_tokens, sc.kv.block_size)
-    paged = not isinstance(kv, ContiguousKV)
+    paged = kv.paged
     policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
     spec = None
     if sc.speculative.method != "none":
@@ -163,7 +164,7 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
         spec = Speculator(sc.speculative, cfg.latency, cfg.draft_latency, rng, acceptance)
         batch = SpecBatch(kv.block_size, paged, spec)
     else:
-        batch = RunningBatch(kv.block_size, paged, keep_finished=isinstance(policy, StaticPolicy))
+        batch = RunningBatch(kv.block_size, paged, keep_finished=policy.holds_batch)
     state = ReplicaState(kv=kv, batch=batch, max_model_len=cfg.max_model_len,
                          swap_free_blocks=cfg.swap_blocks,
                          reserve_max_model_len=sc.kv.reserve == "max_model_len")
@@ -171,7 +172,8 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
         unit = math.lcm(prefix_tokens, kv.block_size)  # whole KV blocks (sim/prefix.regroup)
         state.prefix = PrefixCache(kv, unit, int(sc.kv.prefix_cache_host_gib * 1024**3
                                                  // (cfg.kv_bytes_per_token * unit)))
-    latency = jittered(cfg.latency, sc.seed if seed is None else seed, index)
+    if latency is None:
+        latency = jittered(cfg.latency, sc.seed if seed is None else seed, index)
     rep = Replica(state, policy, latency, cfg.kv_bytes_per_token,
                   cfg.profile.facts.pcie_gbs * 1e9)
     rep.name, rep.index, rep.config, rep.speculator = cfg.name, index, cfg, spec

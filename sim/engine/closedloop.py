@@ -43,7 +43,7 @@ class ClosedLoop:
     def begin(self, now: float) -> None:
         """The first measured request goes out: the measured window starts."""
         self.start = now
-        self.kernel_marks = [n.rep.kernel_busy_s for n in self.fleet.nodes]
+        self.kernel_marks = [n.rep.rec.kernel_busy_s for n in self.fleet.nodes]
 
     def ended(self, seqs: list[Seq]) -> None:
         for s in seqs:
@@ -54,7 +54,7 @@ class ClosedLoop:
             if self.warm[s.rid]:
                 self.warm_left -= 1
                 if self.warm_left == 0 and self.gate is not None:
-                    self.gap_marks = [len(n.rep.gaps) for n in self.fleet.nodes]
+                    self.gap_marks = [len(n.rep.rec.gaps) for n in self.fleet.nodes]
                     self.gate.succeed()
 
     def after(self, s: Seq) -> float:

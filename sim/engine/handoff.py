@@ -1,7 +1,7 @@
 """Disaggregated prefill/decode, one replica's side of a KV hand-off.
 
 A prefill replica computes a request's prompt and first token, then keeps its KV
-(`Replica.outside_tokens` counts it in the step log) until the engine's KV link
+(`Port.outside_tokens` counts it in the step log) until the engine's KV link
 (`sim/engine/processes.py: kv_link`) has moved it to a decode replica. The decode replica first
 reserves blocks for the incoming KV (`reserve_transfer`); when the bytes have arrived the
 prefill replica frees its copy (`hand_over`) and the decode replica takes the request
@@ -37,16 +37,18 @@ def reject_at_handoff(rep: Replica, s: Seq, reason: str) -> None:
 
 
 def _free_handoff(rep: Replica, s: Seq) -> None:
-    rep.release_kv(s)
-    rep.outside_tokens -= s.prompt
-    rep.load.outstanding -= 1
+    rep.kv.release(s)
+    rep.port.outside_tokens -= s.prompt
+    rep.port.load.outstanding -= 1
 
 
 def reserve_transfer(rep: Replica, s: Seq) -> int:
-    """Decode side: take the blocks for `s`'s incoming KV; returns its tokens."""
+    """Decode side: take the blocks and a batch place for `s`'s incoming KV; returns its
+    tokens."""
     tokens = s.prompt + s.generated - 1
-    rep.alloc(rep.st.kv.blocks_for(tokens))
-    rep.outside_tokens += s.prompt
+    rep.kv.take(rep.st.kv.blocks_for(tokens))
+    rep.port.outside_tokens += s.prompt
+    rep.st.held_places += 1
     return tokens
 
 
@@ -55,12 +57,14 @@ def take_over(rep: Replica, s: Seq, t: float) -> None:
     started); its first token streams out now (TTFT ends here, as in DistServe). It joins
     the running batch at the next step boundary (`join_arrived`)."""
     s.first_token_t = t
-    rep.arrived.append((s, t))
+    rep.port.arrived.append((s, t))
 
 
 def join_arrived(rep: Replica) -> None:
     """Decode side, at a step boundary: requests whose KV arrived join the running batch."""
-    for s, t in rep.arrived:
-        rep.st.batch.join(s, t)
-        rep.outside_tokens -= s.prompt
-    rep.arrived.clear()
+    port, st = rep.port, rep.st
+    for s, t in port.arrived:
+        st.batch.join(s, t)
+        port.outside_tokens -= s.prompt
+    st.held_places -= len(port.arrived)
+    port.arrived.clear()

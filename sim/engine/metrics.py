@@ -33,6 +33,7 @@ import numpy as np
 from sim.engine.replica import ReplicaResult, RunResult
 from sim.io.tablefile import Labels, Table, frame, num_rows
 from sim.policies.batch import FINISHED
+from sim.policies.plan import LOGGED_KINDS
 
 REQUEST_COLUMNS = [
     "id", "arrival_s", "prompt_tokens", "output_tokens", "status", "first_token_s", "finish_s",
@@ -41,7 +42,7 @@ REQUEST_COLUMNS = [
 ]
 LOG_COLUMNS = ["t_start", "t_end", "kind", "num_seqs", "num_tokens", "kv_blocks_used", "kv_tokens"]
 STEP_COLUMNS = LOG_COLUMNS + ["replica"]
-KIND_NAMES = ("prefill", "decode", "verify", "mixed")
+KIND_NAMES = tuple(k.label for k in LOGGED_KINDS)  # ("prefill", "decode", "verify", "mixed")
 PCTS = (50, 90, 99)
 
 

@@ -38,8 +38,11 @@ from sim.engine.replica import Replica, ReplicaResult, RunResult
 from sim.engine.results import Event
 from sim.policies.autoscale import FleetMetrics
 from sim.policies.batch import Seq
+from sim.policies.plan import StepKind
 from sim.policies.prefix import regroup
 from sim.workload.requests import Workload
+
+IDLE = StepKind.IDLE
 
 
 class Node:
@@ -79,15 +82,15 @@ class Fleet:
         self.front = [n for n in self.nodes if n.rep.config is None or n.rep.config.role != "decode"]
         self.back = [n for n in self.nodes if n.rep.config is not None and n.rep.config.role == "decode"]
         self.router, self.decode_router, self.link = router, decode_router, link
-        self.loads = [n.rep.load for n in self.front]
-        self.back_loads = [n.rep.load for n in self.back]
+        self.loads = [n.rep.port.load for n in self.front]
+        self.back_loads = [n.rep.port.load for n in self.back]
         self.fresh_reports = staleness_s == 0  # reports refreshed at every choice
         # autoscaling (sim/engine/autoscale.py): the front indices the router may choose
         self.ready: list[int] | None = None
         self.lifecycle: Lifecycle | None = None
         for n in self.front:
             if self.back:
-                n.rep.handoff = self._handoff_from(n)
+                n.rep.port.handoff = self._handoff_from(n)
 
     def scaled(self, lifecycle: Lifecycle) -> Fleet:
         """Route only to `lifecycle`'s ready replicas from now on."""
@@ -102,7 +105,7 @@ class Fleet:
             if self.fresh_reports and self.router.uses_reports:
                 self.report(ready)
             i = self.ready[self.router.choose(s.prefix[0] if s.prefix else None,
-                                              [n.rep.load for n in ready])]
+                                              [n.rep.port.load for n in ready])]
             self.lifecycle.routed[i] += 1
         elif len(self.front) == 1:
             i = 0
@@ -112,10 +115,10 @@ class Fleet:
             i = self.router.choose(s.prefix[0] if s.prefix else None, self.loads)
         node = self.front[i]
         rep = node.rep
-        rep.load.outstanding += 1
+        rep.port.load.outstanding += 1
         s.replica = rep.index
-        if rep.prefix_view is not None:
-            s.prefix = rep.prefix_view[s.rid]
+        if rep.port.prefix_view is not None:
+            s.prefix = rep.port.prefix_view[s.rid]
         if node.request_s is not None:  # the API server's receive and tokenisation first
             receive, per_token = node.request_s[:2]
             self.env.timeout(receive + per_token * s.prompt).callbacks.append(
@@ -133,15 +136,16 @@ class Fleet:
         be stale; outstanding counts are the router's own and always current)."""
         for n in self.nodes if nodes is None else nodes:
             rep = n.rep
-            rep.load.waiting = len(rep.st.waiting)
-            rep.load.kv_used = rep.st.kv.used_blocks / rep.st.kv.num_blocks
+            load = rep.port.load
+            load.waiting = len(rep.st.waiting)
+            load.kv_used = rep.st.kv.used_blocks / rep.st.kv.num_blocks
 
     # ---- disaggregated hand-off ----------------------------------------------------------
     def _handoff_from(self, src: Node):
         def handoff(s: Seq, t: float) -> None:
             need = src.rep.st.kv.blocks_for(s.prompt + s.generated - 1)
             fits = [i for i, n in enumerate(self.back)
-                    if need <= n.rep.st.kv.num_blocks - n.rep.policy_watermark]
+                    if need <= n.rep.st.kv.num_blocks - n.rep.policy.watermark]
             if not fits:
                 reject_at_handoff(src.rep, s, f"its prompt's KV ({need} blocks) is larger "
                                               "than any decode replica's cache")
@@ -152,7 +156,7 @@ class Fleet:
                 self.report(self.back)
             loads = [self.back_loads[i] for i in fits]
             dst = self.back[fits[self.decode_router.choose(None, loads)]]
-            dst.rep.load.outstanding += 1
+            dst.rep.port.load.outstanding += 1
             dst.transfers.append((s, src))
             if dst.link_wake is not None and not dst.link_wake.triggered:
                 dst.link_wake.succeed()
@@ -221,7 +225,7 @@ def autoscaler(env: simpy.Environment, fleet: Fleet, policy, total: int, finishe
         now = env.now
         retire(fleet, now)
         ready = fleet.ready
-        metric = sum(reps[i].load.outstanding for i in ready) / len(ready) / per
+        metric = sum(reps[i].port.load.outstanding for i in ready) / len(ready) / per
         current = lc.count("ready", "starting")
         target = policy.plan(now, FleetMetrics(current, len(ready), metric))
         while current < target and (i := lc.start(now)) is not None:
@@ -231,7 +235,7 @@ def autoscaler(env: simpy.Environment, fleet: Fleet, policy, total: int, finishe
             if not lc.cancel_newest_starting(now):
                 if len(fleet.ready) <= 1:
                     break
-                i = min(fleet.ready, key=lambda k: (reps[k].load.outstanding, -k))
+                i = min(fleet.ready, key=lambda k: (reps[k].port.load.outstanding, -k))
                 fleet.ready = [k for k in fleet.ready if k != i]
                 lc.drain(i, now)
             current -= 1
@@ -239,7 +243,7 @@ def autoscaler(env: simpy.Environment, fleet: Fleet, policy, total: int, finishe
             break  # (simulate's own check names them)
         yield env.timeout(lc.spec.scrape_s)
     else:
-        last = max((r.log.t_end[-1] for r in reps if len(r.log.t_end)), default=env.now)
+        last = max((r.rec.log.t_end[-1] for r in reps if len(r.rec.log.t_end)), default=env.now)
         while lc.cancel_newest_starting(last):  # no request left for them: the run's end
             pass
         retire(fleet, env.now, check=total)
@@ -252,8 +256,8 @@ def retire(fleet: Fleet, now: float, check: int | None = None) -> None:
     lc = fleet.lifecycle
     for i, state in enumerate(lc.state):
         rep = fleet.front[i].rep
-        if state == "draining" and rep.load.outstanding == 0:
-            t_end = rep.log.t_end
+        if state == "draining" and rep.port.load.outstanding == 0:
+            t_end = rep.rec.log.t_end
             lc.gone(i, max(lc.current[i].draining, t_end[-1] if len(t_end) else 0.0))
     if check is not None:
         lc.check_accounted([n.rep.done for n in fleet.front], check)
@@ -267,8 +271,7 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
     kv = rep.st.kv
     # each GPU of the decode replica receives its own heads' share over its own link
     bytes_per_token = rep.config.kv_bytes_per_token
-    max_seqs = rep.config.scenario.scheduler.max_num_seqs
-    in_flight = [0]  # a transfer under way holds a place in the batch
+    max_seqs = rep.policy.max_seqs
     while True:
         if not dst.transfers:
             dst.link_wake = env.event()
@@ -277,20 +280,17 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
             continue
         s, src = dst.transfers[0]
         need = kv.blocks_for(s.prompt + s.generated - 1)
-        if (not kv.can_allocate(need, rep.policy_watermark)
-                or len(rep.st.batch) + len(rep.arrived) + in_flight[0] >= max_seqs):
+        if not kv.can_allocate(need, rep.policy.watermark) or rep.places_taken() >= max_seqs:
             dst.room = env.event()
             yield dst.room
             dst.room = None
             continue
         dst.transfers.popleft()
         nbytes = reserve_transfer(rep, s) * bytes_per_token
-        in_flight[0] = 1
         seconds = fleet.link.seconds(nbytes)
-        rep.events.append(Event(env.now, s.rid, "kv_transfer", seconds, src.rep.name))
+        rep.rec.events.append(Event(env.now, s.rid, "kv_transfer", seconds, src.rep.name))
         yield env.timeout(seconds)
-        in_flight[0] = 0
-        rep.transfer_bytes += nbytes
+        rep.rec.transfer_bytes += nbytes
         hand_over(src.rep, s)
         src.poke()
         s.prefill_replica, s.replica = src.rep.index, rep.index
@@ -301,10 +301,10 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
 def replica(env: simpy.Environment, node: Node, progress=None):
     """Run iterations for as long as there is work; sleep when there is none."""
     rep = node.rep
-    st, log, policy = rep.st, rep.log, rep.policy
+    st, log, policy, port = rep.st, rep.rec.log, rep.policy, rep.port
     while True:
         now = env.now
-        if rep.arrived:
+        if port.arrived:
             join_arrived(rep)
         plan = policy.schedule(st, now)
         if plan.reject and node.ended is not None:
@@ -316,7 +316,7 @@ def replica(env: simpy.Environment, node: Node, progress=None):
             if node.ended is not None and done:
                 node.ended(done)
         else:
-            if plan.kind == "idle":
+            if plan.kind is IDLE:
                 node.wake = env.event()
                 if plan.wake_at is not None:
                     yield node.wake | env.timeout(max(0.0, plan.wake_at - now))
@@ -364,7 +364,7 @@ def prefix_views(workload: Workload, replicas: list[Replica]) -> None:
         if cache.hash_tokens not in views:
             views[cache.hash_tokens] = regroup(workload.prefix_hashes, workload.block_tokens,
                                                r.st.kv.block_size)[0]
-        r.prefix_view = views[cache.hash_tokens]
+        r.port.prefix_view = views[cache.hash_tokens]
 
 
 def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode_router=None,
@@ -419,17 +419,18 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         seqs, warmup = [seqs[i] for i in sent], workload.clients.warmup[sent]
         marks = loop.gap_marks or marks
         for r, k in zip(replicas, loop.kernel_marks or [0.0] * len(replicas), strict=True):
-            r.kernel_busy_s -= k  # the measured window's (the step under way at its start in)
+            r.rec.kernel_busy_s -= k  # the measured window's (the step under way at its start in)
     done = sum(r.done for r in replicas)
     if done != len(seqs):
         raise RuntimeError(f"simulation ended with {len(seqs) - done} requests unaccounted for")
     for r in replicas:
         r.check_conserved()
+        r.rec.check_limits(r.name, r.policy.max_seqs, r.policy.step_tokens)
     streamed(seqs, fleet.nodes)
     gaps, weights = array("d"), array("q")
     for r, mark in zip(replicas, marks, strict=True):  # a drained warm-up's gaps left out
-        gaps.extend(r.gaps[mark:])
-        weights.extend(r.weights[mark:])
+        gaps.extend(r.rec.gaps[mark:])
+        weights.extend(r.rec.weights[mark:])
     results = [ReplicaResult.of(r) for r in replicas]
     end = env.now if not finished[0] else max(
         (r.steps.t_end[-1] for r in results if len(r.steps.t_end)), default=0.0)

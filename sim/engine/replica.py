@@ -1,34 +1,31 @@
 """One replica's state changes: applying a policy's plan and a step's results.
 
 The engine (`sim/engine/processes.py`) owns the clock; this module owns what a step does to
-requests and KV blocks: admission (with prefix-cache reuse), preemption by
-recompute or swap, prefill / decode / mixed (chunked) / speculative steps, first
-tokens, finishes, and the per-step log. A disaggregated replica's side of a KV hand-off
-(the state below, the verbs in `sim/engine/handoff.py`) starts at `first_token`.
+requests: admission, preemption by recompute or swap, prefill / decode / mixed (chunked) /
+speculative steps, first tokens and finishes. Its parts sit beside it: KV blocks and
+prefix references in `sim/engine/kvaccount.py`, the step log, gaps, events and counters in
+`sim/engine/recorder.py`, load reports and the disaggregated hand-off in
+`sim/engine/port.py` and `sim/engine/handoff.py` (which takes over at `first_token`).
 """
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from sim.costmodel.latency import StepLatency
-from sim.engine.results import Event, ReplicaResult, RunResult, StepLog, move_events
-from sim.policies.batch import FINISHED, REJECTED, SWAPPED, TRANSFERRING, WAITING, Seq
-from sim.policies.kv import ContiguousKV
-from sim.policies.router import ReplicaLoad
-from sim.policies.scheduler import (
-    DECODE,
-    IDLE,
-    ReplicaState,
-    StaticPolicy,
-    StepPlan,
-    drop_from_head,
-)
-from sim.policies.speculative import SpecBatch
+from sim.engine.kvaccount import KVAccount
+from sim.engine.moves import preempt, reject, swap
+from sim.engine.port import Port
+from sim.engine.recorder import StepRecorder
+from sim.engine.results import ReplicaResult, RunResult, StepLog
+from sim.policies.batch import FINISHED, TRANSFERRING, Seq
+from sim.policies.plan import DECODE, IDLE, StepKind, StepPlan
+from sim.policies.scheduler import BatchPolicy, ReplicaState
 
 __all__ = ["Replica", "ReplicaResult", "RunResult", "Step", "StepLog"]
+
+_PREFILL, _DECODE, _MIXED, _PREEMPT = (StepKind.PREFILL, StepKind.DECODE, StepKind.MIXED,
+                                       StepKind.PREEMPT)
 
 
 @dataclass(slots=True)
@@ -39,115 +36,60 @@ class Step:
     seconds: float
     seqs: int = 0       # sequences computed
     tokens: int = 0     # tokens computed (or, for speculative rounds, emitted)
-    code: int = 0       # log kind: 0 prefill, 1 decode, 2 verify, 3 mixed
+    kind: StepKind = _PREFILL  # as logged: PREFILL, DECODE, VERIFY or MIXED
 
 
 class Replica:
     """One model replica: its state, its policy and its step latency model."""
 
-    def __init__(self, state: ReplicaState, policy, latency: StepLatency, kv_bytes_per_token: float,
-                 pcie_bytes_per_s: float):
+    def __init__(self, state: ReplicaState, policy: BatchPolicy, latency: StepLatency,
+                 kv_bytes_per_token: float, pcie_bytes_per_s: float):
         self.st, self.policy, self.lat = state, policy, latency
-        # the unjittered step model (its kernel_s), and the GPU kernel seconds of the steps run
-        self.kernels, self.kernel_busy_s = getattr(latency, "base", latency), 0.0
-        self.static = isinstance(policy, StaticPolicy)
-        self.contiguous = isinstance(state.kv, ContiguousKV)
+        self.kernels = getattr(latency, "base", latency)  # the unjittered model (its kernel_s)
+        self.kv = KVAccount(state.kv, state.prefix, state.batch)
+        self.rec = StepRecorder()
+        self.port = Port()
+        self.holds_batch = policy.holds_batch  # static: rows keep their KV until the batch ends
         self.block_bytes = kv_bytes_per_token * state.kv.block_size
         self.pcie = pcie_bytes_per_s
-        self.log = StepLog()
-        self.gaps = array("d")     # inter-token gaps, weighted (see RunningBatch.advance)
-        self.weights = array("q")
         self.static_rows: list[Seq] = []
         self.done = 0  # requests this replica finished or rejected
+        self.admitted = 0  # requests a prefill step under way admitted (in no queue or batch)
         self.step = Step(IDLE, 0.0)  # the step under way (start fills it, finish completes it)
-        self.load = ReplicaLoad()  # what a router knows of it (outstanding kept current here)
-        self.transfer_bytes = 0.0  # KV bytes received from prefill replicas
-        self.policy_watermark = getattr(policy, "watermark", 0)
-        self.swap_bytes = 0.0
-        self.spec = isinstance(state.batch, SpecBatch)
         self.name, self.index = "r0", 0
         self.config = None       # the ReplicaConfig it was built from (sim/engine/build.py)
-        self.speculator = None
-        # disaggregated prefill: called with (seq, t) when a prefill's first token is out
-        # and its KV must move to a decode replica (the seq keeps its blocks here until then)
-        self.handoff: Callable[[Seq, float], None] | None = None
-        self.arrived: list[tuple[Seq, float]] = []  # disaggregated decode: KV arrived mid-step
-        self.prefix_view: tuple | None = None  # prefix hashes in whole KV blocks (engine.prefix_views)
-        self.outside_tokens = 0  # disaggregated: KV held for requests outside the batch
-        self.events: list[Event] = []  # preemptions, swaps and KV transfers, with their times
+        self.speculator = None   # sim.policies.speculative.Speculator, when speculating
         # (new, cached) prefill shapes this server has run (a live runtime stalls on new ones)
         self.prefill_shapes: set[tuple[int, int]] = set()
 
-    # ---- KV ------------------------------------------------------------------------
-    def alloc(self, blocks: int) -> None:
-        self.st.kv.allocate(blocks)
-        if self.st.prefix is not None:
-            self.st.prefix.evict_to_fit()
-
-    def free(self, s: Seq, held: int) -> None:
-        """`s` lets go of `held` logical blocks; blocks another request shares stay."""
-        prefix = self.st.prefix
-        self.st.kv.free(held - prefix.release(s) if prefix is not None else held)
-
-    def held(self, s: Seq) -> int:
-        if self.contiguous:
-            return s.reserved
-        if s in self.st.batch.members:
-            return self.st.batch.held_blocks(s)
-        return self.st.kv.blocks_for(s.prefilled)
-
     # ---- plan application -------------------------------------------------------------
     def reject(self, plan: StepPlan) -> None:
-        """Drop the plan's rejected requests. Policies reject while scanning their queue
-        from the head, so each one lies among the first few entries: O(rejected + admitted)."""
-        st = self.st
-        gone = [r.seq for r in plan.reject]
-        from_swap = [s for s in gone if s.state == SWAPPED]
-        if from_swap:
-            drop_from_head(st.swapped, set(from_swap))
-            st.swap_free_blocks += sum(s.reserved for s in from_swap)
-        if len(from_swap) < len(gone):
-            drop_from_head(st.waiting, {s for s in gone if s.state != SWAPPED})
-        for r in plan.reject:
-            s = r.seq
-            s.state = REJECTED
-            s.reject_reason = r.reason
-            self.done += 1
-            self.load.outstanding -= 1
+        """Drop the plan's rejected requests (they count as done)."""
+        n = reject(self.st, plan)
+        self.done += n
+        self.port.load.outstanding -= n
 
     def admit(self, plan: StepPlan, now: float, chunked: bool = False) -> None:
         """Take the plan's new requests off the queue and give them KV for their whole
         prefill, or (`chunked`) for their cached prefix plus their first chunk's tokens,
-        reusing cached prefix blocks. Every request references its cached prefix before any
-        block is taken, so no admission evicts a block a later one in the plan counts on
-        (its new tokens are then the plan's, within the step's token budget)."""
-        st, kv, prefix = self.st, self.st.kv, self.st.prefix
-        per_row = StaticPolicy.per_request_reservation(st, plan.prefill) if self.static else 0
+        reusing cached prefix blocks (`KVAccount.admit`)."""
+        st, kv = self.st, self.kv
+        per_row = 0 if kv.paged else self.policy.row_reservation(st, plan.prefill)
         need = 0
         for a in plan.admit:
-            s, h = a.seq, a.cached_blocks
+            s = a.seq
             st.waiting.popleft()
             first = s.sched_t < 0
             if first:
                 s.sched_t = now
-            if self.contiguous:
+            if not kv.paged:
                 s.reserved = per_row or st.admission_need(s)
                 need += s.reserved
                 s.prefilled = 0
                 continue
-            if prefix is not None and s.prefix:
-                upto = h * prefix.hash_tokens + a.chunk_tokens if chunked else None
-                need += prefix.admission_blocks(s, h, upto)
-                s.prefilled = prefix.acquire(s, h, first)
-                if first:
-                    s.cached_tokens = s.prefilled
-            else:
-                if prefix is not None and first:
-                    prefix.miss(s)
-                s.prefilled = 0
-                need += kv.blocks_for(a.chunk_tokens if chunked else s.tokens_to_prefill)
-        self.alloc(need)
-        if self.static:
+            need += kv.admit(s, a.cached_blocks, a.chunk_tokens if chunked else None, first)
+        kv.take(need)
+        if self.holds_batch:
             self.static_rows = list(plan.prefill)
 
     def first_token(self, s: Seq, t_end: float) -> None:
@@ -156,17 +98,15 @@ class Replica:
         if s.first_token_t < 0:
             s.first_token_t = t_end
         else:  # resumed after a recompute preemption: one long gap
-            self.gaps.append(t_end - s.last_token_t)
-            self.weights.append(1)
-        if self.st.prefix is not None:
-            self.st.prefix.insert(s, s.prompt)
+            self.rec.resumed(t_end, s.last_token_t)
+        self.kv.cache(s, s.prompt)
         if s.generated >= s.output:
             s.finish_t = t_end
             self.release(s)
-        elif self.handoff is not None:
+        elif self.port.handoff is not None:
             s.state = TRANSFERRING
-            self.outside_tokens += s.prompt
-            self.handoff(s, t_end)
+            self.port.outside_tokens += s.prompt
+            self.port.handoff(s, t_end)
         else:
             self.st.batch.join(s, t_end)
 
@@ -174,60 +114,27 @@ class Replica:
         """A finished request gives back its KV (static contiguous rows wait for the batch)."""
         s.state = FINISHED
         self.done += 1
-        self.load.outstanding -= 1
-        if self.contiguous:
-            if not self.static:
+        self.port.load.outstanding -= 1
+        if not self.kv.paged:
+            if not self.holds_batch:
                 self.st.kv.free(s.reserved)
             return
-        self.release_kv(s)
-
-    def release_kv(self, s: Seq) -> None:
-        """`s` leaves with all its KV blocks (finished, or handed to a decode replica): the
-        prefix cache keeps its computed tokens, and the blocks only it holds are freed."""
-        tokens = s.prompt + s.generated - 1
-        if self.st.prefix is not None:
-            self.st.prefix.insert(s, tokens)
-        self.free(s, self.st.kv.blocks_for(tokens))
+        self.kv.release(s)
 
     def preempt(self, plan: StepPlan) -> None:
         """Recompute preemption: victims lose their KV and go back to the queue's front."""
-        st, batch = self.st, self.st.batch
-        for v in plan.preempt:
-            held = self.held(v)
-            if v in batch.members:
-                batch.leave(v)
-            else:
-                st.prefilling.remove(v)
-            self.free(v, held)
-            v.prefilled = 0
-            v.state = WAITING
-            v.preemptions += 1
-        st.waiting.extendleft(reversed(plan.preempt))
+        preempt(self.st, self.kv, plan)
 
     def swap(self, plan: StepPlan) -> float:
         """Swap victims out and swapped requests back in; returns the seconds spent."""
-        st, batch, kv = self.st, self.st.batch, self.st.kv
-        moved = 0
-        for v in plan.swap_out:
-            held = batch.held_blocks(v)
-            batch.leave(v)
-            kv.free(held)
-            st.swap_free_blocks -= held
-            v.reserved = held
-            v.state = SWAPPED
-            v.preemptions += 1
-            st.swapped.append(v)
-            moved += held
-        for s in plan.swap_in:
-            st.swapped.popleft()
-            self.alloc(s.reserved)
-            st.swap_free_blocks += s.reserved
-            moved += s.reserved
-            batch.join(s, s.last_token_t)
-        if not moved:
+        return self._pcie_seconds(swap(self.st, self.kv, plan))
+
+    def _pcie_seconds(self, blocks: int) -> float:
+        """Seconds to move `blocks` KV blocks between host and GPU memory (counted)."""
+        if not blocks:
             return 0.0
-        nbytes = moved * self.block_bytes
-        self.swap_bytes += nbytes
+        nbytes = blocks * self.block_bytes
+        self.rec.swap_bytes += nbytes
         return nbytes / self.pcie
 
     # ---- steps ------------------------------------------------------------------------
@@ -242,53 +149,35 @@ class Replica:
                 move_s = self.swap(plan)
         need = batch.new_blocks_needed(plan.lookahead)
         if need:
-            self.alloc(need)
+            self.kv.take(need)
         n = batch.n_compute
-        if self.spec:  # victims gone, the round keeps the lookahead its blocks were planned at
+        if self.speculator is not None:  # victims gone, the round keeps its planned lookahead
             return batch.seconds(plan.lookahead) + move_s, n
         return self.lat.decode(n, batch.sum_ctx(), batch.max_ctx()) + move_s, n
 
-    def finish_round(self, n: int) -> tuple[int, int]:
-        """After a speculative round: free rolled-back draft slots; (kind code, tokens)."""
-        batch = self.st.batch
-        if batch.rolled_back:
-            self.st.kv.free(batch.rolled_back)
-            batch.rolled_back = 0
-        la = batch._la
-        return (2 if la > 1 else 1), n * la
-
     def prefill_step(self, plan: StepPlan, now: float) -> tuple[float, int, int]:
         """Start an all-prefill step; returns (seconds, sequences, tokens)."""
-        loads = self._loads()
+        loads = self.kv.loaded()
         self.admit(plan, now)
+        self.admitted = len(plan.admit)
         chunks = [(s.tokens_to_prefill - s.prefilled, s.prefilled) for s in plan.prefill]
         dur = self.lat.prefill(chunks, self.prefill_shapes) + self._load_seconds(loads)
         return dur, len(chunks), sum(q for q, _ in chunks)
 
-    def _loads(self) -> int:
-        return self.st.prefix.loaded if self.st.prefix is not None else 0
-
     def _load_seconds(self, before: int) -> float:
         """PCIe time of the prefix blocks this step copied back from host memory."""
-        prefix = self.st.prefix
-        if prefix is None or prefix.loaded == before:
+        loaded = self.kv.loaded()
+        if loaded == before:
             return 0.0
-        nbytes = (prefix.loaded - before) * prefix.units * self.block_bytes
-        self.swap_bytes += nbytes
-        return nbytes / self.pcie
+        return self._pcie_seconds((loaded - before) * self.st.prefix.units)
 
-    def finish_prefill_step(self, plan: StepPlan, t_end: float) -> None:
-        for s in plan.prefill:
-            s.prefilled = s.tokens_to_prefill
-            self.first_token(s, t_end)
-
-    def mixed_step(self, plan: StepPlan, now: float) -> tuple[float, int, int, int]:
+    def mixed_step(self, plan: StepPlan, now: float) -> tuple[float, StepKind, int, int]:
         """Start a chunked step (decodes + prefill chunks); returns (seconds, kind,
         sequences, tokens)."""
         st, batch, kv = self.st, self.st.batch, self.st.kv
         if plan.preempt:
             self.preempt(plan)
-        loads = self._loads()
+        loads = self.kv.loaded()
         if plan.admit:
             self.admit(plan, now, chunked=True)
             st.prefilling.extend(plan.prefill)
@@ -297,23 +186,42 @@ class Replica:
         for c in plan.chunks:
             s, q = c.seq, c.tokens
             if s not in new:
-                self.alloc(kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled))
+                self.kv.take(kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled))
             chunks.append((q, s.prefilled))
         need = batch.new_blocks_needed()
         if need:
-            self.alloc(need)
+            self.kv.take(need)
         n = batch.n_compute
         dur = (self.lat.mixed(n, batch.sum_ctx(), batch.max_ctx(), chunks, self.prefill_shapes)
                + self._load_seconds(loads))
-        kind = (1 if n else 0) if not chunks else (3 if n else 0)
+        kind = (_DECODE if n else _PREFILL) if not chunks else (_MIXED if n else _PREFILL)
         return dur, kind, n + len(chunks), n + sum(q for q, _ in chunks)
+
+    def finish_decode_step(self, step: Step, t_end: float) -> list[Seq]:
+        """Every running request gains its tokens; returns the requests that finished."""
+        batch = self.st.batch
+        done = batch.advance(t_end, self.rec.gaps, self.rec.weights)
+        for s in done:
+            self.release(s)
+        step.kind, step.tokens, rolled_back = batch.end_round(step.seqs)
+        if rolled_back:  # the slots of rejected drafts
+            self.st.kv.free(rolled_back)
+        return done
+
+    def finish_prefill_step(self, plan: StepPlan, t_end: float) -> list[Seq]:
+        """Every admitted request has its first token; returns those that finished."""
+        self.admitted = 0
+        for s in plan.prefill:
+            s.prefilled = s.tokens_to_prefill
+            self.first_token(s, t_end)
+        return [s for s in plan.prefill if s.state == FINISHED]
 
     def finish_mixed_step(self, plan: StepPlan, t_end: float) -> list[Seq]:
         """Decodes advance and chunks complete; returns the requests that finished."""
         st = self.st
         done = []
         if st.batch.n_compute:
-            done = st.batch.advance(t_end, self.gaps, self.weights)
+            done = st.batch.advance(t_end, self.rec.gaps, self.rec.weights)
             for s in done:
                 self.release(s)
         for c in plan.chunks:
@@ -326,28 +234,30 @@ class Replica:
                     done.append(s)
         return done
 
+    def places_taken(self) -> int:
+        """Batch places held now (`ReplicaState.places`), with the admissions of a prefill
+        step under way (in no queue or batch until it ends)."""
+        return self.st.places() + self.admitted
+
     def check_conserved(self) -> None:
         """At the end of a run every KV block and every swap block is free again."""
-        kv, prefix = self.st.kv, self.st.prefix
-        if kv.free_blocks != kv.num_blocks or (prefix is not None and prefix.refs):
-            raise RuntimeError(f"KV leak: {kv.num_blocks - kv.free_blocks} of {kv.num_blocks} "
-                               f"blocks still taken after every request ended")
+        self.kv.check_conserved()
         if self.st.swapped:
             raise RuntimeError(f"{len(self.st.swapped)} requests left in host memory")
 
     def end_static_batch(self) -> None:
         """The batch's longest request finished: every row gives its slot back."""
-        if self.contiguous:
+        if not self.kv.paged:
             for s in self.static_rows:
                 self.st.kv.free(s.reserved)
         self.static_rows = []
         self.st.batch.clear_padding()
 
-    def record(self, t0: float, t1: float, kind: int, seqs: int, tokens: int) -> None:
-        held = self.st.batch.kv_tokens() + self.outside_tokens
-        if self.st.prefix is not None:  # a shared block holds its tokens once
-            held -= self.st.prefix.extra_refs * self.st.prefix.hash_tokens
-        self.log.add(t0, t1, kind, seqs, tokens, self.st.kv.used_blocks, held)
+    def record(self, t0: float, t1: float, step: Step) -> None:
+        """The step's entry in the log, with the KV blocks and tokens held at its end."""
+        held = self.st.batch.kv_tokens() + self.port.outside_tokens - self.kv.shared_tokens()
+        self.rec.log.add(t0, t1, step.kind, step.seqs, step.tokens, self.st.kv.used_blocks,
+                         held)
 
     # ---- one plan, start to finish (the engine and the reference engine both use these) --
     def start(self, plan: StepPlan, now: float) -> Step | None:
@@ -357,25 +267,25 @@ class Replica:
         if plan.reject:
             self.reject(plan)
         if plan.preempt or plan.swap_out or plan.swap_in:
-            self.events.extend(move_events(plan, now))
+            self.rec.moves(plan, now)
         kind = plan.kind
         step = self.step
-        if kind == "decode":
+        if kind is _DECODE:
             step.seconds, n = self.decode_step(plan)
             step.seqs = step.tokens = n
-            step.code = 1
-        elif kind == "prefill":
+            step.kind = _DECODE
+        elif kind is _PREFILL:
             step.seconds, step.seqs, step.tokens = self.prefill_step(plan, now)
-            step.code = 0
-        elif kind == "mixed":
-            step.seconds, step.code, step.seqs, step.tokens = self.mixed_step(plan, now)
+            step.kind = _PREFILL
+        elif kind is _MIXED:
+            step.seconds, step.kind, step.seqs, step.tokens = self.mixed_step(plan, now)
         else:
-            if kind == "preempt":
+            if kind is _PREEMPT:
                 self.preempt(plan)
                 self.swap(plan)
             return None
-        self.kernel_busy_s += (self.speculator.kernel_s if self.spec and kind == "decode"
-                               else self.kernels.kernel_s)
+        self.rec.kernel_busy_s += (self.speculator.kernel_s if kind is _DECODE
+                                   and self.speculator is not None else self.kernels.kernel_s)
         step.plan = plan
         return step
 
@@ -383,26 +293,20 @@ class Replica:
         """The step begun at `t0` ended at `t_end`: tokens out, finished requests free
         their KV, the step is logged. Returns the requests that finished in it."""
         kind = step.plan.kind
-        if kind == "decode":
-            done = self.st.batch.advance(t_end, self.gaps, self.weights)
-            for s in done:
-                self.release(s)
-            code, tokens = self.finish_round(step.seqs) if self.spec else (1, step.seqs)
-            self.record(t0, t_end, code, step.seqs, tokens)
-        elif kind == "prefill":
-            self.finish_prefill_step(step.plan, t_end)
-            done = [s for s in step.plan.prefill if s.state == FINISHED]
-            self.record(t0, t_end, 0, step.seqs, step.tokens)
+        if kind is _DECODE:
+            done = self.finish_decode_step(step, t_end)
+        elif kind is _PREFILL:
+            done = self.finish_prefill_step(step.plan, t_end)
         else:
             done = self.finish_mixed_step(step.plan, t_end)
-            self.record(t0, t_end, step.code, step.seqs, step.tokens)
-        if self.static:
+        self.record(t0, t_end, step)
+        if self.holds_batch:
             self.end_of_step()
         return done
 
     def end_of_step(self) -> None:
         """Static batching: once the batch's last row finished (at its prefill, too), every
         slot is given back."""
-        if self.static and len(self.st.batch) == 0 and (self.st.batch.n_compute
-                                                        or self.static_rows):
+        if self.holds_batch and len(self.st.batch) == 0 and (self.st.batch.n_compute
+                                                             or self.static_rows):
             self.end_static_batch()

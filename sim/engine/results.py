@@ -24,7 +24,7 @@ class StepLog:
 
     t_start: array = field(default_factory=_floats)
     t_end: array = field(default_factory=_floats)
-    kind: array = field(default_factory=_ints)  # 0 prefill, 1 decode, 2 verify, 3 mixed
+    kind: array = field(default_factory=_ints)  # StepKind codes: 0 prefill .. 3 mixed
     num_seqs: array = field(default_factory=_ints)
     num_tokens: array = field(default_factory=_ints)
     kv_blocks_used: array = field(default_factory=_ints)
@@ -85,11 +85,12 @@ class ReplicaResult:
     def of(cls, rep) -> ReplicaResult:
         """The result of `rep` (a sim.engine.replica.Replica) after its run."""
         cfg = rep.config
+        rec = rep.rec
         return cls(rep.name, rep.index, cfg.group if cfg else "", cfg.role if cfg else "both",
-                   cfg.profile.name if cfg else "", rep.log, rep.st.kv, rep.swap_bytes,
-                   rep.transfer_bytes,
+                   cfg.profile.name if cfg else "", rec.log, rep.st.kv, rec.swap_bytes,
+                   rec.transfer_bytes,
                    rep.st.prefix.summary() if rep.st.prefix is not None else None,
-                   rep.speculator, rep.events, rep.kernel_busy_s)
+                   rep.speculator, rec.events, rec.kernel_busy_s)
 
 
 @dataclass

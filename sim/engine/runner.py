@@ -27,6 +27,7 @@ from sim.costmodel.latency import StepLatency
 from sim.engine.autoscale import Lifecycle, autoscale_summary, make_policy, provisioning_delay
 from sim.engine.build import POLICIES, ReplicaConfig, build_fleet, replica_configs
 from sim.engine.closedloop import client_summary
+from sim.engine.hostmem import check_host_memory
 from sim.engine.metrics import itl_table, per_replica, request_table, step_tables, summarize
 from sim.engine.processes import simulate
 from sim.engine.replica import RunResult
@@ -98,9 +99,11 @@ class Prepared(NamedTuple):
 def prepare(sc: Scenario) -> Prepared:
     """Resolve a scenario into replica configs (checked to fit) and its workload."""
     configs = replica_configs(sc)
+    check_host_memory(sc)  # before the workload is drawn: its size alone
     rng = np.random.default_rng(sc.seed)
     base = Path(sc.base_dir) if sc.base_dir else None
     wl = generate(sc.workload, rng, file=sc.file or None, path="workload", base_dir=base)
+    check_host_memory(sc, len(wl), int(wl.output_tokens.sum()))  # and its iterations
     return Prepared(configs, wl, rng)
 
 

@@ -2,5 +2,6 @@
 (`specload`), values remembered while their files are unchanged (`filecache`), measured
 tables and grids (`tables`), numpy column tables as CSV/Parquet (`tablefile`), and output
 folders written atomically that never touch what llmsim did not write (`outputs`,
-`outdir`, `outfile`). Imports nothing of sim.
+`outdir`, `outfile`), their manifests read without trust (`manifest`) and the temp
+folders of killed runs cleaned (`tempdirs`). Imports nothing of sim.
 """

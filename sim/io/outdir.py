@@ -15,13 +15,14 @@
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from sim.io.manifest import read_manifest
 from sim.io.outputs import (
-    MANIFEST,
     OutputError,
     check_out_dir,
     output_kind,
@@ -29,15 +30,12 @@ from sim.io.outputs import (
     write_atomically,
 )
 
-_MANIFEST_OWN = ("tool", "files")  # rewritten by every write; the rest is kept
+_MANIFEST_OWN = ("tool", "files", "written")  # rewritten by every write; the rest is kept
 
 
 def manifest(folder: str | Path) -> dict | None:
-    try:
-        data = json.loads((Path(folder) / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("tool") == "llmsim" else None
+    """The folder's manifest (its entries checked: `sim/io/manifest.py`), None: not llmsim's."""
+    return read_manifest(folder)
 
 
 def folder_kind(folder: str | Path) -> str | None:
@@ -60,8 +58,16 @@ def open_progress(dest: str | Path, kind: str, meta: dict, log: str) -> Path:
             raise OutputError("--out", out, f"holds llmsim '{m.get('kind') or 'run'}' output "
                                             f"(allowed: a new folder or a '{kind}' folder)")
         return out
-    write_output(out, kind, lambda folder: (folder / log).touch(), {**meta, "complete": False})
+    write_output(out, kind, lambda folder: (folder / log).touch(),
+                 {**meta, "appends": [log], "complete": False})
     return out
+
+
+def _regular(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def add_to_output(folder: str | Path, writer: Callable[[Path], None],
@@ -74,12 +80,13 @@ def add_to_output(folder: str | Path, writer: Callable[[Path], None],
         raise OutputError("report", src, "not an llmsim output folder (allowed: a run, sweep, curve or plan folder)")
 
     def copy_then_add(tmp: Path) -> None:
-        for f in m["files"]:
-            if (src / f).is_file() and not replaces(f):
+        for f in m["files"]:  # each a plain name inside src, each as llmsim wrote it (checked)
+            if _regular(src / f) and not replaces(f):
                 (tmp / f).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src / f, tmp / f)
         writer(tmp)
 
     kept = {k: v for k, v in m.items() if k not in _MANIFEST_OWN}
     reports = kept.get("reports") if isinstance(kept.get("reports"), list) else []
-    return write_atomically(src, copy_then_add, {**kept, "reports": [*reports, provenance()]})
+    return write_atomically(src, copy_then_add, {**kept, "reports": [*reports, provenance()]},
+                            flag="report")

@@ -1,16 +1,20 @@
 """Where llmsim writes, safely.
 
 Every folder llmsim writes carries a small manifest, `.llmsim-output.json` (tool,
-version, command, what was run, when, and the list of files written). llmsim only
-ever replaces a folder that carries its manifest and holds nothing but the files the
-manifest lists; an existing empty folder may be used; any other existing folder or
-file is refused before anything runs (`OutputError`, one line, exit 2).
+version, command, what was run, when, the files written and each one's size and sha256;
+read without trusting it: `sim/io/manifest.py`). llmsim only ever replaces a folder that
+carries its manifest and holds nothing but the files the manifest lists, each as llmsim
+wrote it; an existing empty folder may be used; any other existing folder or file (a
+manifest listing a path outside its folder, a listed file changed since) is refused
+before anything runs (`OutputError`, one line, exit 2), and nothing in it is touched.
 
 Replacing is atomic: the new results are written into a temp sibling folder, the old
 folder is renamed aside, the new one renamed in, and only then is the old one removed.
 Ctrl-C and SIGTERM are held back during those renames (and during clean-up), so an
 interrupt at any moment leaves either the old or the new results, never a mix, and no
-temp folder behind.
+temp folder behind. A temp folder carries its writer's pid (`.llmsim-new-<pid>@<host>-...`):
+one left by a killed run (its pid gone, or older than STALE_AGE_S) is removed by the next
+llmsim that writes in that parent folder.
 
     check_out_dir(path)                 -> the folder, checked before a simulation starts
     output_kind(manifest)               -> what wrote a folder: run, compare, sweep, ...
@@ -41,13 +45,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sim.io.foldernames import unique_names
+from sim.io.manifest import MANIFEST, read_manifest, records, unverified
 from sim.io.specload import SpecError
+from sim.io.tempdirs import (  # noqa: F401  (STALE_AGE_S: part of this module's interface)
+    ASIDE_PREFIX,
+    PROBE_PREFIX,
+    STALE_AGE_S,
+    TEMP_PREFIX,
+    _temp_prefix,
+    clean_stale,
+)
 
 NOTICES = logging.getLogger("llmsim")  # what a user should know (the CLI prints it as `llmsim: ...`)
-MANIFEST = ".llmsim-output.json"
-TEMP_PREFIX = ".llmsim-new-"
-ASIDE_PREFIX = ".llmsim-old-"
-PROBE_PREFIX = ".llmsim-probe-"
 JUNK = {".DS_Store", "Thumbs.db", "desktop.ini"}  # left by file browsers; safe to replace
 
 
@@ -91,16 +100,7 @@ def provenance() -> dict:
 # --- inspecting a location -------------------------------------------------------------
 
 def _read_manifest(folder: Path) -> dict | None:
-    try:
-        data = json.loads((folder / MANIFEST).read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    if not isinstance(data, dict) or data.get("tool") != "llmsim":
-        return None
-    files = data.get("files")
-    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        return None
-    return data
+    return read_manifest(folder)
 
 
 def _ours(name: str) -> bool:
@@ -157,7 +157,7 @@ def _probe(folder: Path, flag: str, shown: Path) -> None:
     (os.access is not enough: root, read-only mounts, /proc)."""
     try:
         with _signals_held():
-            os.rmdir(tempfile.mkdtemp(prefix=PROBE_PREFIX, dir=folder))
+            os.rmdir(tempfile.mkdtemp(prefix=_temp_prefix(PROBE_PREFIX), dir=folder))
     except OSError as e:
         raise OutputError(flag, shown, f"cannot write in {folder} ({_describe_oserror(e)})") from None
 
@@ -207,6 +207,12 @@ def _inspect(path: str | Path, flag: str) -> tuple[Path, str]:
             more = f" and {len(extra) - 3} more" if len(extra) > 3 else ""
             raise OutputError(flag, shown, "llmsim folder also holds files llmsim did not write "
                               f"({', '.join(extra[:3])}{more}): move them or choose another folder")
+        changed = unverified(target, manifest)
+        if changed:
+            more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+            raise OutputError(flag, shown, "llmsim folder holds files that are not as llmsim wrote "
+                              f"them ({', '.join(changed[:3])}{more}: changed since, or no record of "
+                              "their checksums); kept: move them or choose another folder")
         cwd = Path(os.path.realpath(os.getcwd()))
         if target == cwd:
             _probe(target, flag, shown)
@@ -283,7 +289,8 @@ def _write_manifest(folder: Path, manifest: dict) -> None:
     """`manifest` may carry its own version, command and created (a folder rewritten with
     a report keeps those of the command that made its results)."""
     files, _ = _entries(folder)
-    data = {"tool": "llmsim", **provenance(), **manifest, "files": sorted(files)}
+    data = {"tool": "llmsim", **provenance(), **manifest, "files": sorted(files),
+            "written": records(folder, sorted(files))}
     (folder / MANIFEST).write_text(json.dumps(data, indent=2) + "\n")
 
 
@@ -293,7 +300,7 @@ def _swap(tmp: Path, target: Path) -> None:
     manifest lists is ever removed: what file browsers leave (JUNK) and other runs' temp
     folders stay where they are."""
     if tmp.parent == target:  # an empty folder or the current one: swap its entries
-        aside = Path(tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=target))
+        aside = Path(tempfile.mkdtemp(prefix=_temp_prefix(ASIDE_PREFIX), dir=target))
         for entry in _listed_top(target):
             os.rename(target / entry, aside / entry)
         for entry in os.listdir(tmp):
@@ -304,7 +311,7 @@ def _swap(tmp: Path, target: Path) -> None:
         os.rename(tmp, target)
     else:  # rename the old folder aside, the new one in, then remove the old one
         _carry_junk(target, tmp)
-        aside = Path(tempfile.mkdtemp(prefix=ASIDE_PREFIX, dir=target.parent))
+        aside = Path(tempfile.mkdtemp(prefix=_temp_prefix(ASIDE_PREFIX), dir=target.parent))
         os.rename(target, aside / "old")
         try:
             os.rename(tmp, target)
@@ -351,10 +358,11 @@ def write_atomically(dest: str | Path, writer: Callable[[Path], None], manifest:
     home = target if kind in ("empty", "in_place") else target.parent
     tmp: Path | None = None
     try:
+        clean_stale(home if kind != "new" or home.exists() else target)
         with _signals_held():
             if kind == "new":
                 home.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=TEMP_PREFIX, dir=home))
+            tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(TEMP_PREFIX), dir=home))
         writer(tmp)
         _write_manifest(tmp, manifest)
         os.chmod(tmp, _folder_mode())

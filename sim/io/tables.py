@@ -35,7 +35,7 @@ def read_table(file: Path, columns: dict[str, type], names: tuple[str, ...]) -> 
         reader = csv.DictReader(f)
         for c in columns:
             if c not in (reader.fieldnames or []):
-                raise SpecError(file, "", f"missing column {c!r} (columns: {', '.join(columns)})")
+                raise SpecError(file, "", f"missing column {c!r} (needed: {', '.join(columns)})")
         rows = []
         for line, raw in enumerate(reader, start=2):
             row: dict = {}
@@ -44,7 +44,7 @@ def read_table(file: Path, columns: dict[str, type], names: tuple[str, ...]) -> 
                 if tp is str:
                     if text not in names:
                         allowed = ", ".join(names)
-                        raise SpecError(file, where, f"unknown {text!r} (allowed: {allowed})")
+                        raise SpecError(file, where, f"not a known name (allowed: {allowed})")
                     row[c] = text
                     continue
                 try:
@@ -53,7 +53,7 @@ def read_table(file: Path, columns: dict[str, type], names: tuple[str, ...]) -> 
                     v = math.nan
                 if not (math.isfinite(v) and v > 0) or (tp is int and not v.is_integer()):
                     kind = "a positive integer" if tp is int else "a positive number"
-                    raise SpecError(file, where, f"expected {kind}, got {text!r}")
+                    raise SpecError(file, where, f"expected {kind}")
                 row[c] = int(v) if tp is int else v
             rows.append(row)
     return rows

@@ -1,4 +1,7 @@
 """Many runs: sweeps (`sweep`), throughput-latency curves (`curve`), what one
-replica sustains (`capacity`), fleets behind a router (`fleet`) and `llmsim plan`
-(`planspec`, `candidates`, `plan`).
+replica sustains (`capacity`) in steady state (`steady`), fleets behind a router
+(`fleet`) and `llmsim plan` (`planspec`, `candidates`, `plan`) with a range on every
+figure (`uncertainty`); the unit it sizes (`units`), pool keys over a cluster
+(`poolkeys`), the arrival process (`traffic`), aggregated against disaggregated
+(`deployments`); pool workers that end with the command (`lifetime`).
 """

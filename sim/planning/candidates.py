@@ -22,10 +22,19 @@ boundary.
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sim.io.specload import SpecError
+from sim.planning.poolkeys import (
+    Groups,
+    groups_of,
+    is_pool_key,
+    key_overrides,
+    pool_grid,
+    pool_label,
+)
 
 if TYPE_CHECKING:
     from sim.config.scenario import Scenario
@@ -33,7 +42,8 @@ if TYPE_CHECKING:
 ALIASES = {"gpu": "gpu", "tensor": "parallel.tensor", "policy": "scheduler.policy",
            "chunk_tokens": "scheduler.max_num_batched_tokens", "block_size": "kv.block_size",
            "max_num_seqs": "scheduler.max_num_seqs", "speculative": "speculative"}
-KEYS_ALLOWED = ", ".join(ALIASES) + ", or a dotted scenario field"
+KEYS_ALLOWED = (", ".join(ALIASES) + ", ratio, prefill.KEY, decode.KEY, both.KEY (a cluster's pools), "
+                "or a dotted scenario field")
 
 # How specload and the name loaders (profiles, models, runtimes) word a value that is
 # wrong whatever it is combined with: an unknown name, key or choice, a wrong type, a
@@ -42,8 +52,12 @@ _TYPO_STARTS = ("unknown ", "expected ")
 _TYPO_PARTS = (" is out of range (", " is not finite (", " is too large (")
 
 
-def candidate_grid(candidates: dict[str, tuple]) -> list[dict]:
-    """Every candidate as scenario overrides (short names expanded)."""
+def candidate_grid(candidates: dict[str, tuple], groups: Groups | None = None,
+                   plan_file: Any = None) -> list[dict]:
+    """Every candidate as scenario overrides (short names expanded; pool keys such as
+    `prefill.gpu` and `ratio` over the scenario's cluster `groups`: sim/planning/poolkeys.py)."""
+    if any(is_pool_key(k) for k in candidates):
+        return pool_grid(candidates, groups, ALIASES, plan_file)
     names = [ALIASES.get(k, k) for k in candidates]
     return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*candidates.values())]
 
@@ -52,19 +66,22 @@ def candidate_grid(candidates: dict[str, tuple]) -> list[dict]:
 FORMAT_WORDS = {"dtype.weights": "{}", "dtype.kv_cache": "{} KV"}
 
 
-def label(cand: dict) -> str:
-    """A candidate's short name: its overrides in order, GPU and policy by value, TP as
-    `tp2`, number formats as `fp8` / `bf16` (weights) and `fp8 KV` (cache), whether given
-    as dotted fields or as a `dtype:` mapping, other fields as `name=value`."""
+def _part(field: str, v: Any) -> str:
+    if field in FORMAT_WORDS:
+        return FORMAT_WORDS[field].format(v)
     short = {v: k for k, v in ALIASES.items()}
-    parts = []
-    for k, v in _dtype_fields(cand).items():
-        if k in FORMAT_WORDS:
-            parts.append(FORMAT_WORDS[k].format(v))
-            continue
-        name = short.get(k, k.split(".")[-1])
-        parts.append(str(v) if name in ("gpu", "policy") else f"{'tp' if name == 'tensor' else name + '='}{v}")
-    return " ".join(parts) or "base"
+    name = short.get(field, field.split(".")[-1])
+    return str(v) if name in ("gpu", "policy") else f"{'tp' if name == 'tensor' else name + '='}{v}"
+
+
+def label(cand: dict, groups: Groups | None = None) -> str:
+    """A candidate's short name: its pools (a cluster's prefill/decode groups), then its
+    overrides in order, GPU and policy by value, TP as `tp2`, number formats as `fp8` /
+    `bf16` (weights) and `fp8 KV` (cache), whether given as dotted fields or as a `dtype:`
+    mapping, other fields as `name=value`."""
+    pools, rest = pool_label(_dtype_fields(cand), groups, _part)
+    parts = [_part(k, v) for k, v in rest.items()]
+    return " ".join(([pools] if pools else []) + parts) or "base"
 
 
 def _dtype_fields(cand: dict) -> dict:
@@ -100,23 +117,36 @@ def check_candidates(plan_file: str, candidates: dict[str, tuple], scenario: str
                      base: dict) -> None:
     """Refuse (SpecError naming the plan file) a candidate key that is no scenario field
     or a value wrong on its own; `base` holds the overrides every candidate carries."""
+    groups = None
+    if any(is_pool_key(k) for k in candidates):
+        from sim.config.scenario import load_scenario
+
+        groups = groups_of(load_scenario(scenario))
     for key, values in candidates.items():
-        dotted = ALIASES.get(key, key)
         for i, value in enumerate(values):
-            e = resolve(scenario, {**base, dotted: value})
-            if not isinstance(e, SpecError) or not _about(e.path, dotted):
+            overrides = key_overrides(key, value, groups, ALIASES, plan_file)
+            e = resolve(scenario, {**base, **overrides})
+            dotted = next((d for d in overrides if isinstance(e, SpecError) and _about(e.path, d)), None)
+            if dotted is None:
                 continue
-            if e.path == dotted or dotted.startswith(e.path + "."):  # the key itself
+            path, dotted = _dots(e.path), _dots(dotted)
+            if path == dotted or dotted.startswith(path + "."):  # the key itself
                 if e.message.startswith("unknown key") or "not a mapping" in e.message:
-                    if "." not in e.path and key not in ALIASES:  # no such top-level field
+                    if "." not in path and key not in ALIASES:  # no such top-level field
                         raise SpecError(plan_file, f"candidates.{key}", f"unknown key (allowed: {KEYS_ALLOWED})")
                     raise SpecError(plan_file, f"candidates.{key}", e.message)
             if is_typo(e):
-                raise SpecError(plan_file, f"candidates.{key}[{i}]{e.path[len(dotted):]}", e.message)
+                raise SpecError(plan_file, f"candidates.{key}[{i}]{path[len(dotted):]}", e.message)
 
 
 def _about(path: str, dotted: str) -> bool:
     """Whether an error at `path` is about the field `dotted` (itself, inside it, or a
     mapping on the way to it)."""
+    path, dotted = _dots(path), _dots(dotted)
     return (path == dotted or path.startswith((dotted + ".", dotted + "["))
             or dotted.startswith(path + "."))
+
+
+def _dots(path: str) -> str:
+    """`cluster.groups[1].gpu` as `cluster.groups.1.gpu`."""
+    return re.sub(r"\[(\d+)\]", r".\1", path)

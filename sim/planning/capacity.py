@@ -1,14 +1,18 @@
 """What one replica sustains: SLO checks, a steady-state throughput measure, and the
 bisection on the request rate that `llmsim plan` and `llmsim curve` share.
 
-A probe runs the scenario at one Poisson rate for several seeds. It passes when every
-seed (or `need` of them) meets the SLOs:
+A probe runs the scenario at one Poisson rate for several seeds, each run long enough
+to reach steady state (`sim/planning/steady.py`: warm-up discarded, doubled until the
+p99s of the measured window's two halves agree and completions keep up, or it clearly
+fails). It passes when every seed (or `need` of them) meets the SLOs over its window:
 * p99 TTFT, p99 TPOT, p99 E2E under their bounds, and the share of requests meeting
   all of them (goodput) at least `goodput_min`, over finished requests;
 * no request rejected;
-* optionally, steady throughput at least `min_throughput_ratio` of offered load. Steady throughput
-  counts completions while the middle half of the arrivals come in (between the 25th
-  and 75th percentile arrival times) divided by that window; an overloaded replica
+* the run reached steady state;
+* steady throughput at least `min_throughput_ratio` (default 0.9, the same bound as the
+  curve's knee) of offered load. Steady throughput counts completions while the
+  measured window's arrivals come in, divided by those arrivals (`steady_throughput`
+  without a probe's window: the middle half of the arrivals); an overloaded replica
   completes at its service rate whatever the offered load, while the drain at the end
   of a finite run, which makes whole-run throughput look low, is left out.
 The bisection brackets the highest passing rate geometrically (doubling or halving from
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from sim.planning.steady import not_steady
 from sim.policies.batch import FINISHED
 
 
@@ -34,13 +39,17 @@ class SLO:
     tpot_p99_s: float | None = field(default=None, metadata={"gt": 0})
     e2e_p99_s: float | None = field(default=None, metadata={"gt": 0})
     goodput_min: float | None = field(default=None, metadata={"gt": 0, "le": 1})
-    # off by default: over a few hundred requests the window count is noisy (about +-10 %)
-    min_throughput_ratio: float | None = field(default=None, metadata={"ge": 0, "le": 1})
+    # on by default: probes run >= 60 s of traffic, where the window count is within a few %
+    min_throughput_ratio: float | None = field(default=0.9, metadata={"ge": 0, "le": 1})
 
     def check(self):
         if all(v is None for v in (self.ttft_p99_s, self.tpot_p99_s, self.e2e_p99_s, self.goodput_min)):
             return "ttft_p99_s", "give at least one of ttft_p99_s, tpot_p99_s, e2e_p99_s, goodput_min"
         return None
+
+    def bounds(self) -> dict[str, float | None]:
+        """metric -> p99 bound (None: unbounded), as the steady rule reads them."""
+        return {"ttft_s": self.ttft_p99_s, "tpot_s": self.tpot_p99_s, "e2e_s": self.e2e_p99_s}
 
     def as_scenario_slo(self) -> dict:
         """The per-request bounds, as a scenario's `slo:` (goodput counts against them)."""
@@ -80,6 +89,9 @@ def violations(summary: dict, slo: SLO) -> list[str]:
     if slo.min_throughput_ratio is not None and ratio is not None and not math.isnan(ratio) \
             and ratio < slo.min_throughput_ratio:
         out.append(f"steady throughput {ratio:.0%} of offered < {slo.min_throughput_ratio:.0%}")
+    unsteady = not_steady(summary)
+    if unsteady and not out:
+        out.append(unsteady)
     return out
 
 

@@ -1,9 +1,14 @@
 """Throughput-latency curves: each scenario at a list of offered request rates.
 
 Every point is a run of the scenario at a Poisson rate (trace arrivals become Poisson
-over the trace's lengths, as in `sim/planning/capacity.py`), through the sweep executors.
-Columns: p50/p99 TTFT, TPOT and E2E, goodput (finished requests/s meeting the
-scenario's SLOs; empty when it sets none), achieved request rate, steady throughput ratio.
+over the trace's lengths, as in `sim/planning/capacity.py`), through the sweep executors,
+as long as the steady rule of a plan's probes asks (`sim/planning/steady.py`: at least
+`--requests` and 60 s of traffic, warm-up discarded, doubled up to 480 s until the
+halves of the measured window agree, or stopped once the point clearly fails; the
+halves are compared against the scenario's SLO bounds, TTFT's else `--ttft-bound`).
+Columns: p50/p99 TTFT, TPOT and E2E over the measured window, goodput (finished
+requests/s meeting the scenario's SLOs; empty when it sets none), achieved request rate,
+steady throughput ratio, the rule's verdict and the traffic the point ran.
 
 The saturation knee of a scenario is the highest offered rate r such that at r and at
 every lower rate of the curve
@@ -25,6 +30,8 @@ column instead of `rate`, and the knee is the highest C whose p99 TTFT meets the
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 from pathlib import Path
 
@@ -35,12 +42,37 @@ from matplotlib.figure import Figure
 from sim.config.scenario import load_scenario
 from sim.io.outdir import write_output
 from sim.planning.capacity import rate_overrides
-from sim.planning.sweep import check_configs, config_key, execute
+from sim.planning.steady import SteadyRule, steady_run
+from sim.planning.sweep import UNSTABLE, check_configs, config_key, execute, flatten
 
 KNEE_THROUGHPUT_RATIO = 0.9
+DEFAULT_RULE = SteadyRule()
 COLUMNS = ["scenario", "rate", "seed", "ttft_s.p50", "ttft_s.p99", "tpot_s.p50", "tpot_s.p99",
            "e2e_s.p50", "e2e_s.p99", "goodput.requests_per_s", "request_throughput",
-           "steady.ratio", "gpu_busy_fraction", "gpu_kernel_fraction", "mean_batch_size", "preemptions"]
+           "steady.ratio", "gpu_busy_fraction", "gpu_kernel_fraction", "mean_batch_size", "preemptions",
+           "steady.verdict", "steady.traffic_s"]
+
+
+def steady_point(scenario_file: str, overrides: dict, *, ttft_bound: float | None = None,
+                 rule: SteadyRule = DEFAULT_RULE) -> dict:
+    """One curve point under the steady rule, as a flattened row (run in a worker)."""
+    from sim.engine.runner import run
+
+    sc = load_scenario(scenario_file, overrides)
+    rate = float(overrides["workload.arrival"]["rate"])
+    bounds = {"ttft_s": sc.slo.ttft_s or ttft_bound, "tpot_s": sc.slo.tpot_s, "e2e_s": sc.slo.e2e_s}
+    rule = dataclasses.replace(rule, min_requests=int(overrides["workload.num_requests"]))
+
+    def run_n(n: int):
+        out = run(scenario_file, {**overrides, "workload.num_requests": n})
+        return out.requests, out.summary
+    summary = steady_run(run_n, rate, rule, bounds)
+    if summary.get("goodput") is not None:  # the window's goodput in requests/s
+        span = summary["steady"]["window_s"]
+        met = summary["goodput"]["fraction_met"] * summary["steady"]["window_arrivals"]
+        summary["goodput"] = {**summary["goodput"], "requests_per_s": met / max(span, 1e-12)}
+    summary.pop("whole_run")
+    return {k: v for k, v in flatten(summary).items() if k not in UNSTABLE}
 
 
 def concurrency_overrides(workload, users: int, requests: int) -> dict:
@@ -76,12 +108,14 @@ def run_curve(files: list[str], rates: list[float] | None = None, out_dir: str |
               requests: int | None = None, seed: int | None = None, ttft_bound: float | None = None,
               executor: str = "process", workers: int | None = None,
               concurrency: list[int] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run every (scenario, rate), or every (scenario, users) with `concurrency`; return
-    the curve table and the knee table."""
+    """Run every (scenario, rate) under the steady rule, or every (scenario, users) with
+    `concurrency` (a closed loop keeps up with itself: one run of the scenario's requests);
+    return the curve table and the knee table."""
     closed = concurrency is not None
     rates = sorted(int(c) for c in concurrency) if closed else sorted(float(r) for r in rates)
     tasks, meta = curve_tasks([str(f) for f in files], rates, requests, seed, closed)
-    rows = dict(execute(tasks, executor, workers))
+    fn = None if closed else functools.partial(steady_point, ttft_bound=ttft_bound)
+    rows = dict(execute(tasks, executor, workers, fn=fn))
     recs = []
     for (key, _, _), (name, rate, s, _) in zip(tasks, meta, strict=True):
         row = rows[key]

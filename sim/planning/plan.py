@@ -6,35 +6,65 @@ scenario: ../scenarios/quickstart.yaml    # model, runtime, lengths (relative to
 target_rate: 24                           # requests/s the fleet must serve
 slo: {ttft_p99_s: 1.0, tpot_p99_s: 0.06}  # also e2e_p99_s, goodput_min, min_throughput_ratio
 prices: null                              # default gpu_profiles/prices.yaml
-search: {seeds: 2, requests: 300}         # see SearchSpec (also fleet_checks: 3)
-router: {policy: random}                  # the fleet check's load balancer (default random)
+search: {seeds: 2}                        # see SearchSpec: steady, margin, redundancy, ...
+router: {policy: random}                  # the fleet check's load balancer (default random;
+                                          # a cluster scenario's own router when not given)
+arrival: auto                             # auto, poisson or trace (sim/planning/traffic.py)
 candidates:                               # a grid; short names or dotted scenario fields
   gpu: [a100-80gb, h100-sxm, h200-sxm]
   tensor: [1, 2, 4]                       # parallel.tensor
   policy: [continuous, chunked]           # scheduler.policy
+  # over a cluster scenario's pools (sim/planning/poolkeys.py):
+  # ratio: [aggregated, "1:1", "1:2"]     # prefill:decode replicas per unit, or colocated
+  # prefill.tensor: [1, 2]                # decode.gpu, both.policy, prefill.count, ...
 ```
 
-Per candidate (`sim/planning/capacity.py`): the highest Poisson rate one replica (one TP group)
-sustains with every seed meeting the SLOs, by bisection; then replicas =
-ceil(target / that rate), GPUs = replicas x TP, $/hour from the prices file, $/M output
-tokens = $/hour / (target x mean output tokens x 3600) x 1e6, and p99 latencies of one
-replica at its share of the target (target / replicas). The binding constraint is read
-from the first probe that broke the SLOs (`binding`). That is the *estimate*.
+**The unit** (`sim/planning/units.py`): without a `cluster:` one replica (tensor x
+pipeline GPUs); with one, the whole cluster as written — every group's replicas, each on
+its own GPU and tensor degree, in its role — probed as itself and priced as the sum of
+its pools (count x tensor x pipeline x the group's GPU price). `replicas` in a row
+counts units; `unit`, `unit_gpus`, `unit_usd_per_hour` and `deployment` (aggregated /
+disaggregated) describe one.
+
+Per candidate (`sim/planning/capacity.py`): the highest rate one unit sustains with every
+seed meeting the SLOs in steady state, by bisection, on the plan's arrival process
+(`arrival:`: Poisson, the scenario's gamma, or its trace's own arrivals replayed at the
+probed rate; each row's `arrival` and the plan's `arrival` entry say which); each probe
+runs as long as the steady rule asks (`sim/planning/steady.py`: warm-up discarded, at
+least 60 s of traffic, doubled up to 480 s until the halves of the measured window agree
+and completions keep up; stopped early once it clearly fails). Then units =
+ceil(target x (1 + search.margin) / that rate) (+1 with `search.redundancy: n+1`, never
+under `search.min_replicas`), GPUs = units x the unit's GPUs, $/hour = units x the unit's
+$/hour from the prices file, $/M output tokens = $/hour / (target x mean output tokens x
+3600) x 1e6, and p99 latencies of one unit at its share of the target (target / units,
+every seed). The binding constraint is read from the first probe that broke the SLOs
+(`binding`). That is the *estimate*. Each figure has a range
+(`sim/planning/uncertainty.py`: the seed spread widened by the step model's error band
+for what the run's step time stands on, bands in `data/step_error_bands.yaml`) and the
+share of its step time that rests on measurement.
 
 The candidates are then **checked as fleets** (`sim/planning/fleet.py`: the cluster engine,
-behind `router`) at the target rate, cheapest estimate first (ties: lower p99 TTFT):
+behind `router`) at the target rate plus `search.margin` (10 % by default) for
+`search.fleet_traffic_s` (600 s) of traffic on fresh seeds (none a probe used),
+measured over the steady window, cheapest estimate first (ties: lower p99 TTFT):
 a check moves the replica count until the fleet meets the SLOs for every seed and one
 replica fewer does not, and prices that count. A check can raise a candidate's cost
 above the next candidates' estimates, so the next candidate is checked too while its
 estimated cost is at most the cheapest validated cost so far, up to
 `search.fleet_checks` checks (default 3). The recommendation is the cheapest validated
-fleet (ties: lower p99 TTFT in its check); every figure in `recommended` is that
+fleet (ties on cost are listed in `recommended.ties` and go to more replicas, then lower
+p99 TTFT); its `headroom` is the highest rate it still serves within the SLOs (a
+bisection of steady fleet probes above the checked rate); every figure in `recommended` is that
 fleet's (replicas, GPUs, $/hour, $/M output tokens from its runs' output tokens, p99s
 measured in its check), with the per-replica estimate kept apart under
 `recommended.estimate`. `fleet_checks` lists every check made, `fleet_check` the
 recommended one's, and `unchecked_within` how many candidates estimated at or below the
 recommended cost were left unchecked by the bound. The Pareto front is taken over each
-candidate's validated point where it was checked, else its estimate.
+candidate's validated point where it was checked, else its estimate. A fleet of N units
+is the unit's groups with their counts multiplied by N (`units.fleet_cluster`). When the
+candidates include a disaggregated unit, `deployments` holds the aggregated-vs-
+disaggregated fronts over $/M output tokens, p99 TTFT and p99 TPOT
+(`sim/planning/deployments.py`).
 
 Candidates are checked before any run (`sim/planning/candidates.py`): a key that is no
 scenario field or a value wrong on its own (an unknown GPU, model or runtime name, a
@@ -54,6 +84,7 @@ fleet check, which moves the count either way, settles it."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -62,8 +93,9 @@ from typing import Any
 from sim.config.scenario import Scenario, load_scenario
 from sim.io.specload import SpecError
 from sim.planning.candidates import ALIASES, check_candidates, label, resolve
-from sim.planning.capacity import Capacity, max_rate, rate_overrides
-from sim.planning.fleet import validate_fleet
+from sim.planning.capacity import Capacity, max_rate
+from sim.planning.deployments import deployment_fronts
+from sim.planning.fleet import headroom, validate_fleet
 from sim.planning.planspec import (
     PlanSpec,
     SearchSpec,
@@ -71,8 +103,13 @@ from sim.planning.planspec import (
     candidate_grid,
     load_plan,
     load_prices,
+    plan_groups,
     plan_scenario,
 )
+from sim.planning.steady import SteadyRule, steady_run
+from sim.planning.traffic import describe, probe_overrides, process, steady_rule
+from sim.planning.uncertainty import candidate_ranges, fleet_ranges
+from sim.planning.units import Unit, unit_of
 
 __all__ = ["ALIASES", "PlanSpec", "SearchSpec", "binding", "candidate_grid", "evaluate", "label",
            "load_plan", "load_prices", "pareto", "run_plan", "validate_fleet", "write_plan"]
@@ -85,19 +122,20 @@ def _base(spec: PlanSpec) -> dict:
 def screen(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict | None:
     """The skipped row of a candidate the scenario refuses or that has no price (its
     one-line reason in `note`); None for a candidate to evaluate."""
-    row: dict[str, Any] = {"candidate": label(cand), **cand, "status": "skipped"}
+    row: dict[str, Any] = {"candidate": label(cand, plan_groups(spec)), **cand, "status": "skipped"}
     sc = resolve(plan_scenario(spec), {**_base(spec), **cand})
     if isinstance(sc, SpecError):
         return {**row, "note": f"refused by the scenario: {sc.path}: {sc.message}"}
-    if sc.gpu not in prices:
-        return {**row, "note": f"no price for GPU '{sc.gpu}' in the prices file"}
+    gpu = unit_of(sc).unpriced(prices)
+    if gpu is not None:
+        return {**row, "note": f"no price for GPU '{gpu}' in the prices file"}
     return None
 
 
 def evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     """One candidate: sustained rate, fleet size, cost, latency at its share, binding.
     Never raises SpecError (it runs in worker processes): a refusal is a skipped row."""
-    row: dict[str, Any] = {"candidate": label(cand), **cand}
+    row: dict[str, Any] = {"candidate": label(cand, plan_groups(spec)), **cand}
     try:
         return {**row, **_evaluate(spec, cand, prices)}
     except SpecError as e:
@@ -108,41 +146,71 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     scen = plan_scenario(spec)
     base = {**_base(spec), **cand}
     sc = load_scenario(scen, base)
-    gpu, tp = sc.gpu, sc.parallel.tensor
-    if gpu not in prices:
-        return {"status": "skipped", "note": f"no price for GPU '{gpu}' in the prices file"}
+    unit = unit_of(sc)
+    unpriced = unit.unpriced(prices)
+    if unpriced is not None:
+        return {"status": "skipped", "note": f"no price for GPU '{unpriced}' in the prices file"}
+    gpu = unit.pools[0].gpu  # the binding constraint reads the first pool's GPU
     s = spec.search
-    run_at = _runner(scen, base, sc, s.requests)
+    rule = steady_rule(dataclasses.replace(s.rule(), min_requests=s.rule().min_requests * unit.replicas),
+                       sc, spec.arrival)
+    run_at = _runner(scen, base, sc, rule, spec.slo.bounds(), spec.arrival)
     seeds = [sc.seed + i for i in range(s.seeds)]
     cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
                    s.rel_tol, s.max_probes)
-    row = _capacity_row(cap, gpu)
+    row = {**_capacity_row(cap, gpu), "arrival": process(sc, spec.arrival)}
     if cap.rate <= 0:
         return {**row, "status": "infeasible", "note": "SLOs broken even at the lowest rate tried"}
-    replicas = math.ceil(spec.target_rate / cap.rate - 1e-9)
+    extra = 1 if s.redundancy == "n+1" else 0
+    sizing = s.sizing_rate(spec.target_rate)
+    replicas = max(s.min_replicas, math.ceil(sizing / cap.rate - 1e-9) + extra)
     if replicas > s.max_replicas:
         return {**row, "status": "infeasible", "note": f"needs {replicas} replicas > max_replicas"}
-    at_share = run_at(spec.target_rate / replicas, sc.seed)
-    out_per_req = at_share["output_token_throughput"] / max(at_share["request_throughput"], 1e-12)
-    usd_h = replicas * tp * prices[gpu]
-    return {**row, "status": "ok", "note": "", "tp": tp, "replicas": replicas, "gpus": replicas * tp,
-            "usd_per_hour": usd_h, "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate, out_per_req),
-            "ttft_p99_at_target_s": at_share["ttft_s"]["p99"],
-            "tpot_p99_at_target_s": at_share["tpot_s"]["p99"],
-            "e2e_p99_at_target_s": at_share["e2e_s"]["p99"]}
+    share = spec.target_rate / max(replicas - extra, 1)  # with n+1, one unit down
+    at_share = [run_at(share, seed) for seed in seeds]
+    out_per_req = sum(a["output_token_throughput"] / max(a["request_throughput"], 1e-12)
+                      for a in at_share) / len(at_share)
+    unit_usd_h = unit.usd_per_hour(prices)
+    usd_h = replicas * unit_usd_h
+    usd_m = _usd_per_m(usd_h, spec.target_rate, out_per_req)
+    worst = {k: max((a[f"{k}_s"]["p99"] for a in at_share if a[f"{k}_s"]["p99"] is not None), default=None)
+             for k in ("ttft", "tpot", "e2e")}
+    rng = candidate_ranges(sizing, cap.rate, cap.fail_rate,
+                           cap.at_rate.summaries[0].get("lookup_provenance"),
+                           {k: [a[f"{k}_s"]["p99"] for a in at_share] for k in ("ttft", "tpot", "e2e")},
+                           at_share[0].get("lookup_provenance"), 1, unit_usd_h, usd_m, usd_h,
+                           extra, s.min_replicas)
+    return {**row, "status": "ok", "note": "", **unit_fields(unit, prices), "replicas": replicas,
+            "gpus": replicas * unit.gpus, "usd_per_hour": usd_h, "usd_per_m_output_tokens": usd_m,
+            "ttft_p99_at_target_s": worst["ttft"], "tpot_p99_at_target_s": worst["tpot"],
+            "e2e_p99_at_target_s": worst["e2e"], **rng}
+
+
+def unit_fields(unit: Unit, prices: dict[str, float]) -> dict:
+    """A candidate row's unit: `tp` (None when its pools differ), `deployment`
+    (aggregated / disaggregated), `unit` in words, its GPUs and $/hour (the sum of its
+    pools'); `replicas` in the row then counts units."""
+    return {"tp": unit.tensor, "deployment": unit.deployment, "unit": unit.describe(),
+            "unit_replicas": unit.replicas, "unit_gpus": unit.gpus,
+            "unit_usd_per_hour": unit.usd_per_hour(prices)}
 
 
 def _usd_per_m(usd_per_hour: float, rate: float, output_tokens_per_request: float) -> float:
     return usd_per_hour / (rate * output_tokens_per_request * 3600) * 1e6
 
 
-def _runner(scen: str, base: dict, sc: Scenario, requests: int):
+def _runner(scen: str, base: dict, sc: Scenario, rule: SteadyRule, bounds: dict,
+            arrival: str = "auto"):
+    """run_at(rate, seed) -> a steady-state probe's summary (`sim/planning/steady.py`), on
+    the plan's arrival process (a trace replay takes the seed's own window of the trace)."""
     from sim.engine.runner import run
-    from sim.planning.capacity import steady_throughput
 
     def run_at(rate: float, seed: int) -> dict:
-        out = run(scen, {**base, **rate_overrides(sc.workload.arrival, rate, requests), "seed": seed})
-        return {**out.summary, "steady": steady_throughput(out.requests)}
+        def run_n(n: int):
+            traffic = probe_overrides(sc, arrival, rate, n, window=seed - sc.seed)
+            out = run(scen, {**base, **traffic, "seed": seed})
+            return out.requests, out.summary
+        return steady_run(run_n, rate, rule, bounds)
     return run_at
 
 
@@ -154,7 +222,9 @@ def _capacity_row(cap: Capacity, gpu: str) -> dict:
             "ttft_p99_spread_s": f"{spread[0]:.3g}-{spread[1]:.3g}" if spread else "",
             "broke": "; ".join(fail.broke) if fail else "",
             "binding": binding(fail.summaries[-1], gpu, fail.broke) if fail else "none up to rate_max",
-            "probes": len(cap.probes), "runs": sum(p.seeds_run for p in cap.probes)}
+            "probes": len(cap.probes), "runs": sum(p.seeds_run for p in cap.probes),
+            "probe_traffic_s": sum(x["steady"]["traffic_run_s"] for p in cap.probes for x in p.summaries
+                                   if "steady" in x)}
 
 
 def binding(summary: dict, gpu: str, broke: list[str] | None = None) -> str:
@@ -226,7 +296,8 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
     cheapest as fleets and recommend the cheapest validated one."""
     prices = load_prices(prices_path or (_resolve(spec, spec.prices) if spec.prices else None))
     scen = plan_scenario(spec)
-    load_scenario(scen)  # a bad scenario fails before any run
+    # a bad scenario, or arrival: trace without a trace, fails before any run
+    arrival = describe(load_scenario(scen), spec.arrival, spec.file)
     check_candidates(spec.file, spec.candidates, scen, _base(spec))  # a typo fails before any run
     cands = candidate_grid(spec)
     rows: list[dict | None] = [screen(spec, c, prices) for c in cands]
@@ -240,12 +311,15 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
         rows[i] = r
     result = {"name": spec.name, "target_rate": spec.target_rate, "slo": spec.slo.__dict__,
               "max_replicas": spec.search.max_replicas,
-              "scenario": spec.scenario, "candidates": rows, "recommended": None, "fleet_check": None,
-              "fleet_checks": [], "unchecked_within": 0}
+              "scenario": spec.scenario, "arrival": arrival, "candidates": rows, "recommended": None,
+              "fleet_check": None, "fleet_checks": [], "unchecked_within": 0}
     result.update(_fleet_checks(spec, rows, cands))
     front = set(pareto(rows))
     for r in rows:
         r["pareto"] = r["candidate"] in front
+    fronts = deployment_fronts(rows)
+    if fronts is not None:
+        result["deployments"] = fronts
     return result
 
 
@@ -268,13 +342,17 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
         row = rows[i]
         check = validate_fleet(spec, row, cands[i])
         at_n = next(c for c in check["checks"] if c["replicas"] == check["replicas"])
-        usd_h = check["replicas"] * row["tp"] * row["usd_per_hour"] / row["gpus"]  # the GPU's price
-        check.update({"tp": row["tp"], "gpus": check["replicas"] * row["tp"], "usd_per_hour": usd_h,
+        unit_gpus, unit_usd_h = row["gpus"] / row["replicas"], row["usd_per_hour"] / row["replicas"]
+        usd_h = check["replicas"] * unit_usd_h  # the unit's price: the sum of its pools'
+        check.update({"tp": row["tp"], "gpus": round(check["replicas"] * unit_gpus), "usd_per_hour": usd_h,
+                      **{k: row[k] for k in ("unit", "unit_replicas") if k in row},
                       "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate,
                                                             at_n["output_tokens_per_request"]),
                       **{k: at_n[k] for k in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")}})
         row.update({"fleet_replicas": check["replicas"], "fleet_usd_per_hour": usd_h,
-                    "fleet_ttft_p99_s": at_n["ttft_p99_s"], "fleet_holds": check["holds"]})
+                    "fleet_ttft_p99_s": at_n["ttft_p99_s"], "fleet_holds": check["holds"],
+                    "fleet_gpus": check["gpus"], "fleet_tpot_p99_s": at_n["tpot_p99_s"],
+                    "fleet_usd_per_m_output_tokens": check["usd_per_m_output_tokens"]})
         done.append((i, check))
     if not done:
         return {}
@@ -282,11 +360,16 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
     if not held:  # no fleet checked met the SLOs: nothing is recommended
         return {"recommended": None, "fleet_check": done[0][1], "fleet_checks": [c for _, c in done],
                 "unchecked_within": 0}
-    i, check = min(held, key=lambda ic: (ic[1]["usd_per_hour"], ic[1]["ttft_p99_s"]))
+    # ties on cost are shown, and broken toward more replicas (one down hurts less), then p99 TTFT
+    i, check = min(held, key=lambda ic: (ic[1]["usd_per_hour"], -ic[1]["replicas"], ic[1]["ttft_p99_s"]))
+    ties = [c["candidate"] for _, c in held if c is not check
+            and c["usd_per_hour"] <= check["usd_per_hour"] * (1 + 1e-9)]
     checked = {j for j, _ in done}
     unchecked = sum(1 for j in ranked if j not in checked
                     and rows[j]["usd_per_hour"] <= check["usd_per_hour"] * (1 + 1e-9))
-    return {"recommended": _recommended(rows[i], cands[i], check, spec), "fleet_check": check,
+    rec = _recommended(rows[i], cands[i], check, spec)
+    rec["ties"] = ties
+    return {"recommended": rec, "fleet_check": check,
             "fleet_checks": [c for _, c in done], "unchecked_within": unchecked}
 
 
@@ -298,12 +381,21 @@ def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec) -> dict:
                                     "sustained_rate", "binding")}
     estimate["stands_on"] = ("per-replica sizing: one replica's sustained rate (bisection) and its p99s "
                              "at target / replicas")
-    return {"candidate": row["candidate"], **cand, "tp": row["tp"],
+    unit = {k: row[k] for k in ("deployment", "unit", "unit_replicas", "unit_gpus", "unit_usd_per_hour")
+            if k in row}
+    head = headroom(spec, cand, check["replicas"],
+                    check["replicas"] * row["sustained_rate"] / spec.target_rate) \
+        if check["holds"] and spec.search.headroom_probes else None
+    return {"candidate": row["candidate"], **cand, "tp": row["tp"], **unit,
             **{k: check[k] for k in ("replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
                                      "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")},
-            "holds": check["holds"],
+            "holds": check["holds"], "redundancy": check.get("redundancy", "none"),
+            "holds_one_down": check.get("holds_one_down", False), "headroom": head,
+            **fleet_ranges(spec, row, check, head),
             "stands_on": f"fleet check: {check['replicas']} x {row['candidate']} behind a {check['router_label']} at "
-                         f"{spec.target_rate:g} req/s, seeds {check['seeds']} (p99s: the worst seed)",
+                         f"{check.get('rate', spec.target_rate):g} req/s (target + {check.get('margin', 0):.0%} "
+                         f"margin) for {check.get('traffic_s', '?')} s of traffic, seeds {check['seeds']} "
+                         "(p99s: the worst seed)",
             "estimate": estimate}
 
 
@@ -313,9 +405,11 @@ def _map(spec, cands, prices, workers, progress) -> list[dict]:
     import concurrent.futures as cf
     import multiprocessing as mp
 
+    from sim.planning.lifetime import die_with_parent
     from sim.planning.sweep import _START_METHOD
 
-    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(_START_METHOD)) as pool:
+    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(_START_METHOD),
+                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
         futs = [pool.submit(evaluate, spec, c, prices) for c in cands]
         if progress:
             from tqdm import tqdm

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -27,7 +28,9 @@ import numpy as np
 import pandas as pd
 
 from sim.io.outdir import open_progress, write_output
+from sim.io.outputs import OutputError, _describe_oserror
 from sim.io.specload import SpecError, parse_cli_value
+from sim.planning.lifetime import die_with_parent, reaper
 
 EXECUTORS = ("process", "ray", "sequential")
 UNSTABLE = ("wall_s", "simulate_wall_s")  # summary fields that differ from run to run: never in a row
@@ -123,17 +126,20 @@ Task = tuple[str, str, dict]  # (key, scenario file, overrides)
 
 
 def execute(tasks: list[Task], executor: str = "process", workers: int | None = None,
-            address: str | None = None) -> Iterator[tuple[str, dict]]:
-    """Run tasks, yielding (key, row) as each finishes (order depends on the executor)."""
+            address: str | None = None, fn=None) -> Iterator[tuple[str, dict]]:
+    """Run tasks, yielding (key, row) as each finishes (order depends on the executor);
+    `fn(scenario file, overrides) -> row` (picklable) runs one, default `run_config`."""
+    fn = fn or run_config
     if executor == "sequential" or (executor == "process" and (workers or 2) <= 1) or len(tasks) <= 1:
         for key, f, o in tasks:
-            yield key, run_config(f, o)
+            yield key, fn(f, o)
     elif executor == "process":
         import concurrent.futures as cf
         import multiprocessing as mp
 
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(_START_METHOD)) as pool:
-            futs = {pool.submit(run_config, f, o): key for key, f, o in tasks}
+        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(_START_METHOD),
+                                    initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+            futs = {pool.submit(fn, f, o): key for key, f, o in tasks}
             try:
                 for fut in cf.as_completed(futs):
                     yield futs[fut], fut.result()
@@ -142,22 +148,24 @@ def execute(tasks: list[Task], executor: str = "process", workers: int | None = 
                     fut.cancel()
                 raise
     elif executor == "ray":
-        yield from _execute_ray(tasks, workers, address)
+        yield from _execute_ray(tasks, workers, address, fn)
     else:
         raise SpecError("--executor", executor, f"unknown (known: {', '.join(EXECUTORS)})")
 
 
-def _execute_ray(tasks: list[Task], workers: int | None, address: str | None):
+def _execute_ray(tasks: list[Task], workers: int | None, address: str | None, fn=None):
     try:
         import ray
     except ImportError:
         raise SpecError("--executor", "ray", "ray is not installed (pip install 'llmsim[ray]')") from None
     started = not ray.is_initialized()
+    watch = None
     if started:
         kw = {"address": address} if address else {"num_cpus": workers, "include_dashboard": False}
+        watch = None if address else reaper()  # a local Ray's processes end with this one
         ray.init(log_to_driver=False, **kw)
     try:
-        remote = ray.remote(run_config)
+        remote = ray.remote(fn or run_config)
         refs = {remote.remote(f, o): key for key, f, o in tasks}
         pending = list(refs)
         while pending:
@@ -172,6 +180,18 @@ def _execute_ray(tasks: list[Task], workers: int | None, address: str | None):
     finally:
         if started:
             ray.shutdown()
+        if watch is not None:
+            watch.kill()
+            watch.wait()
+
+
+def _ends_a_line(path: Path) -> bool:
+    """`path` is empty or ends with a newline."""
+    with path.open("rb") as f:
+        if f.seek(0, 2) == 0:
+            return True
+        f.seek(-1, 2)
+        return f.read(1) == b"\n"
 
 
 def read_rows(path: Path) -> dict[str, dict]:
@@ -181,9 +201,10 @@ def read_rows(path: Path) -> dict[str, dict]:
         for line in path.read_text().splitlines():
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 continue
-            rows[rec["key"]] = rec["row"]
+            if isinstance(rec, dict) and isinstance(rec.get("key"), str) and isinstance(rec.get("row"), dict):
+                rows[rec["key"]] = rec["row"]
     return rows
 
 
@@ -196,25 +217,35 @@ def run_sweep(scenario_file: str | Path, configs: list[dict], out_dir: str | Pat
     scenario_file = str(scenario_file)
     check_configs(scenario_file, base, configs)  # before any run, before the folder is made
     keys = [config_key(scenario_file, base, c) for c in configs]
-    meta = {"scenario": scenario_file, "base": base, "fields": sorted({k for c in configs for k in c})}
+    meta = {"scenario": scenario_file, "base": base, "fields": sorted({k for c in configs for k in c}),
+            "appends": ["rows.jsonl"]}  # a resumed sweep appends to the finished folder's log
     out = open_progress(out_dir, "sweep", meta, "rows.jsonl")
     log = out / "rows.jsonl"
-    done = read_rows(log)
-    tasks = [(k, scenario_file, {**base, **c}) for k, c in zip(keys, configs, strict=True) if k not in done]
-    bar = _bar(len(configs), len(configs) - len(tasks)) if progress else None
-    with log.open("a") as f:
-        for key, row in execute(tasks, executor, workers, address):
-            done[key] = row
-            f.write(json.dumps({"key": key, "row": row}) + "\n")
-            f.flush()
-            if bar:
-                bar.update(1)
-            if on_row:
-                on_row(key, row)
-    if bar:
-        bar.close()
+    kept = 0
+    try:
+        done = read_rows(log)
+        kept = len(done)
+        tasks = [(k, scenario_file, {**base, **c}) for k, c in zip(keys, configs, strict=True) if k not in done]
+        bar = _bar(len(configs), len(configs) - len(tasks)) if progress else None
+        with log.open("a") as f:
+            if not _ends_a_line(log):
+                f.write("\n")  # a torn last line (a full disk, a kill) stays a line of its own
+            for key, row in execute(tasks, executor, workers, address):
+                f.write(json.dumps({"key": key, "row": row}) + "\n")
+                f.flush()
+                done[key] = row
+                kept += 1
+                if bar:
+                    bar.update(1)
+                if on_row:
+                    on_row(key, row)
+        if bar:
+            bar.close()
+        lines = log.read_text()
+    except OSError as e:  # a full disk, an I/O error: the rows written so far stay for a rerun
+        raise OutputError("--out", out, f"could not write rows.jsonl ({_describe_oserror(e)}); "
+                          f"{kept} finished row(s) kept there: rerun to resume") from None
     table = results_table(configs, keys, done)
-    lines = log.read_text()
 
     def finish(folder: Path) -> None:
         (folder / "rows.jsonl").write_text(lines)
@@ -233,6 +264,7 @@ def check_configs(scenario_file: str, base: dict, configs: list[dict], *,
     the flag the configurations came from."""
     from sim.config.scenario import load_scenario
     from sim.engine.build import build_fleet, replica_configs
+    from sim.engine.hostmem import check_host_memory
     from sim.workload.requests import generate
 
     workloads: dict[str, tuple] = {}
@@ -242,6 +274,7 @@ def check_configs(scenario_file: str, base: dict, configs: list[dict], *,
                 **dict.fromkeys(base, "--set"), **dict.fromkeys(c, origin)})
             replicas = replica_configs(sc)
             wkey = repr((sc.workload, sc.seed, sc.file, sc.base_dir))
+            check_host_memory(sc)  # before its workload is drawn
             if wkey not in workloads:
                 wl = generate(sc.workload, np.random.default_rng(sc.seed), file=sc.file or None,
                               path="workload", base_dir=Path(sc.base_dir) if sc.base_dir else None)

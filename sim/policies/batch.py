@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import heapq
 
+from sim.policies.stepkind import StepKind
+
 WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped", "finished", "rejected"
 TRANSFERRING = "transferring"  # disaggregated: KV on its way from a prefill to a decode replica
+_DECODE = StepKind.DECODE
 
 
 class Seq:
@@ -196,6 +199,11 @@ class RunningBatch:
             self._drop(s, keep_row=self.keep_finished)
             done.append(s)
         return done
+
+    def end_round(self, n: int) -> tuple[StepKind, int, int]:
+        """After a decode step of `n` rows: (its step kind, tokens, KV blocks to give
+        back). A plain decode step: DECODE, one token a row, nothing back."""
+        return _DECODE, n, 0
 
     def clear_padding(self) -> None:
         """End of a static batch: drop the finished rows that were kept as padding."""

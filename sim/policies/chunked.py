@@ -10,30 +10,31 @@ prompt. Decode growth that cannot get a block preempts the newest request
 from __future__ import annotations
 
 from sim.policies.batch import Seq
-from sim.policies.kv import PagedKV
-from sim.policies.scheduler import (
-    IDLE,
-    Admission,
-    Chunk,
-    Rejection,
-    ReplicaState,
-    SchedulerSpec,
-    StepPlan,
-    never_fits,
-    resumed,
-)
+from sim.policies.plan import IDLE, Admission, Chunk, Rejection, StepKind, StepPlan
+from sim.policies.protocols import KVManager
+from sim.policies.scheduler import ReplicaState, SchedulerSpec, never_fits, resumed
+
+_MIXED = StepKind.MIXED
 
 
 class ChunkedPolicy:
-    def __init__(self, spec: SchedulerSpec, kv: PagedKV):
+    holds_batch = False
+
+    def __init__(self, spec: SchedulerSpec, kv: KVManager):
         self.spec = spec
         self.watermark = int(spec.watermark * kv.num_blocks)
+        self.max_seqs, self.step_tokens = spec.max_num_seqs, spec.max_num_batched_tokens
+
+    @staticmethod
+    def row_reservation(st: ReplicaState, seqs: list[Seq]) -> int:
+        """0: each admitted request takes its own KV."""
+        return 0
 
     def schedule(self, st: ReplicaState, now: float) -> StepPlan:
         batch, kv, spec = st.batch, st.kv, self.spec
         if not len(batch) and not st.prefilling and not st.waiting:
             return IDLE
-        plan = StepPlan("mixed")
+        plan = StepPlan(_MIXED)
         need = batch.new_blocks_needed()
         free = kv.free_blocks
         if need > free:
@@ -57,7 +58,7 @@ class ChunkedPolicy:
             if reason:
                 plan.reject.append(Rejection(s, reason))
                 continue
-            if budget <= 0 or seqs + 1 > spec.max_num_seqs:
+            if budget <= 0 or seqs + st.held_places + 1 > spec.max_num_seqs:
                 break
             h, cached, _ = st.admission(s)
             q = min(s.tokens_to_prefill - cached, budget)
@@ -81,7 +82,8 @@ class ChunkedPolicy:
             stuck = [s for s in st.prefilling if s not in gone]
             if stuck and not plan.reject:  # prefills under way hold the blocks each needs
                 plan.preempt.append(stuck[-1])
-            plan.kind = "reject" if plan.reject else ("preempt" if plan.preempt else "idle")
+            plan.kind = StepKind.REJECT if plan.reject else (
+                StepKind.PREEMPT if plan.preempt else StepKind.IDLE)
         return plan
 
     def first_chunk_never_fits(self, st: ReplicaState, s: Seq) -> str:

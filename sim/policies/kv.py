@@ -50,6 +50,7 @@ class PagedKV:
             self.free_blocks = self.num_blocks
 
     kind = "paged"
+    paged = True  # blocks taken as a sequence grows
 
     @classmethod
     def of_tokens(cls, num_tokens: int, block_size: int) -> PagedKV:
@@ -91,6 +92,7 @@ class ContiguousKV(PagedKV):
     """Slots of one token; a request takes prompt + max output at admission."""
 
     kind = "contiguous"
+    paged = False  # a whole slab at admission
 
     @classmethod
     def of_tokens(cls, num_tokens: int, block_size: int) -> ContiguousKV:

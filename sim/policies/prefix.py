@@ -26,7 +26,8 @@ prompt blocks that carry a hash) leaves out prompts without prefixes and the par
 last block, so it reads higher whenever only part of a prompt has a hash
 (`workload.shared_prefix`, `multi_turn`).
 
-Accounting, with the KV manager's `free_blocks` counting evictable blocks as free:
+Accounting, with the KV manager's `free_blocks` counting evictable blocks as free (a
+hash is in at most one of: referenced, evictable on the GPU, in the host tier):
 a hash block is allocated once, when it goes from evictable (or new) to
 referenced, and freed once, when its last reference goes; a request's logical
 blocks are its whole sequence, and on release it frees those not still
@@ -150,11 +151,13 @@ class PrefixCache:
         if not s.prefix:
             return
         full = min(len(s.prefix), tokens // self.hash_tokens)
-        refs, ev = self.refs, self.evictable
+        refs, ev, host = self.refs, self.evictable, self.host
         held = s.prefix_refs
         for x in s.prefix[len(held):full]:
             if x in refs or x in ev:
                 break  # someone cached this block meanwhile: keep our copy private
+            if x in host:  # an evicted copy waits in host memory: ours, on the GPU, replaces it
+                del host[x]
             refs[x] = 1
             held.append(x)
 

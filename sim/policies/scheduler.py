@@ -17,13 +17,15 @@ it never touches the clock or mutates anything (the engine applies the plan).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from sim.io.specload import MAX_TIME_S
-from sim.policies.batch import RunningBatch, Seq
-from sim.policies.kv import PagedKV
+from sim.policies.batch import Seq
+from sim.policies.plan import DECODE, IDLE, Admission, Rejection, StepKind, StepPlan
 from sim.policies.prefix import PrefixCache
+from sim.policies.protocols import DecodeBatch, KVManager
 
 
 @dataclass(frozen=True)
@@ -47,8 +49,8 @@ class SchedulerSpec:
 class ReplicaState:
     """What a policy may look at (the engine owns and mutates it)."""
 
-    kv: PagedKV
-    batch: RunningBatch
+    kv: KVManager
+    batch: DecodeBatch
     max_model_len: int
     waiting: deque[Seq] = field(default_factory=deque)
     swapped: deque[Seq] = field(default_factory=deque)
@@ -56,6 +58,15 @@ class ReplicaState:
     reserve_max_model_len: bool = True  # contiguous KV: reserve the whole window
     prefix: PrefixCache | None = None
     prefilling: list[Seq] = field(default_factory=list)  # chunked: prefills under way, FCFS
+    # batch places held by requests outside the batch and the queues: KV transfers under
+    # way into a disaggregated decode replica, and those arrived but not yet joined
+    held_places: int = 0
+
+    def places(self) -> int:
+        """Batch places taken (what `max_num_seqs` bounds): the running batch, prefills under
+        way, and KV transfers into this replica (the one count admission, re-prefill,
+        swap-in and the KV link share)."""
+        return len(self.batch) + len(self.prefilling) + self.held_places
 
     def max_total(self, s: Seq) -> int:
         """The longest a request may grow: what a contiguous manager reserves for it."""
@@ -78,6 +89,18 @@ class ReplicaState:
         return 0, 0, self.admission_need(s)
 
 
+class BatchPolicy(Protocol):
+    """Reads a replica's state and returns a plan; never touches the clock."""
+
+    watermark: int      # KV blocks admission keeps free
+    holds_batch: bool   # static: a batch's rows keep their KV until its longest request ends
+    max_seqs: int       # the most sequences one step computes
+    step_tokens: int | None  # the most tokens a step's prefill computes (None: no budget)
+
+    def schedule(self, st: ReplicaState, now: float) -> StepPlan: ...
+    def row_reservation(self, st: ReplicaState, seqs: Sequence[Seq]) -> int: ...
+
+
 def drop_from_head(queue: deque[Seq], gone: set[Seq]) -> None:
     """Remove `gone` (all in `queue`) from `queue`, scanning only up to the last of them."""
     kept = []
@@ -89,51 +112,6 @@ def drop_from_head(queue: deque[Seq], gone: set[Seq]) -> None:
         else:
             kept.append(s)
     queue.extendleft(reversed(kept))
-
-
-@dataclass(slots=True)
-class Admission:
-    """A waiting request the plan admits, and what it gets."""
-
-    seq: Seq
-    cached_blocks: int = 0  # prefix-cache hash blocks it reuses (0 without prefix caching)
-    chunk_tokens: int = 0   # chunked prefill: new tokens of its first chunk (0: whole prefill)
-
-
-@dataclass(slots=True)
-class Chunk:
-    """Chunked prefill: a request computes `tokens` more of its (re)prefill this step."""
-
-    seq: Seq
-    tokens: int
-
-
-@dataclass(slots=True)
-class Rejection:
-    """A request that can never be served here, and why (one line, for requests.csv)."""
-
-    seq: Seq
-    reason: str
-
-
-@dataclass
-class StepPlan:
-    kind: str                                          # "prefill" | "decode" | "mixed" | "idle" | ...
-    admit: list[Admission] = field(default_factory=list)  # admitted this step, FCFS order
-    preempt: list[Seq] = field(default_factory=list)   # running -> waiting front (recompute)
-    swap_out: list[Seq] = field(default_factory=list)  # running -> host memory
-    swap_in: list[Seq] = field(default_factory=list)   # host memory -> running
-    reject: list[Rejection] = field(default_factory=list)  # can never be served
-    wake_at: float | None = None                       # idle: wake by then at the latest
-    chunks: list[Chunk] = field(default_factory=list)  # mixed: prefills under way, then admitted
-    # speculative decode after preemption: the lookahead the plan's block count stands on
-    # (the batch's before its victims leave); 0: whatever the batch decides
-    lookahead: int = 0
-
-    @property
-    def prefill(self) -> list[Seq]:
-        """The requests this step (re)prefills from the start (its admissions)."""
-        return [a.seq for a in self.admit]
 
 
 def never_fits(st: ReplicaState, s: Seq, step_budget: int | None = None, watermark: int = 0) -> str:
@@ -165,10 +143,18 @@ def resumed(s: Seq, reason: str) -> str:
 
 
 class ContinuousPolicy:
-    def __init__(self, spec: SchedulerSpec, kv: PagedKV):
+    holds_batch = False
+
+    def __init__(self, spec: SchedulerSpec, kv: KVManager):
         self.spec = spec
         self.watermark = int(spec.watermark * kv.num_blocks)
         self.swap = spec.preemption == "swap"
+        self.max_seqs, self.step_tokens = spec.max_num_seqs, spec.max_num_batched_tokens
+
+    @staticmethod
+    def row_reservation(st: ReplicaState, seqs: list[Seq]) -> int:
+        """0: each admitted request reserves its own KV (`ReplicaState.admission_need`)."""
+        return 0
 
     def schedule(self, st: ReplicaState, now: float) -> StepPlan:
         if st.waiting and not st.swapped:
@@ -181,8 +167,8 @@ class ContinuousPolicy:
 
     def admit(self, st: ReplicaState) -> StepPlan:
         spec, kv = self.spec, st.kv
-        plan = StepPlan("prefill")
-        tokens, seqs, blocks = 0, len(st.batch), 0
+        plan = StepPlan(StepKind.PREFILL)
+        tokens, seqs, blocks = 0, st.places(), 0
         for s in st.waiting:
             reason = never_fits(st, s, spec.max_num_batched_tokens, self.watermark)
             if reason:
@@ -199,7 +185,7 @@ class ContinuousPolicy:
             seqs += 1
             blocks += need
         if not plan.admit:
-            plan.kind = "idle" if not plan.reject else "reject"
+            plan.kind = StepKind.IDLE if not plan.reject else StepKind.REJECT
         return plan
 
     def _decode(self, st: ReplicaState) -> StepPlan:
@@ -208,7 +194,7 @@ class ContinuousPolicy:
         free = kv.free_blocks
         if need <= free and not st.swapped:
             return DECODE
-        plan = StepPlan("decode")
+        plan = StepPlan(StepKind.DECODE)
         if need > free:
             plan.lookahead = batch.lookahead()  # what `need` stands on, victims still in
             swap_room = st.swap_free_blocks
@@ -224,7 +210,7 @@ class ContinuousPolicy:
                 if need <= free:
                     break
         elif st.swapped:
-            seqs = len(batch)
+            seqs = st.places()
             for s in st.swapped:
                 n = s.reserved + batch.join_growth(s)  # its blocks and room for its next step
                 if n > kv.num_blocks:  # it outgrew the whole cache
@@ -237,18 +223,19 @@ class ContinuousPolicy:
                 free -= n
                 seqs += 1
         if len(batch) - len(plan.preempt) - len(plan.swap_out) + len(plan.swap_in) == 0:
-            plan.kind = "preempt" if (plan.preempt or plan.swap_out) else (
-                "reject" if plan.reject else "idle")
+            plan.kind = StepKind.PREEMPT if (plan.preempt or plan.swap_out) else (
+                StepKind.REJECT if plan.reject else StepKind.IDLE)
         return plan
 
 
-IDLE = StepPlan("idle")      # shared plans for the common cases: nobody mutates a plan
-DECODE = StepPlan("decode")
-
-
 class StaticPolicy:
-    def __init__(self, spec: SchedulerSpec, kv: PagedKV):
+    holds_batch = True
+    watermark = 0
+    step_tokens = None  # a static batch prefills its prompts whatever their length
+
+    def __init__(self, spec: SchedulerSpec, kv: KVManager):
         self.spec = spec
+        self.max_seqs = spec.max_batch_size
 
     def schedule(self, st: ReplicaState, now: float) -> StepPlan:
         if len(st.batch):
@@ -257,8 +244,8 @@ class StaticPolicy:
             return IDLE
         deadline = st.waiting[0].arrival + self.spec.max_wait_s
         if len(st.waiting) < self.spec.max_batch_size and now < deadline:
-            return StepPlan("idle", wake_at=deadline)
-        plan = StepPlan("prefill")
+            return StepPlan(StepKind.IDLE, wake_at=deadline)
+        plan = StepPlan(StepKind.PREFILL)
         chosen: list[Seq] = []
         for s in st.waiting:
             reason = never_fits(st, s)
@@ -277,15 +264,15 @@ class StaticPolicy:
             chosen = trial
         plan.admit = [Admission(s) for s in chosen]
         if not chosen:
-            plan.kind = "reject" if plan.reject else "idle"
+            plan.kind = StepKind.REJECT if plan.reject else StepKind.IDLE
         return plan
 
     @staticmethod
-    def per_request_reservation(st: ReplicaState, seqs: list[Seq]) -> int:
+    def row_reservation(st: ReplicaState, seqs: list[Seq]) -> int:
         """Each row holds room for the batch's longest prompt plus its largest output cap."""
         longest = max(s.prompt for s in seqs) + max(s.max_tokens for s in seqs)
         return st.kv.blocks_for(min(longest, st.max_model_len))
 
     def batch_reservation(self, st: ReplicaState, seqs: list[Seq]) -> int:
-        return self.per_request_reservation(st, seqs) * len(seqs)
+        return self.row_reservation(st, seqs) * len(seqs)
 

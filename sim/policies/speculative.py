@@ -33,6 +33,7 @@ from typing import Literal
 import numpy as np
 
 from sim.policies.batch import RUNNING, Seq
+from sim.policies.plan import StepKind
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,13 @@ class SpecBatch:
             return t
         rows = [(self.spec.k + 1, s.prompt + s.generated - 1) for s in self.members]
         return self.spec.round_seconds(n, sum_ctx, max_ctx, rows)
+
+    def end_round(self, n: int) -> tuple[StepKind, int, int]:
+        """After a round of `n` rows: (VERIFY, or DECODE when the round ran as plain
+        decode; tokens computed; KV blocks its rejected drafts give back)."""
+        rolled, self.rolled_back = self.rolled_back, 0
+        la = self._la
+        return (StepKind.VERIFY if la > 1 else StepKind.DECODE), n * la, rolled
 
     def advance(self, t_end: float, gaps: list[float], weights: list[int]) -> list[Seq]:
         """One round ends at `t_end`; returns the members that finished."""

@@ -1,6 +1,11 @@
 """A report as a document: sections of text, tables and plots, written as one
 self-contained HTML page (inline CSS, plots as base64 PNG data URIs) or as Markdown.
-Every value that goes into the HTML is escaped."""
+
+Every value that goes into the HTML is escaped: titles, key numbers, table headers and
+cells always; a section's text too, unless it is `Markup` (llmsim's own tags, built with
+`markup()`, which escapes each value it is given). Names and values come from input
+files and result files that get shared (a plan.json, a sweep's columns): a value is
+never markup."""
 
 from __future__ import annotations
 
@@ -22,10 +27,20 @@ th{background:#f3f3f3}td:first-child,th:first-child{text-align:left}img{max-widt
 .ok{color:#186a1f;font-weight:bold}.bad{color:#a11;font-weight:bold}"""
 
 
+class Markup(str):
+    """Text that is already HTML: llmsim's own tags around escaped values (`markup`)."""
+
+
+def markup(template: str, *values: object) -> Markup:
+    """`template` (llmsim's own HTML, `{}` where a value goes) with each value escaped:
+    markup("Recommended: <b>{}</b>", name)."""
+    return Markup(template.format(*(html.escape(str(v)) for v in values)))
+
+
 @dataclass
 class Section:
     title: str
-    text: list[str] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)  # plain text (escaped) or Markup
     tables: list[tuple[str, pd.DataFrame]] = field(default_factory=list)
     images: list[tuple[str, bytes]] = field(default_factory=list)  # (name, PNG bytes)
 
@@ -63,7 +78,7 @@ def to_html(rep: Report) -> str:
     out.append("</div>")
     for s in rep.sections:
         out.append(f"<h2>{e(s.title)}</h2>")
-        out += [f"<p>{t}</p>" for t in s.text]  # text is trusted markup built below
+        out += [f"<p>{t if isinstance(t, Markup) else e(t)}</p>" for t in s.text]
         for name, df in s.tables:
             cells = "".join(f"<th>{e(str(c))}</th>" for c in df.columns)
             body = "".join("<tr>" + "".join(f"<td>{e(fmt_cell(v))}</td>" for v in row) + "</tr>"
@@ -76,10 +91,15 @@ def to_html(rep: Report) -> str:
     return "\n".join(out)
 
 
+def _plain(t: str) -> str:
+    """A section's text without its tags (Markup: llmsim's tags dropped, values unescaped)."""
+    return html.unescape(re.sub(r"<[^>]+>", "", t)) if isinstance(t, Markup) else t
+
+
 def to_markdown(rep: Report) -> str:
     lines = [f"# {rep.title}", ""] + [f"- **{k}**: {v}" for k, v in rep.key_numbers]
     for s in rep.sections:
-        lines += ["", f"## {s.title}", ""] + [re.sub(r"<[^>]+>", "", t) + "\n" for t in s.text]
+        lines += ["", f"## {s.title}", ""] + [_plain(t) + "\n" for t in s.text]
         for _, df in s.tables:
             lines.append("| " + " | ".join(map(str, df.columns)) + " |")
             lines.append("|" + "---|" * len(df.columns))

@@ -8,15 +8,15 @@ with the plots as PNG files beside it; each table is also a CSV (`report_<table>
 
 from __future__ import annotations
 
-import html
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
 
 from sim.io.outdir import add_to_output, folder_kind, manifest, write_output
 from sim.io.specload import SpecError
-from sim.report.document import Report, Section, fmt_cell, slug, to_html, to_markdown
+from sim.report.document import Report, Section, fmt_cell, markup, slug, to_html, to_markdown
 
 
 def report_files(rep: Report, out: Path) -> None:
@@ -45,6 +45,10 @@ def write_report(rep: Report, folder: str | Path, out: str | Path | None = None)
     return Path(folder) / "report.html"
 
 
+READS = {"run": ["summary.json"], "sweep": ["results.csv"], "curve": ["curve.csv", "knees.csv", "curve.png"],
+         "plan": ["plan.json"]}  # the files each kind's page reads (and a run's plots)
+
+
 def build_report(folder: str | Path) -> Report:
     """A report for whatever llmsim folder `folder` is (run, sweep, curve, plan)."""
     p = Path(folder)
@@ -55,13 +59,18 @@ def build_report(folder: str | Path) -> Report:
         raise SpecError(p, "", f"{'not an llmsim output folder' if p.exists() else 'folder not found'} {allowed}")
     if kind not in makers:
         raise SpecError(p, "", f"an llmsim {kind} folder has no report {allowed}")
+    for name in READS[kind]:  # a link in a shared folder could pull any file into the page
+        if (p / name).is_symlink():
+            raise SpecError(p, name, "is a link (allowed: the file llmsim wrote there)")
     try:
         return makers[kind](p)
     except OSError as e:  # a file its manifest promises is missing or unreadable
         raise SpecError(p, Path(e.filename or "").name, f"{e.strerror or e} (allowed: the complete "
                         f"{kind} folder llmsim wrote)") from None
-    except (ValueError, KeyError, TypeError, IndexError) as e:  # damaged JSON or CSV
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as e:
+        # damaged JSON or CSV: the problem in words, never a quoted value from the file
         what = " ".join(str(e).split())[:120]
+        what = what if isinstance(e, KeyError) else re.sub(r"'[^']*'|\"[^\"]*\"", "'...'", what)
         raise SpecError(p, "", f"damaged {kind} folder: {type(e).__name__}: {what} "
                         f"(allowed: the complete {kind} folder llmsim wrote)") from None
 
@@ -77,7 +86,9 @@ def run_report(p: Path) -> Report:
         except (KeyError, TypeError):
             continue
     sec = Section("summary", tables=[("summary", pd.DataFrame(rows, columns=["metric", "value"]))])
-    sec.images = [(f.stem, f.read_bytes()) for f in sorted(p.glob("*.png")) if not f.name.startswith("report_")]
+    listed = set((manifest(p) or {}).get("files") or [f.name for f in p.glob("*.png")])
+    sec.images = [(f.stem, f.read_bytes()) for f in sorted(p.glob("*.png"))  # its own plots only
+                  if f.name in listed and not f.name.startswith("report_") and not f.is_symlink() and f.is_file()]
     keys = [("requests/s", fmt_cell(s["request_throughput"])), ("p99 TTFT (s)", fmt_cell(s["ttft_s"]["p99"])),
             ("p99 TPOT (s)", fmt_cell(s["tpot_s"]["p99"]))]
     sections = [sec]
@@ -101,8 +112,9 @@ def sweep_report(p: Path) -> Report:
     from sim.planning.sweep import swept_metrics
 
     cols += [c for c in swept_metrics(fields, t) if c not in cols]
-    sec = Section("results", [f"{len(t)} configurations of <code>{html.escape(str(meta.get('scenario')))}</code>;"
-                              " the full table is results.csv / results.parquet."], [("results", t[cols])])
+    sec = Section("results", [markup("{} configurations of <code>{}</code>; the full table is "
+                                     "results.csv / results.parquet.", len(t), meta.get("scenario"))],
+                  [("results", t[cols])])
     return Report(f"llmsim sweep: {p.name}", [("configurations", str(len(t)))], [sec])
 
 

@@ -5,14 +5,17 @@ A plan.json written before the fleet checks were re-ranked (one `fleet_check`, n
 
 from __future__ import annotations
 
+import html
 import math
 
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sim.report.document import Report, Section, png
+from sim.planning.traffic import label as arrival_label
+from sim.report.deploy_page import deployment_section
+from sim.report.document import Markup, Report, Section, markup, png
 
-CANDIDATE_COLUMNS = ["candidate", "status", "sustained_rate", "seeds_passed_at_fail", "ttft_p99_spread_s",
+CANDIDATE_COLUMNS = ["candidate", "unit", "status", "sustained_rate", "seeds_passed_at_fail", "ttft_p99_spread_s",
                      "binding", "replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
                      "ttft_p99_at_target_s", "tpot_p99_at_target_s", "fleet_replicas", "fleet_usd_per_hour",
                      "fleet_ttft_p99_s", "pareto", "note"]
@@ -38,8 +41,9 @@ def pareto_plot(rows: pd.DataFrame, best: str | None) -> Figure:
     front = pd.DataFrame({"x": x, "y": y})[ok.pareto.astype(bool).to_numpy()].sort_values("x")
     ax.plot(front.x, front.y, "-", color="C1", label="Pareto front")
     for name, xi, yi, k in zip(ok.candidate, x, y, _stack_ranks(x, y), strict=True):
-        ax.annotate(name, (xi, yi), fontsize=LABEL_PT, xytext=(3, 3 + LABEL_STEP_PT * k),
-                    textcoords="offset points")
+        ax.annotate(str(name), (xi, yi), fontsize=LABEL_PT, xytext=(3, 3 + LABEL_STEP_PT * k),
+                    textcoords="offset points",
+                    parse_math=False)  # a name is text, never mathtext: `$` in it must not fail
     if best is not None and best in set(ok.candidate):
         i = list(ok.candidate).index(best)
         validated = len(checked) and best in set(checked.candidate)
@@ -87,18 +91,20 @@ def _router(check: dict) -> str:
 
 
 def _recommendation(plan: dict, rec: dict, check: dict) -> Section:
+    """Every value from plan.json goes in through `markup`, escaped (a plan is shared)."""
     verdict = "<span class='ok'>hold</span>" if check["holds"] else "<span class='bad'>do NOT hold</span>"
     fewer = ("<span class='ok'>breaks them</span>" if check["one_fewer_breaks"]
              else "<span class='bad'>still meets them</span>")
     checks = plan.get("fleet_checks") or [check]
     p99 = (f", p99 TTFT {rec['ttft_p99_s']:.3g} s, p99 TPOT {rec['tpot_p99_s']:.3g} s"
            if rec.get("ttft_p99_s") is not None else "")
-    text = [f"Recommended: <b>{rec['candidate']}</b> x <b>{_n(rec['replicas'], 'replica')}</b> "
-            f"({_n(rec['gpus'], 'GPU')}), ${rec['usd_per_hour']:.2f}/hour, "
-            f"${rec['usd_per_m_output_tokens']:.3f} per million output tokens{p99}.",
-            f"Simulated as a fleet at {plan['target_rate']:g} req/s ({_router(check)}, seeds "
-            f"{check['seeds']}): the SLOs {verdict} with {_n(check['replicas'], 'replica')}; one replica "
-            f"fewer {fewer}. The per-replica estimate was {check['estimated_replicas']}."]
+    text = [markup("Recommended: <b>{}</b> x <b>{}</b> ({}), ${}/hour, ${} per million output tokens{}.",
+                   rec["candidate"], _n(rec["replicas"], "replica"), _n(rec["gpus"], "GPU"),
+                   f"{rec['usd_per_hour']:.2f}", f"{rec['usd_per_m_output_tokens']:.3f}", p99),
+            markup("Simulated as a fleet at {} req/s ({}, seeds {}): the SLOs " + verdict + " with {}; "
+                   "one replica fewer " + fewer + ". The per-replica estimate was {}.",
+                   f"{plan['target_rate']:g}", _router(check), check["seeds"],
+                   _n(check["replicas"], "replica"), check["estimated_replicas"])]
     est = rec.get("estimate")
     if est:
         text.append(f"Estimate before the fleet check (per-replica sizing): {_n(est['replicas'], 'replica')}, "
@@ -109,12 +115,76 @@ def _recommendation(plan: dict, rec: dict, check: dict) -> Section:
                     "estimate was at most the cheapest validated cost; the cheapest validated fleet "
                     "is recommended.")
         if plan.get("unchecked_within"):
-            text.append(f"<span class='bad'>{plan['unchecked_within']} more candidate(s) estimated at or "
-                        f"below ${rec['usd_per_hour']:.2f}/hour were not checked</span> "
-                        "(search.fleet_checks).")
+            text.append(markup("<span class='bad'>{} more candidate(s) estimated at or below ${}/hour "
+                               "were not checked</span> (search.fleet_checks).",
+                               plan["unchecked_within"], f"{rec['usd_per_hour']:.2f}"))
     table = pd.DataFrame([{k: c.get(k) for k in CHECK_COLUMNS} for c in checks])
     return Section("recommendation", text, [("fleet checks", table),
                                             ("fleet check", pd.DataFrame(check["checks"]))])
+
+
+RANGE_COLUMNS = ["candidate", "sustained_rate", "sustained_rate_range", "replicas_range", "usd_per_hour_range",
+                 "usd_per_m_output_tokens_range", "ttft_p99_range_s", "tpot_p99_range_s", "model_band",
+                 "measured_share", "stands_on"]
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.0%}"
+
+
+def _rng(r, fmt: str = "{:.3g}") -> str:
+    if r is None or (isinstance(r, float) and math.isnan(r)):
+        return "-"
+    lo, hi = r
+    return fmt.format(lo) if lo == hi else f"{fmt.format(lo)} - {fmt.format(hi)}"
+
+
+def _confidence(plan: dict, rows: pd.DataFrame) -> Section | None:
+    """How sure the figures are: the recommended fleet's ranges, what its step time stands
+    on, its headroom and redundancy, ties; every candidate's ranges. Plans written before
+    the ranges existed have no such section."""
+    rec = plan.get("recommended")
+    if "sustained_rate_range" not in rows.columns and not (rec and "replicas_range" in rec):
+        return None
+    text = ["Every figure comes with a range: the spread over seeds (the bisection's bracket for "
+            "sustained rates, the lowest and highest seed for p99s) widened by the step model's "
+            "own error band, the share-weighted mean of each lookup class's band over the run's "
+            "step time (measured = exact + interpolated, derived, extrapolated, analytic; the bands "
+            "and their sources: data/step_error_bands.yaml)."]
+    if rec and "replicas_range" in rec:
+        text.append(f"Recommended fleet: replicas {_rng(rec['replicas_range'], '{:d}')}, "
+                    f"${_rng(rec['usd_per_hour_range'], '{:.2f}')}/hour, "
+                    f"${_rng(rec['usd_per_m_output_tokens_range'], '{:.3f}')} per million output tokens, "
+                    f"p99 TTFT {_rng(rec['ttft_p99_range_s'])} s, p99 TPOT {_rng(rec['tpot_p99_range_s'])} s. "
+                    f"<b>{_pct(rec['measured_share'])} of its simulated step time rests on measurement</b> "
+                    f"({rec['stands_on_lookups']}); step-model band ±{_pct(rec['model_band'])}.")
+        head = rec.get("headroom")
+        if head:
+            text.append(f"Headroom: the SLOs still hold at {head['rate']:.3g} req/s, "
+                        f"+{_pct(head['over_target'])} over the target"
+                        + (f" (they break at +{_pct(head['fail_factor'] - 1)})." if head.get("fail_factor")
+                           else " (no failing rate found in the rates tried)."))
+        if rec.get("redundancy") == "n+1":
+            text.append("Redundancy n+1: the SLOs "
+                        + ("hold" if rec.get("holds_one_down") else "<span class='bad'>do NOT hold</span>")
+                        + " with one replica down.")
+        elif rec.get("replicas") == 1:
+            text.append("<span class='bad'>No redundancy: one replica.</span> "
+                        "Set search.redundancy: n+1 for a fleet that survives losing one.")
+        if rec.get("ties"):
+            text.append(f"Tied on cost with: {html.escape(', '.join(rec['ties']))} "
+                        "(the tie goes to more replicas).")
+    table = pd.DataFrame()
+    if "sustained_rate_range" in rows.columns:
+        ok = rows[(rows.status == "ok") & rows.sustained_rate_range.notna()]
+        table = pd.DataFrame({c: ok[c] if c in ok else None for c in RANGE_COLUMNS})
+        for c in ("sustained_rate_range", "usd_per_hour_range", "usd_per_m_output_tokens_range",
+                  "ttft_p99_range_s", "tpot_p99_range_s"):
+            table[c] = [_rng(v) for v in table[c]]
+        table["replicas_range"] = [_rng(v, "{:d}") for v in table["replicas_range"]]
+        table["model_band"] = [_pct(v) for v in table["model_band"]]
+        table["measured_share"] = [_pct(v) for v in table["measured_share"]]
+    return Section("how sure", text, [("ranges", table)] if len(table) else [])
 
 
 def plan_sections(plan: dict) -> Report:
@@ -128,11 +198,14 @@ def plan_sections(plan: dict) -> Report:
         secs = [_recommendation(plan, rec, check)]
     else:
         checks = plan.get("fleet_checks") or ([check] if check else [])
-        secs = [Section("recommendation", ["<span class='bad'>No candidate meets the SLOs"
-                                           + (" as a fleet (the fleet checks below)" if checks else "")
-                                           + ".</span>"],
+        secs = [Section("recommendation", [Markup("<span class='bad'>No candidate meets the SLOs"
+                                                  + (" as a fleet (the fleet checks below)" if checks else "")
+                                                  + ".</span>")],
                         [("fleet checks", pd.DataFrame([{k: c.get(k) for k in CHECK_COLUMNS}
                                                         for c in checks]))] if checks else [])]
+    sure = _confidence(plan, rows)
+    if sure is not None:
+        secs.append(sure)
     ok = rows[rows.status == "ok"]
     imgs = [("pareto", png(pareto_plot(rows, rec["candidate"] if rec else None)))] if len(ok) else []
     secs.append(Section("candidates", [
@@ -142,7 +215,11 @@ def plan_sections(plan: dict) -> Report:
         "replicas to TTFT/TPOT p99: the per-replica estimate; fleet_*: the fleet check, where one ran. "
         "Skipped: refused by the scenario, or no price."],
         [("candidates", rows[CANDIDATE_COLUMNS])], imgs))
+    deployments = deployment_section(plan)  # aggregated vs disaggregated, when the plan has both
+    secs += [deployments] if deployments else []
     keys = [("target", f"{plan['target_rate']:g} req/s"), ("SLOs", slo or "-")]
+    if plan.get("arrival"):  # the arrival process the plan sized to (sim/planning/traffic.py)
+        keys.append(("arrivals", arrival_label(plan["arrival"])))
     if rec:
         keys += [("recommended", rec["candidate"]), ("replicas", str(rec["replicas"])),
                  ("$/hour", f"{rec['usd_per_hour']:.2f}"),

@@ -1,7 +1,8 @@
 """Reading request files: traces (csv, azure, mooncake) and CSV length files.
 
 Each file is parsed once while unchanged (see sim/io/filecache.py); columns come back as
-read-only arrays, and a bad value is a SpecError naming the file and its line. Trace
+read-only arrays, and a bad value is a SpecError naming the file, its line and the column,
+never the file's content (a path mistyped as a system file must not print its lines). Trace
 time is seconds since the trace's first request (mooncake's milliseconds converted,
 azure's date-times subtracted): the first row arrives at t = 0. Rows must be in time
 order (ties allowed); a row earlier than the one before it is refused, naming its line.
@@ -52,6 +53,9 @@ _TRACE_COLUMNS = {  # format -> (time, prompt, output) column or key names
 }
 
 
+_JSON_TYPES = {bool: "boolean", str: "string", type(None): "null", list: "array", dict: "object"}
+
+
 class Trace(NamedTuple):
     t: np.ndarray  # float64, seconds since the first request, non-decreasing
     prompt: np.ndarray  # int64
@@ -80,7 +84,8 @@ def length_column(src: Path, name: str, file: Any, field_path: str) -> np.ndarra
     """An integer column (>= 1) of a CSV length file; `field_path` names it in errors."""
     cols, linenos = _cached(("csv",), src, lambda: _read_csv(src))
     if name not in cols:
-        raise SpecError(file, field_path, f"no column {name!r} in {src.name} (columns: {', '.join(cols)})")
+        raise SpecError(file, field_path, f"no column {name!r} in {src.name} (line 1 names "
+                        f"{len(cols)} column{'s' * (len(cols) != 1)}; allowed: a column of its header line)")
     return _cached(("col", name), src, lambda: _numbers(src, cols[name], linenos, name, integer=True, lo=1, hi=MAX_TOKENS))
 
 
@@ -115,7 +120,8 @@ def _read_csv(p: Path, need: Sequence[str] = ()) -> tuple[dict[str, tuple[str, .
             raise SpecError(p, "line 1", f"no column {missing[0]!r} (needed: {', '.join(need)}; is trace.format right?)")
         for row in reader:
             if row and len(row) != len(header):
-                raise SpecError(p, f"line {reader.line_num}", f"{len(row)} fields, expected {len(header)} ({', '.join(header)[:80]})")
+                raise SpecError(p, f"line {reader.line_num}", f"{len(row)} fields, expected {len(header)} "
+                                "(as many as the header line names)")
             if row:
                 rows.append(row)
                 linenos.append(reader.line_num)
@@ -143,11 +149,13 @@ def _numbers(p: Path, raw: Sequence[Any], linenos: np.ndarray, name: str, *,
         v = np.array(raw, dtype=str if isinstance(raw[0], str) else object).astype(np.float64)
     except (ValueError, TypeError, OverflowError):
         i = _first_bad(raw, float)
-        raise SpecError(p, f"line {linenos[i]}", f"{name}: {show(raw[i])} is not a number ({what})") from None
+        huge = isinstance(raw[i], int) and not isinstance(raw[i], bool)  # a JSON integer past float
+        raise SpecError(p, f"line {linenos[i]}", f"{name}: {'out of range' if huge else 'not a number'} "
+                        f"({what})") from None
     ok = np.isfinite(v) & (v >= lo) & (v <= hi) & ((v == np.floor(v)) if integer else True)
     if not ok.all():
         i = int(np.flatnonzero(~ok)[0])
-        raise SpecError(p, f"line {linenos[i]}", f"{name}: {show(raw[i])} is out of range ({what})")
+        raise SpecError(p, f"line {linenos[i]}", f"{name}: out of range ({what})")
     v = v.astype(np.int64) if integer else v
     v.flags.writeable = False
     return v
@@ -169,11 +177,11 @@ def _parse_trace(p: Path, fmt: str) -> Trace:
             except ValueError:
                 i = _first_bad(cols[tcol], lambda s: np.datetime64(s, "ns"))
         if i >= 0:
-            raise SpecError(p, f"line {linenos[i]}", f"{tcol}: {cols[tcol][i]!r} is not a date-time (allowed: YYYY-MM-DD HH:MM:SS.fffffff)")
+            raise SpecError(p, f"line {linenos[i]}", f"{tcol}: not a date-time (allowed: YYYY-MM-DD HH:MM:SS.fffffff)")
         t = (ts - ts.min()) / np.timedelta64(1, "s")
         if not (t <= MAX_TIME_S).all():  # a span past MAX_TIME_S (or one that overflows)
             i = int(np.argmax(~(t <= MAX_TIME_S)))
-            raise SpecError(p, f"line {linenos[i]}", f"{tcol}: {show(cols[tcol][i])} is {t[i]:.3g} s after the first request (allowed: at most {MAX_TIME_S:.0e} s)")
+            raise SpecError(p, f"line {linenos[i]}", f"{tcol}: {t[i]:.3g} s after the first request (allowed: at most {MAX_TIME_S:.0e} s)")
     else:
         per_s = 1000.0 if fmt == "mooncake" else 1.0
         t = _numbers(p, cols[tcol], linenos, tcol, integer=False, lo=0, hi=MAX_TIME_S * per_s) / per_s
@@ -182,8 +190,8 @@ def _parse_trace(p: Path, fmt: str) -> Trace:
     back = np.flatnonzero(np.diff(t) < 0)
     if back.size:  # replayed in file order (as vLLM's benchmark does), so refused, not sorted
         i = int(back[0]) + 1
-        raise SpecError(p, f"line {linenos[i]}", f"{tcol} {str(cols[tcol][i])[:40]} is before the previous "
-                        f"row's {str(cols[tcol][i - 1])[:40]} (allowed: non-decreasing arrival times)")
+        raise SpecError(p, f"line {linenos[i]}", f"{tcol}: {t[i - 1] - t[i]:.6g} s before the previous "
+                        f"row's (line {linenos[i - 1]}; allowed: non-decreasing arrival times)")
     arrays = [t - t[0], prompt, output]
     acc = None
     if "acceptance" in cols:  # speculative decoding: per-request draft acceptance rate
@@ -213,10 +221,12 @@ def _read_jsonl(p: Path) -> tuple[dict[str, tuple], np.ndarray, tuple[tuple[int,
         values = tuple(obj[k] for k in keys)
         for k, v in zip(keys[:3], values, strict=False):
             if isinstance(v, bool) or not isinstance(v, int | float):
-                raise SpecError(p, f"line {ln}", f"{k}: {show(v)} is a JSON {type(v).__name__} (allowed: a number)")
+                raise SpecError(p, f"line {ln}", f"{k}: a JSON {_JSON_TYPES.get(type(v), 'value')} "
+                                "(allowed: a number)")
         hashes = values[-1]
         if not isinstance(hashes, list) or not all(type(x) is int and abs(x) < 2**63 for x in hashes):
-            raise SpecError(p, f"line {ln}", f"hash_ids: {show(hashes)} (allowed: a list of integers below 2**63)")
+            raise SpecError(p, f"line {ln}", "hash_ids: not a list of integers below 2**63 (allowed: "
+                            "a list of integers below 2**63)")
         rows.append(values)
         linenos.append(ln)
     if not rows:
