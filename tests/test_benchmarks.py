@@ -20,6 +20,7 @@ SMOKE = {
     "speed/engine_speed.py": ["--repeat", "1", "--duration-s", "20"],
     "speed/run_speed.py": ["--repeat", "1", "--scenario", str(ROOT / "scenarios" / "quickstart.yaml")],
     "speed/fleet_speed.py": ["--replicas", "2", "--hours", "0.005", "--write", "{tmp}/fleet"],
+    "speed/autoscale_day_speed.py": ["--hours", "0.01", "--period-hours", "0.01", "--rate", "2"],
     "speed/overload.py": ["--requests", "2000"],
     "speed/plan_speed.py": ["--plan", "{tmp}/plan.yaml", "--workers", "1"],
     "speed/sweep_speed.py": ["--configs", "4", "--requests", "20", "--no-ray"],
@@ -91,6 +92,12 @@ def test_fleet_speed_runs_the_fleet_and_writes_its_tables(tmp_path):
     rows = (tmp_path / "fleet" / "requests.csv").read_text().strip().splitlines()
     assert len(rows) - 1 == int(m.group(1).replace(",", ""))  # header + one row a request
     assert (tmp_path / "fleet" / "summary.json").is_file() and "writing tables:" in out
+
+
+def test_autoscale_day_speed_runs_a_short_autoscaled_day(tmp_path):
+    out = ok("speed/autoscale_day_speed.py", tmp_path)
+    assert re.search(r"^0.01 h at mean 2 req/s, up to 8 replicas: [\d,]+ requests", out, re.M), out
+    assert "GPU-hours" in out and "SLO attainment" in out
 
 
 def test_overload_rejects_the_prompts_over_the_context_window(tmp_path):

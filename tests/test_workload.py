@@ -240,7 +240,7 @@ SYNTH = {"num_requests": 10, "arrival": {"kind": "poisson", "rate": 1.0}}
 
 @pytest.mark.parametrize("data, expected", [
     ({**SYNTH, **FIXED, "arrival": {"kind": "weibull", "rate": 1.0}},
-     "scenario.yaml: workload.arrival.kind: unknown 'weibull' (allowed: poisson, gamma, constant, trace)"),
+     "scenario.yaml: workload.arrival.kind: unknown 'weibull' (allowed: poisson, gamma, constant, trace, profile, diurnal)"),
     ({**SYNTH, **FIXED, "arrival": {"kind": "poisson", "rate": -1.0}},
      "scenario.yaml: workload.arrival.rate: -1.0 is out of range (allowed: > 0)"),
     ({**SYNTH, **FIXED, "arrival": {"kind": "gamma", "rate": 1.0}},
@@ -339,3 +339,94 @@ def test_any_synthetic_workload_is_sorted_with_outputs_within_max_tokens(seed, k
     assert w.arrival_s[0] == 0.0 and (np.diff(w.arrival_s) >= 0).all()
     assert (w.output_tokens >= 1).all() and (w.output_tokens <= w.max_tokens).all()
     assert (w.prompt_tokens >= 1).all() and not w.arrival_s.flags.writeable
+
+
+# ---- time-varying rates (sim/workload/profile.py) ------------------------------------
+
+
+def _expected(rate, lo: float, hi: float, k: int = 20_001) -> float:
+    """Trapezoid integral of rate(t) over [lo, hi], independent of the code under test."""
+    t = np.linspace(lo, hi, k)
+    r = rate(t)
+    return float(np.sum(0.5 * (r[1:] + r[:-1]) * np.diff(t)))
+
+
+def test_diurnal_counts_per_window_match_the_rates_integral_within_4_sigma():
+    mean, ratio, period = 5.0, 4.0, 7200.0
+    w = make({"duration_s": 2 * period, "arrival": {"kind": "diurnal", "rate": mean,
+              "peak_to_trough": ratio, "period_s": period}, **FIXED}, seed=3)
+    a = (ratio - 1) / (ratio + 1)  # peak/trough = (1+a)/(1-a); peak at period/2
+
+    def rate(t):
+        return mean * (1 + a * np.cos(2 * np.pi * (t - period / 2) / period))
+    edges = np.arange(0, 2 * period + 1, 600.0)
+    counts = np.histogram(w.arrival_s, bins=edges)[0]
+    for lo, hi, c in zip(edges[:-1], edges[1:], counts, strict=True):
+        exp = _expected(rate, lo, hi)
+        assert abs(c - exp) < 4 * np.sqrt(exp) + 1, (lo, c, exp)
+    assert counts.max() / counts.min() > 3.0  # the peak-to-trough shape is there
+
+
+def test_piecewise_linear_profile_counts_match_trapezoids(tmp_path):
+    p = write(tmp_path, "day.csv", "time_s,rate\n0,1\n1000,9\n2000,9\n3000,0\n")
+    w = make({"duration_s": 4000, "arrival": {"kind": "profile", "path": str(p)}, **FIXED}, seed=1)
+    edges = np.array([0, 500, 1000, 1500, 2000, 2500, 3000, 4000.0])
+    counts = np.histogram(w.arrival_s, bins=edges)[0]
+    exp = [1500, 3500, 4500, 4500, 3375, 1125, 0]  # by hand: trapezoids of the knots
+    for c, e in zip(counts, exp, strict=True):
+        assert abs(c - e) <= 4 * np.sqrt(e) + 1, (c, e)
+    assert w.arrival_s.max() < 3000  # rate 0 after the last knot: no arrivals
+
+
+def test_constant_profile_reproduces_poisson_arrivals(tmp_path):
+    p = write(tmp_path, "flat.csv", "time_s,rate\n0,3\n100,3\n")
+    flat = make({"num_requests": 20_000, "arrival": {"kind": "profile", "path": str(p)}, **FIXED})
+    pois = make({"num_requests": 20_000, "arrival": {"kind": "poisson", "rate": 3.0}, **FIXED})
+    np.testing.assert_allclose(flat.arrival_s, pois.arrival_s, rtol=1e-9, atol=1e-9)
+    gaps = np.diff(flat.arrival_s)
+    assert gaps.mean() == pytest.approx(1 / 3, rel=0.03)
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)
+
+
+def test_profile_with_cv_keeps_the_mean_rate_and_adds_burstiness(tmp_path):
+    p = write(tmp_path, "flat.csv", "time_s,rate\n0,4\n")
+    w = make({"num_requests": 100_000, "arrival": {"kind": "profile", "path": str(p), "cv": 3.0},
+              **FIXED})
+    gaps = np.diff(w.arrival_s)
+    assert gaps.mean() == pytest.approx(0.25, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(3.0, rel=0.05)
+
+
+def test_shipped_illustrative_day_profile_loads():
+    w = make({"duration_s": 86_400, "arrival": {"kind": "profile",
+              "path": "data/profiles/illustrative_day.csv"}, **FIXED})
+    # by hand: trapezoids of the shipped knots (relative rate, peak 1.0/s)
+    exp = (0.35 * 14400 + 0.375 * 7200 + 0.725 * 10800 + 1.0 * 10800 + 0.975 * 10800
+           + 0.875 * 10800 + 0.725 * 10800 + 0.525 * 10800)
+    assert abs(len(w) - exp) < 4 * np.sqrt(exp)
+
+
+@pytest.mark.parametrize(("data", "text"), [
+    ({"kind": "profile"}, "workload.arrival.path: missing required field for kind 'profile'"),
+    ({"kind": "diurnal", "rate": 1.0, "period_s": 10},
+     "workload.arrival.peak_to_trough: missing required field for kind 'diurnal'"),
+    ({"kind": "diurnal", "rate": 1.0, "period_s": 10, "peak_to_trough": 0.5},
+     "workload.arrival.peak_to_trough"),
+    ({"kind": "poisson", "rate": 1.0, "period_s": 10}, "workload.arrival.period_s: not used by kind 'poisson'"),
+])
+def test_profile_spec_errors_are_one_line(data, text):
+    assert text in error({"duration_s": 10, "arrival": data, **FIXED})
+
+
+@pytest.mark.parametrize(("body", "text"), [
+    ("t,rate\n0,1\n", "line 1: header must be 'time_s,rate'"),
+    ("time_s,rate\n5,1\n", "line 2: the first time_s is 5"),
+    ("time_s,rate\n0,1\n0,2\n", "line 3: time_s 0 is not after 0"),
+    ("time_s,rate\n0,-1\n", "line 2:"),
+    ("time_s,rate\n0,x\n", "line 2:"),
+    ("time_s,rate\n0,0\n", "no positive rate"),
+])
+def test_bad_profile_csv_names_the_line(tmp_path, body, text):
+    p = write(tmp_path, "bad.csv", body)
+    msg = error({"duration_s": 10, "arrival": {"kind": "profile", "path": str(p)}, **FIXED})
+    assert "bad.csv" in msg and text in msg

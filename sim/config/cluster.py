@@ -57,14 +57,69 @@ class KVTransferSpec:
 
 
 @dataclass(frozen=True)
+class ProvisioningSpec:
+    """How long a new replica takes: node start plus loading its weights
+    (data/autoscale/provisioning.yaml holds the numbers and their sources)."""
+
+    source: str = "local-nvme"  # where the weights are read from (a name in that file)
+    node_start_s: float | None = field(default=None, metadata={"ge": 0, "le": 86400})
+    bandwidth_gbs: float | None = field(default=None, metadata={"ge": 1e-3, "le": 1e6})
+
+
+@dataclass(frozen=True)
+class AutoscaleSpec:
+    """Replicas that come and go (sim/engine/autoscale.py, sim/policies/autoscale.py).
+
+    `policy`: `utilization` (HPA on batch-slot use: requests dispatched and unfinished per
+    ready replica over max_num_seqs), `queue` (HPA on requests dispatched and unfinished
+    per ready replica), or `schedule` (`[[time_s, replicas], ...]`). The group's `count`
+    is the number ready at t = 0."""
+
+    policy: Literal["utilization", "queue", "schedule"] = "utilization"
+    target: float | None = field(default=None, metadata={"gt": 0, "le": 1e6})
+    schedule: tuple[tuple[float, int], ...] | None = None
+    min_replicas: int = field(default=1, metadata={"ge": 1, "le": 4096})
+    max_replicas: int = field(default=1, metadata={"ge": 1, "le": 4096})
+    scrape_s: float = field(default=15.0, metadata={"gt": 0, "le": 86400})  # metrics interval
+    tolerance: float = field(default=0.1, metadata={"ge": 0, "le": 1})  # HPA default 0.1
+    # scale down to the highest target of the last window (HPA default 300 s)
+    stabilization_s: float = field(default=300.0, metadata={"ge": 0, "le": 86400})
+    provisioning: ProvisioningSpec = ProvisioningSpec()
+    window_s: float = field(default=600.0, metadata={"gt": 0, "le": 86400})  # report windows
+
+    def check(self):
+        if self.min_replicas > self.max_replicas:
+            return "min_replicas", f"{self.min_replicas} > max_replicas={self.max_replicas} (allowed: min <= max)"
+        if self.policy == "schedule":
+            if not self.schedule:
+                return "schedule", "policy 'schedule' needs schedule: [[time_s, replicas], ...]"
+            times = [t for t, _ in self.schedule]
+            if times != sorted(times) or times[0] < 0:
+                return "schedule", "times must be >= 0 and increasing"
+        elif self.target is None:
+            return "target", f"policy '{self.policy}' needs a target (utilization: 0-1, queue: requests per replica)"
+        elif self.schedule is not None:
+            return "schedule", f"not used by policy '{self.policy}'"
+        if self.policy == "utilization" and self.target > 1:
+            return "target", f"{self.target} is out of range (allowed: 0 < target <= 1 for utilization)"
+        return None
+
+
+@dataclass(frozen=True)
 class ClusterSpec:
     groups: tuple[ReplicaGroupSpec, ...] = (ReplicaGroupSpec(),)
     router: RouterSpec = RouterSpec()
     kv_transfer: KVTransferSpec = KVTransferSpec()
+    autoscale: AutoscaleSpec | None = None
 
     def check(self):
         if not self.groups:
             return "groups", "needs at least one group"
+        a = self.autoscale
+        if a is not None and (len(self.groups) != 1 or self.disaggregated):
+            return "autoscale", "autoscaling needs one group of role 'both' (allowed: one group)"
+        if a is not None and not a.min_replicas <= self.groups[0].count <= a.max_replicas:
+            return "groups", f"count {self.groups[0].count} (replicas ready at the start) is outside autoscale min_replicas..max_replicas ({a.min_replicas}..{a.max_replicas})"
         names = [g.name for g in self.groups if g.name]
         dup = next((n for n in names if names.count(n) > 1), None)
         if dup:

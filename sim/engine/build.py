@@ -87,7 +87,8 @@ def replica_configs(sc: Scenario, *, runtime: RuntimeSpec | None = None,
         label = group.name or f"g{gi}"
         first = _resolve(gsc, f"{label}-0", label, group.role, where, runtime, kv_tokens)
         out.append(first)
-        out.extend(dataclasses.replace(first, name=f"{label}-{i}") for i in range(1, group.count))
+        count = cluster.autoscale.max_replicas if cluster.autoscale else group.count  # the pool
+        out.extend(dataclasses.replace(first, name=f"{label}-{i}") for i in range(1, count))
     _check_roles(sc, cluster, out)
     if cluster.disaggregated:
         load_link(cluster.kv_transfer, file=sc.file or None)  # an unknown link fails up front

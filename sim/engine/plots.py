@@ -118,13 +118,34 @@ def _timeline_fleet(tables: list[dict], reps, axes) -> None:
     ax1.legend(loc="upper right", fontsize=6, ncol=2)
 
 
+def autoscaling(out, axes) -> None:
+    """Offered rate and ready replicas over time, and SLO attainment per window."""
+    a = out.summary["autoscale"]
+    ws = a["windows"]
+    win = ws[1]["start_s"] - ws[0]["start_s"] if len(ws) > 1 else max(out.result.end_time, 1.0)
+    t = np.array([w["start_s"] for w in ws])
+    ax = axes[0]
+    ax.step(t, [w["requests"] / win for w in ws], where="post", label="offered (req/s)")
+    curve = np.array(a["ready_over_time"] + [[out.result.end_time, a["ready_over_time"][-1][1]]])
+    ax.twinx().step(curve[:, 0], curve[:, 1], where="post", color="C1", label="ready replicas")
+    ax.set_ylabel("requests/s (blue), ready replicas (orange)")
+    ax = axes[1]
+    ax.step(t, [w["slo_attainment"] if w["slo_attainment"] is not None else np.nan for w in ws],
+            where="post")
+    ax.set_ylabel("SLO attainment per window")
+    ax.set_xlabel("time (s)")
+
+
 def plot_run(out, folder: Path) -> list[Path]:
-    """Write latency_cdf.png and timeline.png for one run into `folder`."""
+    """Write latency_cdf.png and timeline.png (and autoscale.png) for one run into `folder`."""
     name = out.summary.get("scenario", "")
     paths = []
+    scaled = (("autoscale.png", "offered rate, ready replicas, SLO attainment", (2, 1), (10, 6),
+               autoscaling),) if out.summary.get("autoscale") else ()
     for fname, title, shape, size, draw in (
         ("latency_cdf.png", "latency CDFs", (2, 2), (10, 7), latency_cdfs),
         ("timeline.png", "batch size and KV cache over time", (2, 1), (10, 6), timeline),
+        *scaled,
     ):
         fig = Figure(figsize=size)  # no pyplot: files are written whatever the backend
         axes = fig.subplots(*shape, sharex=shape == (2, 1))

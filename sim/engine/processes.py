@@ -25,6 +25,7 @@ import numpy as np
 import simpy
 
 from sim.config.cluster import Link
+from sim.engine.autoscale import Lifecycle
 from sim.engine.closedloop import ClosedLoop, streamed
 from sim.engine.handoff import (
     hand_over,
@@ -35,6 +36,7 @@ from sim.engine.handoff import (
 )
 from sim.engine.replica import Replica, ReplicaResult, RunResult
 from sim.engine.results import Event
+from sim.policies.autoscale import FleetMetrics
 from sim.policies.batch import Seq
 from sim.policies.plan import StepKind
 from sim.policies.prefix import regroup
@@ -83,14 +85,29 @@ class Fleet:
         self.loads = [n.rep.port.load for n in self.front]
         self.back_loads = [n.rep.port.load for n in self.back]
         self.fresh_reports = staleness_s == 0  # reports refreshed at every choice
+        # autoscaling (sim/engine/autoscale.py): the front indices the router may choose
+        self.ready: list[int] | None = None
+        self.lifecycle: Lifecycle | None = None
         for n in self.front:
             if self.back:
                 n.rep.port.handoff = self._handoff_from(n)
 
+    def scaled(self, lifecycle: Lifecycle) -> Fleet:
+        """Route only to `lifecycle`'s ready replicas from now on."""
+        self.lifecycle, self.ready = lifecycle, lifecycle.ready_ids()
+        return self
+
     # ---- routing ----------------------------------------------------------------------
     def dispatch(self, s: Seq) -> None:
         """A request arrives: the router picks a front replica (it sees `self.loads`)."""
-        if len(self.front) == 1:
+        if self.ready is not None:  # autoscaled: the router sees only ready replicas
+            ready = [self.front[k] for k in self.ready]
+            if self.fresh_reports and self.router.uses_reports:
+                self.report(ready)
+            i = self.ready[self.router.choose(s.prefix[0] if s.prefix else None,
+                                              [n.rep.port.load for n in ready])]
+            self.lifecycle.routed[i] += 1
+        elif len(self.front) == 1:
             i = 0
         else:
             if self.fresh_reports and self.router.uses_reports:
@@ -185,6 +202,65 @@ def reporter(env: simpy.Environment, fleet: Fleet, every_s: float, until: list[b
     while not until[0]:
         fleet.report()
         yield env.timeout(every_s)
+
+
+def autoscaler(env: simpy.Environment, fleet: Fleet, policy, total: int, finished: list[bool]):
+    """Every scrape: retire drained replicas, ask the policy for a replica count, then
+    start replicas (ready after the provisioning delay) or cancel starting ones and drain
+    ready ones (sim/engine/autoscale.py). Ends once every request is accounted for."""
+    lc = fleet.lifecycle
+    reps = [n.rep for n in fleet.front]
+    slots = reps[0].config.scenario.scheduler.max_num_seqs if reps[0].config else 1
+    per = slots if lc.spec.policy == "utilization" else 1
+
+    def ready_at(i: int):
+        life = lc.current[i]
+
+        def up(_) -> None:
+            if lc.became_ready(i, env.now, life):
+                fleet.ready = sorted([*fleet.ready, i])
+        return up
+
+    while sum(r.done for r in reps) < total:
+        now = env.now
+        retire(fleet, now)
+        ready = fleet.ready
+        metric = sum(reps[i].port.load.outstanding for i in ready) / len(ready) / per
+        current = lc.count("ready", "starting")
+        target = policy.plan(now, FleetMetrics(current, len(ready), metric))
+        while current < target and (i := lc.start(now)) is not None:
+            env.timeout(lc.delay_s).callbacks.append(ready_at(i))
+            current += 1
+        while current > target:
+            if not lc.cancel_newest_starting(now):
+                if len(fleet.ready) <= 1:
+                    break
+                i = min(fleet.ready, key=lambda k: (reps[k].port.load.outstanding, -k))
+                fleet.ready = [k for k in fleet.ready if k != i]
+                lc.drain(i, now)
+            current -= 1
+        if env.peek() == float("inf"):  # nothing else will happen: requests are stuck
+            break  # (simulate's own check names them)
+        yield env.timeout(lc.spec.scrape_s)
+    else:
+        last = max((r.rec.log.t_end[-1] for r in reps if len(r.rec.log.t_end)), default=env.now)
+        while lc.cancel_newest_starting(last):  # no request left for them: the run's end
+            pass
+        retire(fleet, env.now, check=total)
+    finished[0] = True
+
+
+def retire(fleet: Fleet, now: float, check: int | None = None) -> None:
+    """Draining replicas whose last request has ended are gone (at that request's end);
+    at the run's end (`check`: the request count) every request must be accounted for."""
+    lc = fleet.lifecycle
+    for i, state in enumerate(lc.state):
+        rep = fleet.front[i].rep
+        if state == "draining" and rep.port.load.outstanding == 0:
+            t_end = rep.rec.log.t_end
+            lc.gone(i, max(lc.current[i].draining, t_end[-1] if len(t_end) else 0.0))
+    if check is not None:
+        lc.check_accounted([n.rep.done for n in fleet.front], check)
 
 
 def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
@@ -292,8 +368,10 @@ def prefix_views(workload: Workload, replicas: list[Replica]) -> None:
 
 
 def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode_router=None,
-             link: Link | None = None, staleness_s: float = 0.0, progress=None) -> RunResult:
-    """Replay `workload` through the replicas; every request ends finished or rejected."""
+             link: Link | None = None, staleness_s: float = 0.0, progress=None,
+             lifecycle: Lifecycle | None = None, scaler=None) -> RunResult:
+    """Replay `workload` through the replicas; every request ends finished or rejected.
+    With `lifecycle` and `scaler` (a sim/policies/autoscale.py policy) replicas come and go."""
     max_len = min(r.st.max_model_len for r in replicas)
     seqs = make_seqs(workload, max_len)
     prefix_views(workload, replicas)
@@ -310,6 +388,8 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
                 yield env.timeout(max(staleness_s, 1.0))
             finished[0] = True
         env.process(watch())
+    if lifecycle is not None:
+        env.process(autoscaler(env, fleet.scaled(lifecycle), scaler, len(seqs), finished))
     loop = None
     if workload.clients is not None:
         loop = ClosedLoop(env, workload.clients, fleet)

@@ -24,6 +24,7 @@ import numpy as np
 
 from sim.config.scenario import Scenario, load_scenario
 from sim.costmodel.latency import StepLatency
+from sim.engine.autoscale import Lifecycle, autoscale_summary, make_policy, provisioning_delay
 from sim.engine.build import POLICIES, ReplicaConfig, build_fleet, replica_configs
 from sim.engine.closedloop import client_summary
 from sim.engine.energy import energy_and_cost
@@ -123,10 +124,13 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     fleet = build_fleet(sc, configs, rng, acceptance=wl.acceptance, prefix_tokens=wl.block_tokens
                         if wl.prefix_hashes is not None else None)
     bar = _progress_bar(float(wl.arrival_s[-1]) if len(wl) else 0.0) if progress else None
+    scaling = _autoscaling(sc, configs)
     t_sim = time.perf_counter()
     res = simulate(wl, fleet.replicas, fleet.router, decode_router=fleet.decode_router,
                    link=fleet.link, staleness_s=fleet.staleness_s,
-                   progress=bar.update_to if bar else None)
+                   progress=bar.update_to if bar else None,
+                   lifecycle=scaling[0] if scaling else None,
+                   scaler=scaling[1] if scaling else None)
     t_sim = time.perf_counter() - t_sim
     if bar:
         bar.close()
@@ -161,6 +165,8 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     summary.update(energy_and_cost(configs, res, summary, t0=_measured(req)[1]))
     if wl.clients is not None:
         summary["clients"] = client_summary(wl.clients, req)
+    if scaling:
+        summary["autoscale"] = autoscale_summary(scaling[0], scaling[2], req, sc.slo, res.end_time)
     if len(configs) > 1:
         summary["per_replica"] = per_replica(req, steps, res)
         summary["groups"] = [{"group": c.group, "role": c.role, "gpu": c.profile.name,
@@ -170,6 +176,19 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     if summary["prefix_cache"] is not None:
         summary["prefix_cache"].update(prefill_saved(req, first.latency))
     return RunOutput(sc, req, steps, summary, res, itl_table(res))
+
+
+def _autoscaling(sc: Scenario, configs: list[ReplicaConfig]):
+    """(lifecycle, policy, provisioning) for `cluster.autoscale`, else None."""
+    spec = sc.cluster.autoscale if sc.cluster is not None else None
+    if spec is None:
+        return None
+    first = configs[0]
+    prov = provisioning_delay(spec, first.budget.weight_bytes, file=sc.file or None)
+    par = first.scenario.parallel
+    lc = Lifecycle(spec, prov["delay_s"], par.tensor * par.pipeline, len(configs))
+    lc.begin(sc.cluster.groups[0].count)
+    return lc, make_policy(spec), prov
 
 
 def merged_provenance(lats: list) -> dict[str, float]:

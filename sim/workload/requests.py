@@ -37,6 +37,7 @@ from sim.io.specload import (
 )
 from sim.workload.clients import ClientPlan, ClientsSpec, plan_clients
 from sim.workload.prefixes import HASH_TOKENS, MultiTurnSpec, SharedPrefixSpec, declare_prefixes
+from sim.workload.profile import RateProfile, diurnal, load_profile, profile_arrivals
 from sim.workload.traces import (
     MOONCAKE_BLOCK_TOKENS,
     TraceSpec,
@@ -49,7 +50,10 @@ _Problem = tuple[str, str] | None  # what check() returns: (field, message) or N
 _POS = {"gt": 0}
 _LENGTH = {"ge": 1, "le": MAX_TOKENS}  # one length in tokens
 _TOKENS = {"gt": 0, "le": MAX_TOKENS}
-_ARRIVAL_FIELDS = {"poisson": ("rate",), "gamma": ("rate", "cv"), "constant": ("rate",), "trace": ()}
+_ARRIVAL_FIELDS = {"poisson": ("rate",), "gamma": ("rate", "cv"), "constant": ("rate",), "trace": (),
+                   "profile": ("path", "cv"),  # sim/workload/profile.py
+                   "diurnal": ("rate", "peak_to_trough", "period_s", "peak_s", "cv")}
+_ARRIVAL_NEEDS = {"profile": ("path",), "diurnal": ("rate", "peak_to_trough", "period_s")}
 _LENGTH_FIELDS = {"fixed": ("value",), "uniform": ("low", "high"), "file": ("path", "column"),
                   "lognormal": ("mean", "median", "sigma", "min", "max")}
 _Drawn = tuple[np.ndarray, int | None]  # lengths (int64) and the distribution's max
@@ -69,14 +73,19 @@ def _kind_problem(spec: Any, table: dict[str, tuple[str, ...]], need: Sequence[s
 
 @dataclass(frozen=True)
 class ArrivalSpec:
-    """When requests arrive: poisson, gamma (burstiness cv), constant, or trace timestamps."""
+    """When requests arrive: poisson, gamma (burstiness cv), constant, trace timestamps, or
+    a time-varying rate (profile CSV or diurnal shape; sim/workload/profile.py)."""
 
-    kind: Literal["poisson", "gamma", "constant", "trace"]
-    rate: float | None = field(default=None, metadata=_POS)  # requests per second
+    kind: Literal["poisson", "gamma", "constant", "trace", "profile", "diurnal"]
+    rate: float | None = field(default=None, metadata=_POS)  # requests per second (diurnal: mean)
     cv: float | None = field(default=None, metadata={"ge": MIN_GAMMA_CV, "le": MAX_GAMMA_CV})  # gamma: std/mean of gaps; 1 = Poisson
+    path: str | None = None  # profile: CSV of time_s,rate (piecewise linear)
+    peak_to_trough: float | None = field(default=None, metadata={"ge": 1, "le": 1e6})  # diurnal
+    period_s: float | None = field(default=None, metadata={"gt": 0, "le": MAX_TIME_S})  # diurnal
+    peak_s: float | None = field(default=None, metadata={"ge": 0, "le": MAX_TIME_S})  # diurnal; default period_s/2
 
     def check(self) -> _Problem:
-        return _kind_problem(self, _ARRIVAL_FIELDS, _ARRIVAL_FIELDS[self.kind])
+        return _kind_problem(self, _ARRIVAL_FIELDS, _ARRIVAL_NEEDS.get(self.kind, _ARRIVAL_FIELDS[self.kind]))
 
 
 @dataclass(frozen=True)
@@ -157,13 +166,14 @@ class WorkloadSpec:
         if kind is None and self.trace is None and self.clients is not None:
             kind = "clients"
         if kind is None and self.trace is None:
-            return "arrival", "missing required field (kind: poisson, gamma, constant or trace)"
+            return "arrival", "missing required field (kind: poisson, gamma, constant, trace, profile or diurnal)"
         if kind == "trace" and self.trace is None:
             return "arrival.kind", "'trace' needs workload.trace (path, format: csv, azure or mooncake)"
         if kind not in (None, "trace", "clients"):
             if self.num_requests is None and self.duration_s is None:
                 return "num_requests", f"arrival kind '{kind}' needs num_requests or duration_s (or both)"
-            if self.num_requests is None and self.duration_s * self.arrival.rate > MAX_REQUESTS:
+            if (self.num_requests is None and self.arrival.rate is not None
+                    and self.duration_s * self.arrival.rate > MAX_REQUESTS):
                 return "duration_s", f"{self.duration_s} s x rate {self.arrival.rate} is over {MAX_REQUESTS} requests (allowed: fewer, or set num_requests)"
         if self.shared_prefix is not None and self.shared_prefix.tokens > MAX_TOKENS:
             return "shared_prefix.tokens", f"{self.shared_prefix.tokens} is out of range (allowed: <= {MAX_TOKENS:,})"
@@ -241,7 +251,8 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
         _check_times(arrival, file, f"{path}.trace.time_scale")
     else:
         with np.errstate(over="ignore", invalid="ignore"):  # checked just below
-            arrival = _arrivals(spec.arrival, spec.num_requests, spec.duration_s, rng)
+            arrival = _arrivals(spec.arrival, spec.num_requests, spec.duration_s, rng,
+                                lambda: _profile(spec.arrival, spec.duration_s, base, file, path))
         _check_times(arrival, file, f"{path}.arrival.rate")
         n = len(arrival)
         rows = np.arange(n) % len(tr.t) if tr is not None else None
@@ -307,9 +318,26 @@ def _check_times(arrival: np.ndarray, file: Any, field_path: str) -> None:
         raise SpecError(file, field_path, f"arrivals reach {last:.3g} s (allowed: arrival times <= {MAX_TIME_S:.0e} s)")
 
 
+def _profile(a: ArrivalSpec, duration: float | None, base: Path | None, file: Any,
+             path: str) -> RateProfile:
+    """The rate profile of a `profile` or `diurnal` arrival, its expected count checked."""
+    if a.kind == "diurnal":
+        prof = diurnal(a.rate, a.peak_to_trough, a.period_s, a.peak_s)
+    else:
+        prof = load_profile(resolve(a.path, base, file, f"{path}.arrival.path"))
+    if duration is not None and float(prof.integral(duration)) > MAX_REQUESTS:
+        raise SpecError(file, f"{path}.duration_s", f"the profile expects {float(prof.integral(duration)):.3g} requests in {duration} s (allowed: <= {MAX_REQUESTS}: shorter, or set num_requests)")
+    return prof
+
+
 def _arrivals(a: ArrivalSpec, n: int | None, duration: float | None,
-              rng: np.random.Generator) -> np.ndarray:
-    """Arrival times: the first at 0, then gaps of mean 1/rate, until n requests or duration."""
+              rng: np.random.Generator, profile: Callable[[], RateProfile] | None = None) -> np.ndarray:
+    """Arrival times: the first at 0, then gaps of mean 1/rate, until n requests or duration;
+    a profile's by inversion of a unit-rate process (sim/workload/profile.py)."""
+    if a.kind in ("profile", "diurnal"):
+        unit = ArrivalSpec("poisson", rate=1.0) if (a.cv or 1.0) == 1.0 else ArrivalSpec("gamma", 1.0, a.cv)
+        return profile_arrivals(profile(), n, duration,
+                                lambda count, horizon: _arrivals(unit, count, horizon, rng))
     if a.kind == "constant":
         count = n if duration is None else int(min(n or np.inf, np.ceil(duration * a.rate) + 1))
         t = np.arange(count) / a.rate  # exactly evenly spaced: k / rate

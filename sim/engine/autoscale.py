@@ -1,0 +1,211 @@
+"""The fleet's replica lifecycle under an autoscaler: starting, ready, draining, gone.
+
+The pool holds `max_replicas` replicas (sim/engine/build.py); the group's `count` are
+ready at t = 0. A replica asked for starts at once and is ready `delay_s` later (node
+start plus its weight shard over the source's bandwidth, data/autoscale/provisioning.yaml);
+only ready replicas are routed to (`Fleet.ready`). Scaling down cancels replicas still
+starting (newest first), then drains ready ones (the fewest outstanding first): a draining
+replica gets no new request, finishes its running and queued ones, and is gone when the
+last has ended, never losing or restarting one. A replica gone can start again later (with
+an empty KV and prefix cache). GPU-hours count every replica from its start to its end
+(gone, or the run's end) times its GPUs.
+
+The SimPy process that drives this is `autoscaler` in sim/engine/processes.py; the decision
+is the policy's (sim/policies/autoscale.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.config.cluster import AutoscaleSpec
+from sim.io.specload import ROOT, SpecError, load_yaml
+from sim.policies.autoscale import HPAPolicy, SchedulePolicy
+
+PROVISIONING_FILE = ROOT / "data" / "autoscale" / "provisioning.yaml"
+GB = 1e9
+
+
+def provisioning_delay(spec: AutoscaleSpec, weight_bytes_per_gpu: float, *, file=None) -> dict:
+    """The delay from a scale-up decision to a ready replica, and what it stands on."""
+    data = load_yaml(PROVISIONING_FILE)
+    p = spec.provisioning
+    if p.source not in data["sources"]:
+        raise SpecError(file, "cluster.autoscale.provisioning.source",
+                        f"unknown {p.source!r} (allowed: {', '.join(data['sources'])})")
+    src = data["sources"][p.source]
+    gbs = p.bandwidth_gbs if p.bandwidth_gbs is not None else float(src["bandwidth_gbs"])
+    start = p.node_start_s if p.node_start_s is not None else float(data["node_start_s"])
+    load = weight_bytes_per_gpu / (gbs * GB)
+    return {"delay_s": start + load, "node_start_s": start, "weights_load_s": load,
+            "weight_gb_per_gpu": weight_bytes_per_gpu / GB, "bandwidth_gbs": gbs,
+            "source": p.source,
+            "basis": "node_start_s: " + ("given" if p.node_start_s is not None else "assumed (file)")
+                     + "; bandwidth: " + ("given" if p.bandwidth_gbs is not None else src["source"])}
+
+
+def make_policy(spec: AutoscaleSpec):
+    if spec.policy == "schedule":
+        return SchedulePolicy(spec.schedule, spec.min_replicas, spec.max_replicas)
+    return HPAPolicy(spec.target, spec.min_replicas, spec.max_replicas,
+                     tolerance=spec.tolerance, stabilization_s=spec.stabilization_s)
+
+
+@dataclass
+class Life:
+    """One stint of one replica: start, ready, draining, gone (None: not yet)."""
+
+    replica: int
+    start: float
+    ready: float | None = None
+    draining: float | None = None
+    gone: float | None = None
+
+
+@dataclass
+class Lifecycle:
+    """Which replica is in which state, and every stint so far."""
+
+    spec: AutoscaleSpec
+    delay_s: float
+    gpus_per_replica: int
+    pool: int
+    state: list[str] = field(default_factory=list)  # per replica: off|starting|ready|draining
+    lives: list[Life] = field(default_factory=list)
+    current: dict[int, Life] = field(default_factory=dict)
+    ready_curve: list[tuple[float, int]] = field(default_factory=list)  # (time, ready count)
+    routed: list[int] = field(default_factory=list)  # requests routed to each replica
+
+    def __post_init__(self) -> None:
+        self.state = ["off"] * self.pool
+        self.routed = [0] * self.pool
+
+    def begin(self, initial: int) -> None:
+        for i in range(initial):
+            self.state[i] = "ready"
+            self.current[i] = life = Life(i, 0.0, 0.0)
+            self.lives.append(life)
+        self.ready_curve.append((0.0, initial))
+
+    def ready_ids(self) -> list[int]:
+        return [i for i, s in enumerate(self.state) if s == "ready"]
+
+    def count(self, *states: str) -> int:
+        return sum(s in states for s in self.state)
+
+    def start(self, now: float) -> int | None:
+        i = next((i for i, s in enumerate(self.state) if s == "off"), None)
+        if i is not None:
+            self.state[i] = "starting"
+            self.current[i] = life = Life(i, now)
+            self.lives.append(life)
+        return i
+
+    def became_ready(self, i: int, now: float, life: Life) -> bool:
+        if self.state[i] != "starting" or self.current.get(i) is not life:
+            return False  # cancelled while it started (and perhaps started again since)
+        self.state[i] = "ready"
+        self.current[i].ready = now
+        self._mark(now)
+        return True
+
+    def cancel_newest_starting(self, now: float) -> bool:
+        starting = [i for i, s in enumerate(self.state) if s == "starting"]
+        if not starting:
+            return False
+        i = max(starting, key=lambda k: self.current[k].start)
+        self.state[i] = "off"
+        life = self.current.pop(i)
+        life.gone = max(now, life.start)
+        return True
+
+    def drain(self, i: int, now: float) -> None:
+        self.state[i] = "draining"
+        self.current[i].draining = now
+        self._mark(now)
+
+    def gone(self, i: int, at: float) -> None:
+        self.state[i] = "off"
+        self.current.pop(i).gone = at
+
+    def _mark(self, now: float) -> None:
+        n = self.count("ready")
+        if self.ready_curve and self.ready_curve[-1][0] == now:
+            self.ready_curve[-1] = (now, n)
+        else:
+            self.ready_curve.append((now, n))
+
+    def close(self, end: float) -> None:
+        for life in self.lives:
+            if life.gone is None:
+                life.gone = max(end, life.start)
+
+    def check_accounted(self, done: list[int], total: int) -> None:
+        """Ready + draining + gone replicas account for every request: each request was
+        routed to a ready replica, and each replica ended every request routed to it."""
+        if sum(self.routed) != total:
+            raise RuntimeError(f"autoscaler: {sum(self.routed)} requests routed, {total} in the run")
+        for i, (r, d) in enumerate(zip(self.routed, done, strict=True)):
+            if r != d:
+                raise RuntimeError(f"autoscaler: replica {i} was routed {r} requests and ended {d}")
+        if self.count("draining", "starting"):
+            raise RuntimeError("autoscaler: a replica was left draining or starting at the end")
+
+
+def autoscale_summary(lc: Lifecycle, provisioning: dict, req, slo, end: float) -> dict:
+    """Timeline, ready replicas over time, GPU-hours, and per-window SLO attainment."""
+    lc.close(end)
+    replica_s = sum(life.gone - life.start for life in lc.lives)
+    gpu_hours = replica_s * lc.gpus_per_replica / 3600
+    peak = max(n for _, n in lc.ready_curve)
+    win = lc.spec.window_s
+    arrival = np.asarray(req["arrival_s"], dtype=float)
+    status = np.asarray(req["status"], dtype=object)
+    ok = status == "finished"
+    for name in ("ttft_s", "tpot_s", "e2e_s"):
+        limit = getattr(slo, name, None) if slo is not None else None
+        if limit is not None:
+            v = np.asarray(req[name], dtype=float)
+            ok &= np.nan_to_num(v, nan=0.0) <= limit
+    n_win = max(1, math.ceil(end / win))
+    idx = np.minimum((arrival // win).astype(int), n_win - 1)
+    offered = np.bincount(idx, minlength=n_win)
+    met = np.bincount(idx, weights=ok.astype(float), minlength=n_win)
+    windows = []
+    for k in range(n_win):
+        lo, hi = k * win, min((k + 1) * win, end)
+        windows.append({"start_s": lo, "requests": int(offered[k]),
+                        "slo_attainment": float(met[k] / offered[k]) if offered[k] else None,
+                        "mean_ready": _mean_ready(lc.ready_curve, lo, hi)})
+    return {
+        "policy": lc.spec.policy, "target": lc.spec.target,
+        "min_replicas": lc.spec.min_replicas, "max_replicas": lc.spec.max_replicas,
+        "scrape_s": lc.spec.scrape_s, "stabilization_s": lc.spec.stabilization_s,
+        "provisioning": provisioning,
+        "gpu_hours": gpu_hours,
+        "replica_hours": replica_s / 3600,
+        "gpus_per_replica": lc.gpus_per_replica,
+        "peak_ready": peak,
+        "static_peak_gpu_hours": peak * lc.gpus_per_replica * end / 3600,
+        "slo_attainment": float(ok.mean()) if len(ok) else None,
+        "timeline": [{"replica": life.replica, "start_s": life.start, "ready_s": life.ready,
+                      "draining_s": life.draining, "gone_s": life.gone} for life in lc.lives],
+        "ready_over_time": [[t, n] for t, n in lc.ready_curve],
+        "windows": windows,
+    }
+
+
+def _mean_ready(curve: list[tuple[float, int]], lo: float, hi: float) -> float:
+    """The time-average of the ready count over [lo, hi] (a step function)."""
+    if hi <= lo:
+        return float(curve[-1][1])
+    total = 0.0
+    for k, (t, n) in enumerate(curve):
+        t_next = curve[k + 1][0] if k + 1 < len(curve) else math.inf
+        a, b = max(t, lo), min(t_next, hi)
+        if b > a:
+            total += n * (b - a)
+    return total / (hi - lo)
