@@ -212,3 +212,15 @@ def test_a_run_that_ends_while_a_replica_starts_closes_it_at_the_runs_end():
     end = out.result.end_time
     assert any(t["ready_s"] is None for t in lives)
     assert all(t["gone_s"] == pytest.approx(end) for t in lives if t["draining_s"] is None)
+
+
+def test_an_autoscaled_fleet_pays_and_draws_power_only_while_its_replicas_are_up(days):
+    # the pool holds max_replicas replicas; those never started cost nothing, and the
+    # energy figures count each replica from its start to its leaving, as GPU-hours do
+    s = days[0].summary
+    a, e, c = s["autoscale"], s["energy"], s["cost"]
+    assert c["gpu_hours"] == pytest.approx(a["gpu_hours"], rel=1e-9)
+    assert c["gpu_hours"] < a["max_replicas"] * s["duration_s"] / 3600  # not the whole pool all day
+    idle_w, board_w = 53.0, 350.0  # the L40S power block (gpu_profiles/l40s/profile.yaml)
+    hours = a["gpu_hours"]
+    assert idle_w * hours * 3600 <= e["energy_j"] <= board_w * hours * 3600

@@ -83,6 +83,14 @@ class Lifecycle:
         self.state = ["off"] * self.pool
         self.routed = [0] * self.pool
 
+    def powered_s(self, replicas: int) -> list[float]:
+        """Seconds each replica of the pool was up (start to gone, over all its stints;
+        call after `close`): what its GPUs drew power and were paid for."""
+        up = [0.0] * replicas
+        for life in self.lives:
+            up[life.replica] += life.gone - life.start
+        return up
+
     def begin(self, initial: int) -> None:
         for i in range(initial):
             self.state[i] = "ready"

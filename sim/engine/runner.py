@@ -162,11 +162,12 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         "wall_s": time.perf_counter() - t0,
         "simulate_wall_s": t_sim,  # the engine alone (wall_s adds loading, tables, summary)
     }
-    summary.update(energy_and_cost(configs, res, summary, t0=_measured(req)[1]))
-    if wl.clients is not None:
-        summary["clients"] = client_summary(wl.clients, req)
     if scaling:
         summary["autoscale"] = autoscale_summary(scaling[0], scaling[2], req, sc.slo, res.end_time)
+    summary.update(energy_and_cost(configs, res, summary, t0=_measured(req)[1],
+                                   powered_s=scaling[0].powered_s(len(configs)) if scaling else None))
+    if wl.clients is not None:
+        summary["clients"] = client_summary(wl.clients, req)
     if len(configs) > 1:
         summary["per_replica"] = per_replica(req, steps, res)
         summary["groups"] = [{"group": c.group, "role": c.role, "gpu": c.profile.name,
