@@ -106,6 +106,24 @@ def test_plan_prices_the_fleet_and_marks_infeasible_candidates(small_plan):
     assert pareto(result["candidates"]) == ["h200-sxm continuous"]
 
 
+def test_a_fleet_has_one_cost_per_million_tokens_whether_estimated_or_checked(small_plan):
+    # every $/M of a plan divides by one mean output length (the plan scenario's workload
+    # as drawn), so $/M over $/hour is one factor for every estimate and every check
+    from sim.planning.plan import output_tokens_per_request
+    from sim.planning.planspec import plan_scenario
+
+    spec, res = small_plan
+    mean = output_tokens_per_request(spec)["per_request"]
+    assert mean == pytest.approx(prepare(load_scenario(plan_scenario(spec))).workload.output_tokens.mean())
+    factor = 1e6 / (spec.target_rate * mean * 3600)  # $/M per $/hour, by hand
+    ok = [r for r in res["candidates"] if r["status"] == "ok"]
+    for r in ok:
+        assert r["usd_per_m_output_tokens"] == pytest.approx(r["usd_per_hour"] * factor, rel=1e-12)
+    for c in res["fleet_checks"]:
+        assert c["usd_per_m_output_tokens"] == pytest.approx(c["usd_per_hour"] * factor, rel=1e-12)
+    assert res["output_tokens_per_request"]["per_request"] == mean
+
+
 def test_continuous_batching_sustains_twice_static_at_equal_p99_latency():
     """h200-sxm, Azure 2023 conversation lengths, Poisson arrivals: the highest rate
     with p99 E2E <= 20 s, continuous (256 seqs) against static (batches of 32)."""

@@ -36,7 +36,8 @@ and completions keep up; stopped early once it clearly fails). Then units =
 ceil(target x (1 + search.margin) / that rate) (+1 with `search.redundancy: n+1`, never
 under `search.min_replicas`), GPUs = units x the unit's GPUs, $/hour = units x the unit's
 $/hour from the prices file, $/M output tokens = $/hour / (target x mean output tokens x
-3600) x 1e6, and p99 latencies of one unit at its share of the target (target / units,
+3600) x 1e6 (one mean for the whole plan: the plan scenario's workload as drawn, so a
+fleet has one $/M figure whether estimated or checked), and p99 latencies of one unit at its share of the target (target / units,
 every seed). The binding constraint is read from the first probe that broke the SLOs
 (`binding`). That is the *estimate*. Each figure has a range
 (`sim/planning/uncertainty.py`: the seed spread widened by the step model's error band
@@ -89,6 +90,8 @@ import math
 import os
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from sim.config.scenario import Scenario, load_scenario
 from sim.io.specload import SpecError
@@ -168,8 +171,7 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
         return {**row, "status": "infeasible", "note": f"needs {replicas} replicas > max_replicas"}
     share = spec.target_rate / max(replicas - extra, 1)  # with n+1, one unit down
     at_share = [run_at(share, seed) for seed in seeds]
-    out_per_req = sum(a["output_token_throughput"] / max(a["request_throughput"], 1e-12)
-                      for a in at_share) / len(at_share)
+    out_per_req = output_tokens_per_request(spec)["per_request"]
     unit_usd_h = unit.usd_per_hour(prices)
     usd_h = replicas * unit_usd_h
     usd_m = _usd_per_m(usd_h, spec.target_rate, out_per_req)
@@ -197,6 +199,21 @@ def unit_fields(unit: Unit, prices: dict[str, float]) -> dict:
 
 def _usd_per_m(usd_per_hour: float, rate: float, output_tokens_per_request: float) -> float:
     return usd_per_hour / (rate * output_tokens_per_request * 3600) * 1e6
+
+
+def output_tokens_per_request(spec: PlanSpec) -> dict:
+    """The plan's one figure of output tokens per request, which every $/M output tokens
+    of the plan (estimates and fleet checks alike) divides by: the mean over the plan
+    scenario's own workload as drawn with its seed (a probe's or check's run draws from
+    the same lengths, so its own mean would differ by sampling alone)."""
+    from sim.workload.requests import generate
+
+    sc = load_scenario(plan_scenario(spec), _base(spec))
+    wl = generate(sc.workload, np.random.default_rng(sc.seed), file=sc.file or None,
+                  path="workload", base_dir=sc.base_dir or None)
+    return {"per_request": float(np.mean(wl.output_tokens)),
+            "stands_on": f"the mean output length of the plan scenario's {len(wl):,} requests "
+                         f"(seed {sc.seed})"}
 
 
 def _runner(scen: str, base: dict, sc: Scenario, rule: SteadyRule, bounds: dict,
@@ -312,7 +329,8 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
     result = {"name": spec.name, "target_rate": spec.target_rate, "slo": spec.slo.__dict__,
               "max_replicas": spec.search.max_replicas,
               "scenario": spec.scenario, "arrival": arrival, "candidates": rows, "recommended": None,
-              "fleet_check": None, "fleet_checks": [], "unchecked_within": 0}
+              "fleet_check": None, "fleet_checks": [], "unchecked_within": 0,
+              "output_tokens_per_request": output_tokens_per_request(spec)}
     result.update(_fleet_checks(spec, rows, cands))
     front = set(pareto(rows))
     for r in rows:
@@ -330,6 +348,7 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
     ranked = sorted((i for i, r in enumerate(rows) if r["status"] == "ok"),
                     key=lambda i: (rows[i]["usd_per_hour"], rows[i]["ttft_p99_at_target_s"] or math.inf))
     done: list[tuple[int, dict]] = []
+    out_per_req = output_tokens_per_request(spec)["per_request"]
 
     def cheapest() -> float:
         return min((c["usd_per_hour"] for _, c in done if c["holds"]), default=math.inf)
@@ -346,8 +365,7 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
         usd_h = check["replicas"] * unit_usd_h  # the unit's price: the sum of its pools'
         check.update({"tp": row["tp"], "gpus": round(check["replicas"] * unit_gpus), "usd_per_hour": usd_h,
                       **{k: row[k] for k in ("unit", "unit_replicas") if k in row},
-                      "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate,
-                                                            at_n["output_tokens_per_request"]),
+                      "usd_per_m_output_tokens": _usd_per_m(usd_h, spec.target_rate, out_per_req),
                       **{k: at_n[k] for k in ("ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")}})
         row.update({"fleet_replicas": check["replicas"], "fleet_usd_per_hour": usd_h,
                     "fleet_ttft_p99_s": at_n["ttft_p99_s"], "fleet_holds": check["holds"],
