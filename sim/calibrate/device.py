@@ -104,16 +104,12 @@ def is_oom(e: BaseException) -> bool:
 
 def host_available_bytes() -> int:
     """MemAvailable from /proc/meminfo (Linux); else total physical memory."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
     import os
 
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    from sim.engine.hostmem import meminfo_available
+
+    available = meminfo_available()
+    return available if available is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class _LiveBytes(TorchDispatchMode):

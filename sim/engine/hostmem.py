@@ -44,6 +44,11 @@ def available_bytes() -> int | None:
             return int(float(limit) * 2**30)
         except ValueError:
             raise SpecError(ENV, "", f"{limit!r} is not a number of GiB (allowed: e.g. 64, or off)") from None
+    return meminfo_available()
+
+
+def meminfo_available() -> int | None:
+    """MemAvailable from /proc/meminfo in bytes; None where there is none (not Linux)."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
