@@ -149,6 +149,9 @@ def cmd_gpus(a) -> int:
             print(f"{'':12} capped at the GPU's peak: {rows} rows")
         if p.timing_note and not f.derived_from:  # tables timed with the L2 flushed, corrected at load
             print(f"{'':12} {p.timing_note}")
+        if f.tables_from:  # tables of its own missing, scaled from a measured GPU's
+            tabs = ", ".join(f"{t} from {g}" for t, g in sorted(f.tables_from.items()))
+            print(f"{'':12} derived tables (measured rows x roofline ratio): {tabs}")
         if p.summary()["derived_decode"]:
             print(f"{'':12} paged decode derived from the contiguous table "
                   f"(+{f.efficiency.paged_decode_overhead:.0%})")

@@ -16,6 +16,7 @@ MEASURED_DECODE = ("contiguous", "paged_reference", "paged_gather")  # decode im
 # platform figure, measured, derived from such numbers by a stated rule, or assumed
 PROVENANCE = ("datasheet", "measured", "derived", "assumed")
 FP4_FORMATS = ("NVFP4", "MXFP4")
+TABLE_NAMES = ("gemm", "attn_prefill", "attn_decode", "elementwise")  # the kernel tables (profiles.TABLES)
 _FRACTION = {"gt": 0, "le": 1}
 _POSITIVE = {"gt": 0}
 
@@ -84,6 +85,10 @@ class GPUFacts:
     # a measured profile whose tables, scaled by the roofline ratio, stand in for this GPU's
     # (sim/costmodel/derived_tables.py); None: its own tables, or the roofline alone
     derived_from: str | None = None
+    # per table, a measured profile whose rows (scaled by the roofline ratio, as for
+    # `derived_from`) stand in for this GPU's own or analytic table: e.g. an H100 with its
+    # own GEMMs measured but no attention measured takes the H200's attention rows
+    tables_from: dict[str, str] = field(default_factory=dict)
     network: str | None = None  # the scale-out NIC per GPU: an entry of gpu_profiles/links.yaml
     provenance: dict[str, str] = field(default_factory=dict)  # field (or a.b) -> one of PROVENANCE
     power: PowerSpec | None = None  # power draw (sim/costmodel/power.py); None: energy not modelled
@@ -95,6 +100,13 @@ class GPUFacts:
                 return f"fp4_formats[{i}]", f"{f!r} is unknown (allowed: {', '.join(FP4_FORMATS)})"
         if self.fp4_formats and self.datasheet_fp4_tflops is None:
             return "datasheet_fp4_tflops", "missing while fp4_formats are stated (allowed: dense FP4 TFLOP/s)"
+        for table, base in self.tables_from.items():
+            if table not in TABLE_NAMES:
+                return f"tables_from.{table}", f"unknown table (allowed: {', '.join(TABLE_NAMES)})"
+            if self.derived_from is not None:
+                return f"tables_from.{table}", "given with derived_from, which derives every table (allowed: one of the two)"
+            if base == self.name:
+                return f"tables_from.{table}", "names this profile itself (allowed: another, measured profile)"
         names = {f.name for f in fields(self)}
         for key, tag in self.provenance.items():
             if key.split(".")[0] not in names:

@@ -86,6 +86,9 @@ IMPLS = {"attn_prefill": ("flash", "naive"),
 # group (TensorRT-LLM <= 0.6's masked MHA kernel; no L2 reuse assumed: an upper bound)
 BF16 = 2
 _MEMO_MAX = 1 << 20  # cached lookups per profile before the cache is cleared
+_LOOKUPS = {"gemm": ("gemm",), "elementwise": ("elementwise",),  # table -> its lookups
+            "attn_prefill": ("prefill_attn", "prefill_attn_mem_bytes"),
+            "attn_decode": ("decode_attn",)}
 
 
 def _memoised(method: Callable) -> Callable:
@@ -100,7 +103,7 @@ def _memoised(method: Callable) -> Callable:
             if len(self._memo) >= _MEMO_MAX:
                 self._memo.clear()
             hit = method(self, *args, **kw)
-            if self.derived_tables and _RANK[hit[1]] < _RANK[DERIVED]:  # another GPU's rows
+            if name in self._derived_lookups and _RANK[hit[1]] < _RANK[DERIVED]:  # another GPU's rows
                 hit = hit[0], DERIVED
             self._memo[key] = hit
         return hit
@@ -113,9 +116,11 @@ class GPUProfile:
     def __init__(self, facts: GPUFacts, tables: dict[str, list[dict]],
                  all_reduce: dict[tuple[float, float], float] | None = None,
                  capped: dict[str, int] | None = None, timing_note: str = "",
-                 derived_tables: bool = False):
+                 derived_tables: frozenset[str] = frozenset()):
         self.facts, self.name, self._memo, self.timing_note = facts, facts.name, {}, timing_note
-        self.derived_tables = derived_tables  # tables scaled from another GPU's (derived_from)
+        # tables scaled from another GPU's (derived_from, tables_from), and their lookups
+        self.derived_tables = derived_tables
+        self._derived_lookups = {m for t in derived_tables for m in _LOOKUPS[t]}
         self.comm = Collectives(facts.interconnect, all_reduce)  # see sim/costmodel/comm.py
         self.capped = capped or {}  # rows per table raised to a ceiling (profile_sanity)
         self.rows = {t: len(tables.get(t, [])) for t in TABLES}
@@ -308,7 +313,8 @@ class GPUProfile:
         return {"name": self.name, "analytic": self.facts.analytic, "tables": dict(self.rows),
                 "envelope_adjusted": sum(g.adjusted for g in grids),
                 "capped": dict(self.capped), "derived_decode": sorted(self._derived),
-                "mixed_decode_rows": len(self.mixed_decode_rows), "timing": self.timing_note}
+                "mixed_decode_rows": len(self.mixed_decode_rows), "timing": self.timing_note,
+                "derived_tables": sorted(self.derived_tables)}
 
 
 def _derived(tag: str) -> str:
@@ -390,24 +396,56 @@ def _read_profile(folder: Path, watch: Callable[[Path], Path]) -> GPUProfile:
     if facts.derived_from is not None:
         return _derived_profile(folder, facts, yaml_file, watch)
     tables, lowered, capped = _tables(folder, facts, watch)
+    derived = _tables_from(folder, facts, yaml_file, tables, watch)
+    capped = {t: 0 if t in derived else n for t, n in capped.items()}
     link, all_reduce = facts.interconnect, None
     if link is not None and link.all_reduce_table:
         if not is_file(watch(folder / link.all_reduce_table)):
             raise SpecError(yaml_file, "interconnect.all_reduce_table",
                             f"file not found: {show(link.all_reduce_table)}")
         all_reduce = read_all_reduce(folder / link.all_reduce_table)
-    return GPUProfile(facts, tables, all_reduce, capped, describe(facts.timing, lowered))
+    return GPUProfile(facts, tables, all_reduce, capped, describe(facts.timing, lowered),
+                      derived_tables=derived)
+
+
+def _measured_base(name: str, yaml_file: Path, path: str, watch: Callable[[Path], Path]
+                   ) -> tuple[Path, GPUFacts]:
+    """The folder and facts of the measured profile `name` that a profile derives from."""
+    base = profile_folder(name, file=yaml_file, path=path)
+    base_yaml = watch(base / "profile.yaml")
+    base_facts = build(GPUFacts, load_yaml(base_yaml), file=base_yaml)
+    if base_facts.derived_from is not None or base_facts.analytic is True or base_facts.tables_from:
+        raise SpecError(yaml_file, path, f"{name!r} has no measured tables of its own "
+                        "(allowed: a measured profile)")
+    return base, base_facts
+
+
+def _tables_from(folder: Path, facts: GPUFacts, yaml_file: Path, tables: dict[str, list[dict]],
+                 watch: Callable[[Path], Path]) -> frozenset[str]:
+    """Put in `tables` each `tables_from` table: the named measured profile's rows scaled
+    by the roofline ratio (sim/costmodel/derived_tables.py); the names of those tables. A
+    table of the folder's own that this replaces is not looked up: it stays what the
+    profile's roofline terms are fitted to, and a check of the derivation (its rows capped
+    at load no longer count)."""
+    for table, name in sorted(facts.tables_from.items()):
+        path = f"tables_from.{table}"
+        base, base_facts = _measured_base(name, yaml_file, path, watch)
+        if table == "elementwise" and base_facts.elementwise_kernels != facts.elementwise_kernels:
+            raise SpecError(yaml_file, path, f"{name}'s elementwise table is "
+                            f"{base_facts.elementwise_kernels} (allowed: {facts.elementwise_kernels})")
+        rows = _tables(base, base_facts, watch)[0].get(table)
+        if not rows:
+            raise SpecError(yaml_file, path, f"{name} has no {table} table (allowed: a "
+                            "profile that measured it)")
+        tables[table] = derive_tables({table: rows}, GPUProfile(base_facts, {}),
+                                      GPUProfile(facts, {}))[table]
+    return frozenset(facts.tables_from)
 
 
 def _derived_profile(folder: Path, facts: GPUFacts, yaml_file: Path,
                      watch: Callable[[Path], Path]) -> GPUProfile:
     """A profile whose tables are a measured profile's, scaled (sim/costmodel/derived_tables.py)."""
-    base = profile_folder(facts.derived_from, file=yaml_file, path="derived_from")
-    base_yaml = watch(base / "profile.yaml")
-    base_facts = build(GPUFacts, load_yaml(base_yaml), file=base_yaml)
-    if base_facts.derived_from is not None or base_facts.analytic is True:
-        raise SpecError(yaml_file, "derived_from", f"{facts.derived_from!r} has no measured "
-                        "tables of its own (allowed: a measured profile)")
+    base, base_facts = _measured_base(facts.derived_from, yaml_file, "derived_from", watch)
     if base_facts.elementwise_kernels != facts.elementwise_kernels:
         raise SpecError(yaml_file, "elementwise_kernels", f"{facts.elementwise_kernels!r} differs "
                         f"from {facts.derived_from}'s tables (allowed: "
@@ -420,7 +458,7 @@ def _derived_profile(folder: Path, facts: GPUFacts, yaml_file: Path,
     tables = derive_tables(base_tables, GPUProfile(base_facts, {}), GPUProfile(facts, {}))
     note = (f"tables derived: {facts.derived_from}'s measured rows x this GPU's roofline / "
             f"{facts.derived_from}'s, per shape")
-    return GPUProfile(facts, tables, None, {}, note, derived_tables=True)
+    return GPUProfile(facts, tables, None, {}, note, derived_tables=frozenset(tables))
 
 
 def _tables(folder: Path, facts: GPUFacts, watch: Callable[[Path], Path]
