@@ -43,8 +43,6 @@ from sim.costmodel.runtime import RUNTIMES_DIR, load_runtime
 from sim.io.specload import load_yaml
 
 
-
-
 def datasheet(name: str) -> dict[str, float]:
     """The profile.yaml figures a buyer compares, read from the file itself."""
     y = load_yaml(PROFILES_DIR / name / "profile.yaml")
