@@ -171,8 +171,8 @@ def test_profiles_not_timed_flushed_serve_their_tables_unchanged(name):
     p = load_profile(name)
     assert p.facts.timing is None and p.timing_note == "" and p.summary()["timing"] == ""
     folder = PROFILES_DIR / name
-    if not (folder / "gemm.csv").is_file():
-        return
+    if not (folder / "gemm.csv").is_file() or "gemm" in p.derived_tables:
+        return  # the H100 looks up the H200's rows (tables_from): tests/test_profiles.py
     with (folder / "gemm.csv").open() as f:
         rows = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
     flop_per_ms = (p.facts.peak_tflops or p.facts.datasheet_tflops) * 1e9
