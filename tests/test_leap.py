@@ -18,6 +18,7 @@ from sim.engine.processes import leaping
 from sim.engine.runner import run
 from sim.io.specload import SpecError
 from sim.report.perfetto import trace_events
+from tests.test_clients import closed
 from tests.test_random_scenarios import scenarios
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,3 +95,16 @@ def test_a_random_small_scenario_gives_the_same_bytes_leaping_or_stepping(data, 
     except SpecError:
         assume(False)  # a combination the loader refuses
     assert_identical(sc, None, tmp_path_factory.mktemp("leap"))
+
+
+CLOSED = [  # one user at a time (a leap's end is not always env.now + a delay), and many
+    closed({"concurrency": 1, "requests_per_client": 3}),
+    closed({"concurrency": 4, "requests_per_client": 6, "warmup_requests": 4}),
+    {**closed({"concurrency": 8, "requests_per_client": 5, "think": {"kind": "exponential", "mean_s": 0.05}}),
+     "scheduler": {"max_num_seqs": 4}},
+]
+
+
+@pytest.mark.parametrize("data", CLOSED, ids=["one-user", "warm-up", "think-time"])
+def test_a_closed_loop_gives_the_same_bytes_leaping_or_stepping(data, tmp_path):
+    assert_identical(scenario_from_dict(data), None, tmp_path)

@@ -17,7 +17,6 @@ never see `env`; SimPy stays in this module.
 from __future__ import annotations
 
 import gc
-import math
 import os
 from array import array
 from collections import deque
@@ -306,19 +305,22 @@ def leaping() -> bool:
     return os.environ.get("LLMSIM_LEAP", "1") != "0"
 
 
-def _at(env: simpy.Environment, t: float) -> simpy.Timeout:
-    """A timeout firing at exactly `t` (>= env.now): the delay whose float sum with
-    env.now is `t`, as the steps' own sums reached it."""
-    now = env.now
-    d = t - now
-    while now + d < t:
-        d = math.nextafter(d, math.inf)
-    while now + d > t:
-        d = math.nextafter(d, -math.inf)
-    return env.timeout(d)
+class Clock(simpy.Environment):
+    """SimPy's environment, able to schedule a timeout at an exact time: a leap's end is
+    the float sum of its steps' seconds, which env.now + a delay cannot always reach (its
+    rounding can skip the one float between two neighbours)."""
+
+    def timeout_at(self, t: float) -> simpy.Timeout:
+        """A timeout firing at `t` (>= now), ordered as any event scheduled now."""
+        now = self._now
+        self._now = t  # Timeout schedules itself at env._now + its delay, here t + 0.0 = t
+        try:
+            return self.timeout(0.0)
+        finally:
+            self._now = now
 
 
-def replica(env: simpy.Environment, node: Node, progress=None, leap: bool = True):
+def replica(env: Clock, node: Node, progress=None, leap: bool = True):
     """Run iterations for as long as there is work; sleep when there is none.
 
     Leaping: a step that ends before the next event anyone else scheduled (`env.peek()`),
@@ -326,7 +328,7 @@ def replica(env: simpy.Environment, node: Node, progress=None, leap: bool = True
     hand-off, no KV link waiting for room here), is finished at once, on the replica's own
     clock `now`, without a SimPy event: nothing else runs in between in either case, so
     every state change, row and random draw comes in the same order at the same times as
-    stepping. The replica's clock rejoins the engine's (`_at`) at the next step that
+    stepping. The replica's clock rejoins the engine's (`Clock.timeout_at`) at the next step that
     another process could see: its end wakes someone, or it ends at or after the next
     scheduled event, which then sees the state it would have seen stepping (events at the
     same instant fire in the order they were scheduled, and a leap's one timeout is
@@ -344,7 +346,7 @@ def replica(env: simpy.Environment, node: Node, progress=None, leap: bool = True
         plan = policy.schedule(st, now)
         if plan.reject and node.ended is not None:
             if now != env.now:
-                yield _at(env, now)
+                yield env.timeout_at(now)
             node.ended([r.seq for r in plan.reject])
         step = rep.start(plan, now)
         if step is not None:
@@ -353,14 +355,14 @@ def replica(env: simpy.Environment, node: Node, progress=None, leap: bool = True
                     quiet or (plan.kind is DECODE and rep.speculator is None
                               and (not batch.finish_heap
                                    or batch.finish_heap[0][0] > batch.D + 1)))):
-                yield env.timeout(step.seconds) if now == env.now else _at(env, t_end)
+                yield env.timeout(step.seconds) if now == env.now else env.timeout_at(t_end)
             done = rep.finish(step, now, t_end)
             now = t_end
             if node.ended is not None and done:
                 node.ended(done)
         else:
             if now != env.now:
-                yield _at(env, now)
+                yield env.timeout_at(now)
             if plan.kind is IDLE:
                 node.wake = env.event()
                 if plan.wake_at is not None:
@@ -424,7 +426,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     max_len = min(r.st.max_model_len for r in replicas)
     seqs = make_seqs(workload, max_len)
     prefix_views(workload, replicas)
-    env = simpy.Environment()
+    env = Clock()
     fleet = Fleet(env, replicas, router, decode_router=decode_router, link=link,
                   staleness_s=staleness_s)
     finished = [False]
