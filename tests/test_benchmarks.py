@@ -76,6 +76,7 @@ def test_engine_speed_times_each_runtime_on_the_same_requests(tmp_path):
     assert [r[0] for r in rows] == ["h200-eager-reference", "h200-eager-live", "cuda-graph"]
     assert len({r[1] for r in rows}) == 1 and int(rows[0][1]) > 0  # the same requests
     assert all(int(r[2]) > 0 for r in rows)  # iterations
+    assert all(float(r[-1]) > 0 and float(r[-2]) > 0 for r in rows)  # iter/cpu-s, peak MiB
 
 
 def test_run_speed_times_the_run_and_its_phases(tmp_path):
@@ -83,6 +84,7 @@ def test_run_speed_times_the_run_and_its_phases(tmp_path):
     n = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())["workload"]["num_requests"]
     assert re.search(r"^llmsim run quickstart\.yaml .*s wall, .*s CPU \(median of 1\)", out, re.M), out
     assert "phases (CPU s): python start" in out and f"({n:,} requests" in out, out
+    assert re.search(r"iterations, [\d,]+ iterations/s\)", out), out
 
 
 def test_fleet_speed_runs_the_fleet_and_writes_its_tables(tmp_path):

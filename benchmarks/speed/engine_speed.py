@@ -1,13 +1,16 @@
 """Speed of the simulator's hot loop on the Azure 2023 conversation trace.
 
-    python benchmarks/speed/engine_speed.py [--repeat 3] [--duration-s S]
+    python benchmarks/speed/engine_speed.py [--repeat 3] [--duration-s S] [--no-leap]
 
 Simulates the 19,366-request, one-hour trace on one replica (the reference
 stack's scheduler settings) under both runtimes and prints wall time, simulated
 requests per wall second and iterations per wall second (median of repeats;
 only `simulate()` is timed: no YAML, trace parsing or output writing). It also
-prints the process CPU time, steadier than wall time on a shared machine. `--duration-s`
+prints the process CPU time, steadier than wall time on a shared machine, iterations per
+CPU second, and the peak of Python's own allocations during one more, untimed
+`simulate()` (tracemalloc: the simulation's memory, not the interpreter's). `--duration-s`
 keeps only the trace's first S seconds (the test suite runs `--repeat 1 --duration-s 20`).
+`--no-leap` steps one SimPy event per iteration (as LLMSIM_LEAP=0; the same results).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import statistics
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,16 +33,24 @@ from sim.engine.runner import prepare  # noqa: E402
 SCENARIO = ROOT / "scenarios" / "azure_conv_reference.yaml"
 
 
-def time_once(runtime: str, duration_s: float | None) -> tuple[float, float, int, int]:
+def time_once(runtime: str, duration_s: float | None, leap: bool,
+              traced: bool = False) -> tuple[float, float, int, int]:
+    """(wall s, CPU s, requests, iterations) of one simulate(); with `traced`, the wall
+    slot holds the peak MiB of Python allocations instead (tracemalloc, slow)."""
     overrides = {"runtime": runtime}
     if duration_s is not None:
         overrides["workload.duration_s"] = duration_s
     sc = load_scenario(SCENARIO, overrides)
     configs, wl, rng = prepare(sc)
     fleet = build_fleet(sc, configs, rng)
+    if traced:
+        tracemalloc.start()
     t0, c0 = time.perf_counter(), time.process_time()
-    res = simulate(wl, fleet.replicas, fleet.router)
+    res = simulate(wl, fleet.replicas, fleet.router, leap=leap)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    if traced:
+        wall = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
     return wall, cpu, len(res.seqs), len(res.steps.t_end)
 
 
@@ -46,16 +58,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--duration-s", type=float, help="only the trace's first S seconds")
+    ap.add_argument("--no-leap", action="store_true", help="one SimPy event per iteration")
     a = ap.parse_args()
     print(f"{'runtime':24} {'requests':>9} {'iterations':>10} {'wall s':>7} {'cpu s':>6} "
-          f"{'req/s':>9} {'iter/s':>9}")
+          f"{'req/s':>9} {'iter/s':>9} {'iter/cpu-s':>10} {'peak MiB':>8}")
     for runtime in ("h200-eager-reference", "h200-eager-live", "cuda-graph"):
-        runs = [time_once(runtime, a.duration_s) for _ in range(a.repeat)]
+        runs = [time_once(runtime, a.duration_s, not a.no_leap) for _ in range(a.repeat)]
         wall = statistics.median(r[0] for r in runs)
         cpu = statistics.median(r[1] for r in runs)
         _, _, n, it = runs[0]
+        peak = time_once(runtime, a.duration_s, not a.no_leap, traced=True)[0]
         print(f"{runtime:24} {n:9d} {it:10d} {wall:7.2f} {cpu:6.2f} {n / wall:9.0f} "
-              f"{it / wall:9.0f}")
+              f"{it / wall:9.0f} {it / cpu:10.0f} {peak:8.1f}")
 
 
 if __name__ == "__main__":

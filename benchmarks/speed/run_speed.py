@@ -91,7 +91,8 @@ def phases(scenario: Path, plots: bool, fmt: str) -> None:
     iters = sum(len(r.steps.t_end) for r in res.replicas)
     print(f"phases (CPU s): python start {bare:.2f}, imports {imports - bare:.2f}, "
           f"scenario + workload {c1 - c0:.2f}, simulate {c2 - c1:.2f} "
-          f"({len(res.seqs):,} requests, {iters:,} iterations), tables + summary "
+          f"({len(res.seqs):,} requests, {iters:,} iterations, "
+          f"{iters / max(c2 - c1, 1e-9):,.0f} iterations/s), tables + summary "
           f"{c3 - c2:.2f}, writing {fmt} + summary.json {c4 - c3:.2f}"
           + (f", plots {plot_s:.2f}" if plots else ""))
 

@@ -17,6 +17,7 @@ never see `env`; SimPy stays in this module.
 from __future__ import annotations
 
 import gc
+import os
 from array import array
 from collections import deque
 from collections.abc import Callable
@@ -42,7 +43,7 @@ from sim.policies.plan import StepKind
 from sim.policies.prefix import regroup
 from sim.workload.requests import Workload
 
-IDLE = StepKind.IDLE
+IDLE, DECODE = StepKind.IDLE, StepKind.DECODE
 
 
 class Node:
@@ -298,24 +299,70 @@ def kv_link(env: simpy.Environment, fleet: Fleet, dst: Node):
         dst.poke()
 
 
-def replica(env: simpy.Environment, node: Node, progress=None):
-    """Run iterations for as long as there is work; sleep when there is none."""
+def leaping() -> bool:
+    """Whether replicas leap over steps no one else can see (`replica`): on unless the
+    environment variable LLMSIM_LEAP is "0" (tests and benchmarks compare both ways)."""
+    return os.environ.get("LLMSIM_LEAP", "1") != "0"
+
+
+class Clock(simpy.Environment):
+    """SimPy's environment, able to schedule a timeout at an exact time: a leap's end is
+    the float sum of its steps' seconds, which env.now + a delay cannot always reach (its
+    rounding can skip the one float between two neighbours)."""
+
+    def timeout_at(self, t: float) -> simpy.Timeout:
+        """A timeout firing at `t` (>= now), ordered as any event scheduled now."""
+        now = self._now
+        self._now = t  # Timeout schedules itself at env._now + its delay, here t + 0.0 = t
+        try:
+            return self.timeout(0.0)
+        finally:
+            self._now = now
+
+
+def replica(env: Clock, node: Node, progress=None, leap: bool = True):
+    """Run iterations for as long as there is work; sleep when there is none.
+
+    Leaping: a step that ends before the next event anyone else scheduled (`env.peek()`),
+    and whose end wakes no one (no closed-loop client told of an end, no disaggregated
+    hand-off, no KV link waiting for room here), is finished at once, on the replica's own
+    clock `now`, without a SimPy event: nothing else runs in between in either case, so
+    every state change, row and random draw comes in the same order at the same times as
+    stepping. The replica's clock rejoins the engine's (`Clock.timeout_at`) at the next step that
+    another process could see: its end wakes someone, or it ends at or after the next
+    scheduled event, which then sees the state it would have seen stepping (events at the
+    same instant fire in the order they were scheduled, and a leap's one timeout is
+    scheduled after every event already waiting, as the last step's own would have been).
+    """
     rep = node.rep
     st, log, policy, port = rep.st, rep.rec.log, rep.policy, rep.port
+    batch = st.batch
+    # the end of any step wakes no one here: open loop, no hand-off to a decode pool
+    quiet = node.ended is None and port.handoff is None
+    now = env.now
     while True:
-        now = env.now
         if port.arrived:
             join_arrived(rep)
         plan = policy.schedule(st, now)
         if plan.reject and node.ended is not None:
+            if now != env.now:
+                yield env.timeout_at(now)
             node.ended([r.seq for r in plan.reject])
         step = rep.start(plan, now)
         if step is not None:
-            yield env.timeout(step.seconds)
-            done = rep.finish(step, now, now + step.seconds)
+            t_end = now + step.seconds
+            if not (leap and t_end < env.peek() and node.room is None and (
+                    quiet or (plan.kind is DECODE and rep.speculator is None
+                              and (not batch.finish_heap
+                                   or batch.finish_heap[0][0] > batch.D + 1)))):
+                yield env.timeout(step.seconds) if now == env.now else env.timeout_at(t_end)
+            done = rep.finish(step, now, t_end)
+            now = t_end
             if node.ended is not None and done:
                 node.ended(done)
         else:
+            if now != env.now:
+                yield env.timeout_at(now)
             if plan.kind is IDLE:
                 node.wake = env.event()
                 if plan.wake_at is not None:
@@ -323,11 +370,12 @@ def replica(env: simpy.Environment, node: Node, progress=None):
                 else:
                     yield node.wake  # a new request, a KV hand-off, or nothing ever again
                 node.wake = None
+                now = env.now
             rep.end_of_step()
         if node.room is not None:
             node.stepped()
         if progress is not None and len(log.t_end) % 2000 == 0:
-            progress(env.now)
+            progress(now)
 
 
 def make_seqs(workload: Workload, max_model_len: int) -> list[Seq]:
@@ -369,13 +417,16 @@ def prefix_views(workload: Workload, replicas: list[Replica]) -> None:
 
 def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode_router=None,
              link: Link | None = None, staleness_s: float = 0.0, progress=None,
-             lifecycle: Lifecycle | None = None, scaler=None) -> RunResult:
+             lifecycle: Lifecycle | None = None, scaler=None,
+             leap: bool | None = None) -> RunResult:
     """Replay `workload` through the replicas; every request ends finished or rejected.
-    With `lifecycle` and `scaler` (a sim/policies/autoscale.py policy) replicas come and go."""
+    With `lifecycle` and `scaler` (a sim/policies/autoscale.py policy) replicas come and go.
+    `leap` (default: `leaping()`, the LLMSIM_LEAP environment variable): replicas finish
+    steps no one else can see without a SimPy event each (`replica`); the same results."""
     max_len = min(r.st.max_model_len for r in replicas)
     seqs = make_seqs(workload, max_len)
     prefix_views(workload, replicas)
-    env = simpy.Environment()
+    env = Clock()
     fleet = Fleet(env, replicas, router, decode_router=decode_router, link=link,
                   staleness_s=staleness_s)
     finished = [False]
@@ -400,7 +451,8 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     else:
         env.process(arrivals(env, fleet, seqs))
     for i, node in enumerate(fleet.nodes):
-        env.process(replica(env, node, progress if i == 0 else None))
+        env.process(replica(env, node, progress if i == 0 else None,
+                            leaping() if leap is None else leap))
     for node in fleet.back:
         env.process(kv_link(env, fleet, node))
     # The run makes no cyclic garbage (SimPy drops a processed event's callbacks; a run of

@@ -197,17 +197,6 @@ class Replica:
         kind = (_DECODE if n else _PREFILL) if not chunks else (_MIXED if n else _PREFILL)
         return dur, kind, n + len(chunks), n + sum(q for q, _ in chunks)
 
-    def finish_decode_step(self, step: Step, t_end: float) -> list[Seq]:
-        """Every running request gains its tokens; returns the requests that finished."""
-        batch = self.st.batch
-        done = batch.advance(t_end, self.rec.gaps, self.rec.weights)
-        for s in done:
-            self.release(s)
-        step.kind, step.tokens, rolled_back = batch.end_round(step.seqs)
-        if rolled_back:  # the slots of rejected drafts
-            self.st.kv.free(rolled_back)
-        return done
-
     def finish_prefill_step(self, plan: StepPlan, t_end: float) -> list[Seq]:
         """Every admitted request has its first token; returns those that finished."""
         self.admitted = 0
@@ -254,7 +243,8 @@ class Replica:
         self.st.batch.clear_padding()
 
     def record(self, t0: float, t1: float, step: Step) -> None:
-        """The step's entry in the log, with the KV blocks and tokens held at its end."""
+        """The step's entry in the log, with the KV blocks and tokens held at its end (a
+        decode step's, inlined in `finish`)."""
         held = self.st.batch.kv_tokens() + self.port.outside_tokens - self.kv.shared_tokens()
         self.rec.log.add(t0, t1, step.kind, step.seqs, step.tokens, self.st.kv.used_blocks,
                          held)
@@ -264,6 +254,22 @@ class Replica:
         """Apply `plan` at `now`: rejections, preemption, swaps, admissions and KV for the
         step; returns the step to compute (the replica's one step under way, reused from
         step to step), or None when the plan computes nothing."""
+        if plan is DECODE:  # the common step, flattened: nothing rejected, moved or admitted
+            batch, step = self.st.batch, self.step
+            need = batch.new_blocks_needed(plan.lookahead)
+            if need:
+                self.kv.take(need)
+            n = batch.n_compute
+            if self.speculator is not None:
+                step.seconds = batch.seconds(plan.lookahead)
+                self.rec.kernel_busy_s += self.speculator.kernel_s
+            else:
+                step.seconds = self.lat.decode(n, batch.sum_ctx(), batch.max_ctx())
+                self.rec.kernel_busy_s += self.kernels.kernel_s
+            step.seqs = step.tokens = n
+            step.kind = _DECODE
+            step.plan = plan
+            return step
         if plan.reject:
             self.reject(plan)
         if plan.preempt or plan.swap_out or plan.swap_in:
@@ -293,13 +299,25 @@ class Replica:
         """The step begun at `t0` ended at `t_end`: tokens out, finished requests free
         their KV, the step is logged. Returns the requests that finished in it."""
         kind = step.plan.kind
-        if kind is _DECODE:
-            done = self.finish_decode_step(step, t_end)
-        elif kind is _PREFILL:
-            done = self.finish_prefill_step(step.plan, t_end)
+        st, rec = self.st, self.rec
+        if kind is _DECODE:  # finish_decode_step and record, inlined: the hot path
+            batch = st.batch
+            done = batch.advance(t_end, rec.gaps, rec.weights)
+            for s in done:
+                self.release(s)
+            step.kind, step.tokens, rolled_back = batch.end_round(step.seqs)
+            if rolled_back:  # the slots of rejected drafts
+                st.kv.free(rolled_back)
+            prefix = self.kv.prefix
+            held = batch.kv_tokens() + self.port.outside_tokens - (
+                prefix.extra_refs * prefix.hash_tokens if prefix is not None else 0)
+            rec.log.add(t0, t_end, step.kind, step.seqs, step.tokens, st.kv.used_blocks, held)
         else:
-            done = self.finish_mixed_step(step.plan, t_end)
-        self.record(t0, t_end, step)
+            if kind is _PREFILL:
+                done = self.finish_prefill_step(step.plan, t_end)
+            else:
+                done = self.finish_mixed_step(step.plan, t_end)
+            self.record(t0, t_end, step)
         if self.holds_batch:
             self.end_of_step()
         return done
