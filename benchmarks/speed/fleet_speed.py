@@ -54,7 +54,7 @@ def main() -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     out = run(sc)  # what `llmsim run` does: workload, fleet, simulate, tables, summary
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    iters = sum(len(r.steps.t_end) for r in out.result.replicas)
+    iters = sum(r.steps.rows() for r in out.result.replicas)
     sim_s = out.summary["simulate_wall_s"]
     print(f"{a.replicas} replicas, router {a.router}: {len(out.result.seqs):,} requests, "
           f"{iters:,} iterations")

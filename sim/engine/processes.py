@@ -17,7 +17,6 @@ never see `env`; SimPy stays in this module.
 from __future__ import annotations
 
 import gc
-from array import array
 from collections import deque
 from collections.abc import Callable
 
@@ -35,6 +34,7 @@ from sim.engine.handoff import (
     take_over,
 )
 from sim.engine.replica import Replica, ReplicaResult, RunResult
+from sim.engine.recorder import pooled_gaps
 from sim.engine.results import Event
 from sim.policies.autoscale import FleetMetrics
 from sim.policies.batch import Seq
@@ -427,10 +427,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         r.check_conserved()
         r.rec.check_limits(r.name, r.policy.max_seqs, r.policy.step_tokens)
     streamed(seqs, fleet.nodes)
-    gaps, weights = array("d"), array("q")
-    for r, mark in zip(replicas, marks, strict=True):  # a drained warm-up's gaps left out
-        gaps.extend(r.rec.gaps[mark:])
-        weights.extend(r.rec.weights[mark:])
+    gaps, weights = pooled_gaps([r.rec for r in replicas], marks)
     results = [ReplicaResult.of(r) for r in replicas]
     end = env.now if not finished[0] else max(
         (r.steps.t_end[-1] for r in results if len(r.steps.t_end)), default=0.0)

@@ -40,6 +40,7 @@ from sim.engine.metrics import (
 from sim.engine.processes import simulate
 from sim.engine.replica import RunResult
 from sim.io.outputs import write_atomically
+from sim.io.spill import SpillDir
 from sim.io.tablefile import frame, write_csv, write_parquet
 from sim.policies.prefix import combine_summaries
 from sim.policies.speculative import summarize_speculators
@@ -52,6 +53,8 @@ __all__ = ["POLICIES", "RunOutput", "prepare", "run"]
 
 
 TABLE_FORMATS = ("csv", "parquet")
+MEMORY_ROWS = 1 << 22      # step-log rows (~90 B each with their gaps) a run holds in memory
+MIN_REPLICA_ROWS = 1 << 12  # ... and each replica at least, before spilling to disk
 
 
 @dataclass
@@ -123,6 +126,8 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     configs, wl, rng = prepare(sc)
     fleet = build_fleet(sc, configs, rng, acceptance=wl.acceptance, prefix_tokens=wl.block_tokens
                         if wl.prefix_hashes is not None else None)
+    if wl.clients is None:  # a closed loop's warm-up marks count gaps in memory: kept there
+        spill_logs(fleet.replicas)
     bar = _progress_bar(float(wl.arrival_s[-1]) if len(wl) else 0.0) if progress else None
     scaling = _autoscaling(sc, configs)
     t_sim = time.perf_counter()
@@ -177,6 +182,17 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     if summary["prefix_cache"] is not None:
         summary["prefix_cache"].update(prefill_saved(req, first.latency))
     return RunOutput(sc, req, steps, summary, res, itl_table(res))
+
+
+def spill_logs(replicas: list, spill: SpillDir | None = None) -> SpillDir:
+    """Let the replicas' step logs and gaps go to disk past MEMORY_ROWS steps held in all
+    (sim/io/spill.py): a run's memory stops growing with its iterations; its outputs are
+    the same bytes (the tables and the summary read the files back a block at a time)."""
+    spill = spill if spill is not None else SpillDir()
+    limit = max(MEMORY_ROWS // max(len(replicas), 1), MIN_REPLICA_ROWS)
+    for r in replicas:
+        r.rec.spill_to(spill, f"r{r.index}", limit)
+    return spill
 
 
 def _autoscaling(sc: Scenario, configs: list[ReplicaConfig]):
