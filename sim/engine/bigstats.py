@@ -52,7 +52,7 @@ def weighted_stats(values, weights) -> dict[str, float | None]:
     of sim/io/spill.py), read block by block; the same floats."""
     n = len(values)
     w_min, total, vmax = None, 0, None
-    for lo, w in blocks(weights):
+    for _, w in blocks(weights):
         if len(w):
             w_min = int(w.min()) if w_min is None else min(w_min, int(w.min()))
     if n and w_min is not None and w_min <= 0:  # keep only positive weights, as in memory

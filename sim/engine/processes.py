@@ -33,8 +33,8 @@ from sim.engine.handoff import (
     reserve_transfer,
     take_over,
 )
-from sim.engine.replica import Replica, ReplicaResult, RunResult
 from sim.engine.recorder import pooled_gaps
+from sim.engine.replica import Replica, ReplicaResult, RunResult
 from sim.engine.results import Event
 from sim.policies.autoscale import FleetMetrics
 from sim.policies.batch import Seq

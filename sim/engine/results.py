@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.io.spill import DiskColumn, SpillDir
-
 from sim.policies.batch import Seq
 from sim.policies.kv import PagedKV
 
