@@ -14,6 +14,7 @@ files never imports pandas.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -37,6 +38,7 @@ from sim.engine.metrics import (
     step_tables,
     summarize,
 )
+from sim.engine.parallel import refusal, simulate_parallel
 from sim.engine.processes import simulate
 from sim.engine.replica import RunResult
 from sim.io.outputs import write_atomically
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
 __all__ = ["POLICIES", "RunOutput", "prepare", "run"]
 
 
+NOTICES = logging.getLogger("llmsim")
 TABLE_FORMATS = ("csv", "parquet")
 MEMORY_ROWS = 1 << 22      # step-log rows (~90 B each with their gaps) a run holds in memory
 MIN_REPLICA_ROWS = 1 << 12  # ... and each replica at least, before spilling to disk
@@ -119,11 +122,19 @@ def prepare(sc: Scenario) -> Prepared:
 
 
 def run(scenario: Scenario | str | Path, overrides: dict | None = None,
-        progress: bool = False) -> RunOutput:
-    """Simulate a scenario (object or YAML path) and return its tables and summary."""
+        progress: bool = False, workers: int = 1, executor: str = "process") -> RunOutput:
+    """Simulate a scenario (object or YAML path) and return its tables and summary.
+    `workers` > 1: a fleet behind a router that needs no feedback is simulated that many
+    processes at a time (`executor` "process" or "ray"), with the same results; any other
+    run stays single-process, saying why (sim/engine/parallel.py)."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     t0 = time.perf_counter()
     configs, wl, rng = prepare(sc)
+    if workers > 1:
+        reason = refusal(sc, configs, wl)
+        if reason is None:
+            return _finish(sc, configs, wl, t0, None, workers=workers, executor=executor)
+        NOTICES.warning("single process (--workers %d not used): %s", workers, reason)
     fleet = build_fleet(sc, configs, rng, acceptance=wl.acceptance, prefix_tokens=wl.block_tokens
                         if wl.prefix_hashes is not None else None)
     if wl.clients is None:  # a closed loop's warm-up marks count gaps in memory: kept there
@@ -139,6 +150,22 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     t_sim = time.perf_counter() - t_sim
     if bar:
         bar.close()
+    return _finish(sc, configs, wl, t0, (res, t_sim, scaling))
+
+
+def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float, done,
+            workers: int = 1, executor: str = "process") -> RunOutput:
+    """The tables and summary of a simulated run (`done`: (result, engine seconds,
+    autoscaling)), or of one simulated now in `workers` processes (`done` None)."""
+    if done is None:
+        t_sim = time.perf_counter()
+        res, _spill = simulate_parallel(sc, configs, wl, workers, executor)
+        t_sim = time.perf_counter() - t_sim
+        NOTICES.info("simulated in %d processes (router %s needs no feedback)",
+                     min(workers, len(configs)), sc.cluster.router.policy)
+        scaling = None
+    else:
+        res, t_sim, scaling = done
     req = request_table(res)
     steps = step_tables(res)
     first = configs[0]
@@ -184,12 +211,14 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     return RunOutput(sc, req, steps, summary, res, itl_table(res))
 
 
-def spill_logs(replicas: list, spill: SpillDir | None = None) -> SpillDir:
+def spill_logs(replicas: list, spill: SpillDir | None = None,
+               fleet_size: int | None = None) -> SpillDir:
     """Let the replicas' step logs and gaps go to disk past MEMORY_ROWS steps held in all
     (sim/io/spill.py): a run's memory stops growing with its iterations; its outputs are
-    the same bytes (the tables and the summary read the files back a block at a time)."""
+    the same bytes (the tables and the summary read the files back a block at a time).
+    `fleet_size`: the whole fleet's replicas, when `replicas` are a worker's share."""
     spill = spill if spill is not None else SpillDir()
-    limit = max(MEMORY_ROWS // max(len(replicas), 1), MIN_REPLICA_ROWS)
+    limit = max(MEMORY_ROWS // max(fleet_size or len(replicas), 1), MIN_REPLICA_ROWS)
     for r in replicas:
         r.rec.spill_to(spill, f"r{r.index}", limit)
     return spill
