@@ -68,6 +68,7 @@ class RunOutput:
     summary: dict
     result: RunResult
     itl_table: dict  # weighted inter-token gaps: gap_s, count
+    engine: str = "single process"  # or "N processes (router ... needs no feedback)"
 
     @cached_property
     def requests(self) -> pd.DataFrame:
@@ -135,6 +136,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         if reason is None:
             return _finish(sc, configs, wl, t0, None, workers=workers, executor=executor)
         NOTICES.warning("single process (--workers %d not used): %s", workers, reason)
+    engine = "single process" + (f" ({reason})" if workers > 1 else "")
     fleet = build_fleet(sc, configs, rng, acceptance=wl.acceptance, prefix_tokens=wl.block_tokens
                         if wl.prefix_hashes is not None else None)
     if wl.clients is None:  # a closed loop's warm-up marks count gaps in memory: kept there
@@ -150,7 +152,9 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     t_sim = time.perf_counter() - t_sim
     if bar:
         bar.close()
-    return _finish(sc, configs, wl, t0, (res, t_sim, scaling))
+    out = _finish(sc, configs, wl, t0, (res, t_sim, scaling))
+    out.engine = engine
+    return out
 
 
 def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float, done,
@@ -161,8 +165,9 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
         t_sim = time.perf_counter()
         res, _spill = simulate_parallel(sc, configs, wl, workers, executor)
         t_sim = time.perf_counter() - t_sim
-        NOTICES.info("simulated in %d processes (router %s needs no feedback)",
-                     min(workers, len(configs)), sc.cluster.router.policy)
+        engine = (f"{min(workers, len(configs))} processes ({executor}; router "
+                  f"{sc.cluster.router.policy} needs no feedback)")
+        NOTICES.info("simulated in %s", engine)
         scaling = None
     else:
         res, t_sim, scaling = done
@@ -208,7 +213,8 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
                              for c in {c.group: c for c in configs}.values()]
     if summary["prefix_cache"] is not None:
         summary["prefix_cache"].update(prefill_saved(req, first.latency))
-    return RunOutput(sc, req, steps, summary, res, itl_table(res))
+    return RunOutput(sc, req, steps, summary, res, itl_table(res),
+                     engine if done is None else "single process")
 
 
 def spill_logs(replicas: list, spill: SpillDir | None = None,
