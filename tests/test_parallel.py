@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import sim.engine.recorder as recorder
 import sim.engine.runner as runner
 from sim.config.scenario import load_scenario
 from sim.engine.parallel import FEEDBACK_FREE, assign, parts, refusal
@@ -40,8 +41,8 @@ def test_a_parallel_fleet_writes_the_single_process_bytes(router, workers, tmp_p
 def test_a_parallel_fleet_that_spills_its_logs_writes_the_same_bytes(tmp_path, monkeypatch):
     sets = {**SHORT, "cluster.router.policy": "round_robin"}
     single = _files(runner.run(FLEET, sets), tmp_path / "single")
-    monkeypatch.setattr(runner, "MEMORY_ROWS", 64)
-    monkeypatch.setattr(runner, "MIN_REPLICA_ROWS", 50)
+    monkeypatch.setattr(recorder, "MEMORY_ROWS", 64)
+    monkeypatch.setattr(recorder, "MIN_REPLICA_ROWS", 50)
     split = runner.run(FLEET, sets, workers=2)
     assert all(r.steps.spilled for r in split.result.replicas)
     assert _files(split, tmp_path / "split") == single

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import sim.engine.recorder as recorder
 import sim.engine.runner as runner
 from sim.engine import bigstats
 from sim.engine.metrics import weighted_stats
@@ -77,8 +78,8 @@ def _files(out, folder: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("scenario", ["scenarios/quickstart.yaml", "scenarios/fleet_routers.yaml"])
 def test_a_spilled_run_writes_the_same_bytes(scenario, tmp_path, monkeypatch):
     kept = _files(runner.run(ROOT / scenario), tmp_path / "kept")
-    monkeypatch.setattr(runner, "MEMORY_ROWS", 64)
-    monkeypatch.setattr(runner, "MIN_REPLICA_ROWS", 50)
+    monkeypatch.setattr(recorder, "MEMORY_ROWS", 64)
+    monkeypatch.setattr(recorder, "MIN_REPLICA_ROWS", 50)
     out = runner.run(ROOT / scenario)
     assert all(r.steps.spilled for r in out.result.replicas)
     assert isinstance(out.result.itl_gaps, Chain)  # the gaps went to disk too

@@ -33,8 +33,9 @@ import simpy
 from sim.config.scenario import Scenario
 from sim.engine.build import build_fleet
 from sim.engine.closedloop import streamed
+from sim.engine.prepare import prepare
 from sim.engine.processes import Fleet, make_seqs, prefix_views, replica
-from sim.engine.recorder import StepRecorder, pooled_gaps
+from sim.engine.recorder import StepRecorder, pooled_gaps, spill_logs
 from sim.engine.replica import ReplicaResult, RunResult
 from sim.io.spill import SpillDir
 from sim.policies.router import make_router
@@ -117,8 +118,6 @@ def simulate_part(sc: Scenario, part: list[int], choice: np.ndarray,
                   spill_path: str | None) -> dict:
     """Simulate replicas `part` of the scenario's fleet with their requests (`choice`: each
     request's replica); what the parent merges."""
-    from sim.engine.runner import prepare, spill_logs
-
     configs, wl, rng = prepare(sc)
     fleet_setup = build_fleet(sc, configs, rng, acceptance=wl.acceptance,
                               prefix_tokens=wl.block_tokens if wl.prefix_hashes is not None

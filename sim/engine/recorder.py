@@ -12,6 +12,9 @@ from sim.engine.results import Event, StepLog, move_events
 from sim.io.spill import Chain, DiskColumn, SpillDir, blocks
 from sim.policies.plan import StepKind
 
+MEMORY_ROWS = 1 << 22      # step-log rows (~90 B each with their gaps) a run holds in memory
+MIN_REPLICA_ROWS = 1 << 12  # ... and each replica at least, before spilling to disk
+
 
 class StepRecorder:
     """One replica's record of a run."""
@@ -98,3 +101,16 @@ def pooled_gaps(recorders: list[StepRecorder], marks: list[int]) -> tuple:
         return gaps, weights
     cols = [r.gap_columns(m) for r, m in zip(recorders, marks, strict=True)]
     return Chain([c[0] for c in cols]), Chain([c[1] for c in cols])
+
+
+def spill_logs(replicas: list, spill: SpillDir | None = None,
+               fleet_size: int | None = None) -> SpillDir:
+    """Let the replicas' step logs and gaps go to disk past MEMORY_ROWS steps held in all
+    (sim/io/spill.py): a run's memory stops growing with its iterations; its outputs are
+    the same bytes (the tables and the summary read the files back a block at a time).
+    `fleet_size`: the whole fleet's replicas, when `replicas` are a worker's share."""
+    spill = spill if spill is not None else SpillDir()
+    limit = max(MEMORY_ROWS // max(fleet_size or len(replicas), 1), MIN_REPLICA_ROWS)
+    for r in replicas:
+        r.rec.spill_to(spill, f"r{r.index}", limit)
+    return spill

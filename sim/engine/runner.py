@@ -19,17 +19,16 @@ import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.config.scenario import Scenario, load_scenario
 from sim.costmodel.latency import StepLatency
 from sim.engine.autoscale import Lifecycle, autoscale_summary, make_policy, provisioning_delay
-from sim.engine.build import POLICIES, ReplicaConfig, build_fleet, replica_configs
+from sim.engine.build import POLICIES, ReplicaConfig, build_fleet
 from sim.engine.closedloop import client_summary
 from sim.engine.energy import energy_and_cost
-from sim.engine.hostmem import check_host_memory
 from sim.engine.metrics import (
     _measured,
     itl_table,
@@ -39,25 +38,24 @@ from sim.engine.metrics import (
     summarize,
 )
 from sim.engine.parallel import refusal, simulate_parallel
+from sim.engine.prepare import Prepared, prepare
 from sim.engine.processes import simulate
+from sim.engine.recorder import spill_logs
 from sim.engine.replica import RunResult
 from sim.io.outputs import write_atomically
-from sim.io.spill import SpillDir
 from sim.io.tablefile import frame, write_csv, write_parquet
 from sim.policies.prefix import combine_summaries
 from sim.policies.speculative import summarize_speculators
-from sim.workload.requests import Workload, generate
+from sim.workload.requests import Workload
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["POLICIES", "RunOutput", "prepare", "run"]
+__all__ = ["POLICIES", "Prepared", "RunOutput", "prepare", "run"]
 
 
 NOTICES = logging.getLogger("llmsim")
 TABLE_FORMATS = ("csv", "parquet")
-MEMORY_ROWS = 1 << 22      # step-log rows (~90 B each with their gaps) a run holds in memory
-MIN_REPLICA_ROWS = 1 << 12  # ... and each replica at least, before spilling to disk
 
 
 @dataclass
@@ -103,23 +101,6 @@ class RunOutput:
             from sim.engine.plots import plot_run
 
             plot_run(self, folder)
-
-
-class Prepared(NamedTuple):
-    configs: list[ReplicaConfig]  # one per replica (sim/engine/build.py)
-    workload: Workload
-    rng: np.random.Generator
-
-
-def prepare(sc: Scenario) -> Prepared:
-    """Resolve a scenario into replica configs (checked to fit) and its workload."""
-    configs = replica_configs(sc)
-    check_host_memory(sc)  # before the workload is drawn: its size alone
-    rng = np.random.default_rng(sc.seed)
-    base = Path(sc.base_dir) if sc.base_dir else None
-    wl = generate(sc.workload, rng, file=sc.file or None, path="workload", base_dir=base)
-    check_host_memory(sc, len(wl), int(wl.output_tokens.sum()))  # and its iterations
-    return Prepared(configs, wl, rng)
 
 
 def run(scenario: Scenario | str | Path, overrides: dict | None = None,
@@ -215,19 +196,6 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
         summary["prefix_cache"].update(prefill_saved(req, first.latency))
     return RunOutput(sc, req, steps, summary, res, itl_table(res),
                      engine if done is None else "single process")
-
-
-def spill_logs(replicas: list, spill: SpillDir | None = None,
-               fleet_size: int | None = None) -> SpillDir:
-    """Let the replicas' step logs and gaps go to disk past MEMORY_ROWS steps held in all
-    (sim/io/spill.py): a run's memory stops growing with its iterations; its outputs are
-    the same bytes (the tables and the summary read the files back a block at a time).
-    `fleet_size`: the whole fleet's replicas, when `replicas` are a worker's share."""
-    spill = spill if spill is not None else SpillDir()
-    limit = max(MEMORY_ROWS // max(fleet_size or len(replicas), 1), MIN_REPLICA_ROWS)
-    for r in replicas:
-        r.rec.spill_to(spill, f"r{r.index}", limit)
-    return spill
 
 
 def _autoscaling(sc: Scenario, configs: list[ReplicaConfig]):
