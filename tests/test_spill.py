@@ -14,6 +14,7 @@ import sim.engine.recorder as recorder
 import sim.engine.runner as runner
 from sim.engine import bigstats
 from sim.engine.metrics import weighted_stats
+from sim.engine.plots import _thin
 from sim.io import spill
 from sim.io.spill import Chain, Constant, DiskColumn, SpillDir
 
@@ -77,7 +78,8 @@ def _files(out, folder: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("scenario", ["scenarios/quickstart.yaml", "scenarios/fleet_routers.yaml"])
 def test_a_spilled_run_writes_the_same_bytes(scenario, tmp_path, monkeypatch):
-    kept = _files(runner.run(ROOT / scenario), tmp_path / "kept")
+    kept_out = runner.run(ROOT / scenario)
+    kept = _files(kept_out, tmp_path / "kept")
     monkeypatch.setattr(recorder, "MEMORY_ROWS", 64)
     monkeypatch.setattr(recorder, "MIN_REPLICA_ROWS", 50)
     out = runner.run(ROOT / scenario)
@@ -86,6 +88,8 @@ def test_a_spilled_run_writes_the_same_bytes(scenario, tmp_path, monkeypatch):
     folder = out.result.replicas[0].steps.spill.path
     assert _files(out, tmp_path / "spilled") == kept
     assert len(out.steps) == sum(r.steps.rows() for r in out.result.replicas)
+    thin, thin_kept = _thin(out.step_tables[-1], 300), _thin(kept_out.step_tables[-1], 300)
+    assert all(np.array_equal(thin[c], thin_kept[c]) for c in thin)  # the timeline plot's rows
     del out
     gc.collect()
     assert not folder.exists()  # the run's spill folder goes with its results
