@@ -95,15 +95,18 @@ class _Preassigned:
         return next(self.choices)
 
 
-def _arrivals(env: simpy.Environment, fleet: Fleet, seqs: list, mine: np.ndarray):
-    """sim/engine/processes.arrivals, yielding at every arrival but dispatching only `mine`."""
+def _arrivals(env: simpy.Environment, fleet: Fleet, arrival: list, mine: list, own: list):
+    """sim/engine/processes.arrivals, yielding at every arrival instant of the workload
+    but dispatching only this worker's requests (`own`, where `mine` is true)."""
     t = 0.0
-    for s, own in zip(seqs, mine.tolist(), strict=True):
-        if s.arrival > t:
-            yield env.timeout(s.arrival - t)
-            t = s.arrival
-        if own:
-            fleet.dispatch(s)
+    k = 0
+    for a, m in zip(arrival, mine, strict=True):
+        if a > t:
+            yield env.timeout(a - t)
+            t = a
+        if m:
+            fleet.dispatch(own[k])
+            k += 1
 
 
 class _NoNode:
@@ -131,11 +134,12 @@ def simulate_part(sc: Scenario, part: list[int], choice: np.ndarray,
     mine = local[choice] >= 0
     if spill_path is not None:  # the parent's folder; each replica its own files
         spill_logs(reps, SpillDir(spill_path), fleet_size=len(everyone))
-    seqs = make_seqs(wl, min(r.st.max_model_len for r in everyone))
+    own = make_seqs(wl, min(r.st.max_model_len for r in everyone), np.flatnonzero(mine))
     prefix_views(wl, reps)
     env = simpy.Environment()
     fleet = Fleet(env, reps, _Preassigned(local[choice[mine]].tolist()))
-    env.process(_arrivals(env, fleet, seqs, mine))
+    env.process(_arrivals(env, fleet, np.asarray(wl.arrival_s, dtype=float).tolist(),
+                          mine.tolist(), own))
     for node in fleet.nodes:
         env.process(replica(env, node))
     collecting = gc.isenabled()
@@ -145,7 +149,6 @@ def simulate_part(sc: Scenario, part: list[int], choice: np.ndarray,
     finally:
         if collecting:
             gc.enable()
-    own = [s for s, m in zip(seqs, mine.tolist(), strict=True) if m]
     done = sum(r.done for r in reps)
     if done != len(own):
         raise RuntimeError(f"simulation ended with {len(own) - done} requests unaccounted for")

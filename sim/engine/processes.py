@@ -330,23 +330,28 @@ def replica(env: simpy.Environment, node: Node, progress=None):
             progress(env.now)
 
 
-def make_seqs(workload: Workload, max_model_len: int) -> list[Seq]:
-    """The workload's requests; as in vLLM, generation stops at the context window (a
-    longer prompt is rejected by the policy)."""
-    arr = np.asarray(workload.arrival_s, dtype=float).tolist()
+def make_seqs(workload: Workload, max_model_len: int, rows=None) -> list[Seq]:
+    """The workload's requests (`rows`: only those, an index array); as in vLLM, generation
+    stops at the context window (a longer prompt is rejected by the policy)."""
+    def col(c) -> list:
+        c = np.asarray(c)
+        return (c if rows is None else c[rows]).tolist()
+
+    ids = range(len(workload)) if rows is None else np.asarray(rows).tolist()
     seqs = [
         Seq(i, a, p, max(1, min(o, max_model_len - p)), m)
-        for i, (a, p, o, m) in enumerate(zip(
-            arr,
-            np.asarray(workload.prompt_tokens).tolist(),
-            np.asarray(workload.output_tokens).tolist(),
-            np.asarray(workload.max_tokens).tolist(),
+        for i, a, p, o, m in zip(
+            ids,
+            col(np.asarray(workload.arrival_s, dtype=float)),
+            col(workload.prompt_tokens),
+            col(workload.output_tokens),
+            col(workload.max_tokens),
             strict=True,
-        ))
+        )
     ]
     if workload.prefix_hashes is not None:
-        for s, h in zip(seqs, workload.prefix_hashes, strict=True):
-            s.prefix = h
+        for s in seqs:
+            s.prefix = workload.prefix_hashes[s.rid]
     return seqs
 
 
