@@ -29,11 +29,15 @@ def _files(out, folder: Path) -> dict:
             "steps": (folder / "steps.csv").read_bytes(), "summary": summary}
 
 
-@pytest.mark.parametrize(("router", "workers"), [("round_robin", 2), ("random", 3)])
-def test_a_parallel_fleet_writes_the_single_process_bytes(router, workers, tmp_path):
+@pytest.mark.parametrize(("scenario", "router", "workers"), [
+    ("fleet_routers", "round_robin", 2), ("fleet_routers", "random", 3),
+    ("hetero_fleet", "round_robin", 2),  # two GPU groups: two step-time memos merged
+])
+def test_a_parallel_fleet_writes_the_single_process_bytes(scenario, router, workers, tmp_path):
     sets = {**SHORT, "cluster.router.policy": router}
-    single = runner.run(FLEET, sets)
-    split = runner.run(FLEET, sets, workers=workers)
+    path = ROOT / f"scenarios/{scenario}.yaml"
+    single = runner.run(path, sets)
+    split = runner.run(path, sets, workers=workers)
     assert split.engine.startswith(f"{workers} processes")
     assert _files(split, tmp_path / "split") == _files(single, tmp_path / "single")
 
