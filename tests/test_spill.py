@@ -93,3 +93,20 @@ def test_a_spilled_run_writes_the_same_bytes(scenario, tmp_path, monkeypatch):
     del out
     gc.collect()
     assert not folder.exists()  # the run's spill folder goes with its results
+
+
+def test_a_killed_runs_spill_folder_is_removed_by_the_next(tmp_path):
+    import subprocess
+    import sys
+
+    from sim.io.tempdirs import _HOST, SPILL_PREFIX, clean_stale
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    dead = tmp_path / f"{SPILL_PREFIX}{gone}@{_HOST}-abc"
+    dead.mkdir()
+    (dead / "r0.t_end").write_bytes(b"\0" * 8)
+    mine = SpillDir()
+    assert mine.owned and mine.path.name.startswith(SPILL_PREFIX)
+    assert clean_stale(tmp_path) == [dead.name] and not dead.exists()
+    assert mine.path.exists()  # a live run's is kept
