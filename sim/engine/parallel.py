@@ -11,6 +11,9 @@ requests), so the SimPy events of its replicas fall in the same order as in the 
 run, ties included. The parent merges the requests (by id), the replicas' results (by
 index), their pooled inter-token gaps, the end time (the latest worker's clock) and the
 step-time memos' use counts (the lookup provenance sums them exactly: math.fsum).
+Workers spill their step logs into the parent's folder (sim/io/spill.py), so they run on
+this machine: a process pool, or a local Ray (one this process starts, or one it is
+already connected to on this host).
 
 Everything else stays single-process (`refusal` says why, one line): routers that read
 the replicas' load (least outstanding, least KV, power of two, affinity: their choices
