@@ -26,6 +26,7 @@ from sim.engine.hostmem import (
     check_host_memory,
     estimate_bytes,
 )
+from sim.engine.recorder import MEMORY_ROWS
 from sim.io.specload import SpecError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,11 +52,18 @@ def test_a_run_too_large_for_memory_is_one_line_before_anything_is_drawn(tmp_pat
 
 
 def test_the_iterations_count_once_the_workload_is_known(monkeypatch):
-    monkeypatch.setenv(ENV, "1")
+    monkeypatch.setenv(ENV, "0.25")
     sc = load_scenario(QUICK)
     check_host_memory(sc, 10, 1000)  # small: fine
     with pytest.raises(SpecError, match="10 requests and 100,000,000,000 output tokens need at least"):
-        check_host_memory(sc, 10, 10**11)  # 10^11 / 256 steps x 90 B is over 1 GiB
+        check_host_memory(sc, 10, 10**11)  # 2^22 steps held x 90 B is over 0.25 GiB
+
+
+def test_steps_past_those_a_run_holds_in_memory_cost_no_memory():
+    """A run's step log goes to disk past MEMORY_ROWS rows (sim/engine/recorder.py)."""
+    floor = BASE_B + 10 * PER_REQUEST_B + MEMORY_ROWS * PER_ITERATION_B
+    assert estimate_bytes(10, 256 * (MEMORY_ROWS + 1), 256) == floor
+    assert estimate_bytes(10, 10**11, 256) == floor
 
 
 def test_the_limit_can_be_switched_off_or_set_and_defaults_to_memavailable(monkeypatch):

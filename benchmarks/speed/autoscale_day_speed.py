@@ -62,7 +62,7 @@ def main() -> None:
     t0, c0 = time.perf_counter(), time.process_time()
     out = run(sc)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    iters = sum(len(r.steps.t_end) for r in out.result.replicas)
+    iters = sum(r.steps.rows() for r in out.result.replicas)
     sim_s = out.summary["simulate_wall_s"]
     s = out.summary["autoscale"]
     print(f"{a.hours:g} h at mean {a.rate:g} req/s, up to {a.replicas} replicas: "

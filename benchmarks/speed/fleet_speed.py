@@ -3,10 +3,13 @@ Azure conversation trace's rate for one hour (~1.24 M requests, the trace's leng
 wrapping around, Poisson arrivals at 64 x 5.38 req/s).
 
     python benchmarks/speed/fleet_speed.py [--replicas 64] [--router round_robin] [--write DIR]
+        [--workers N [--executor ray]]
 
 Runs the scenario once, as `llmsim run` does, and prints the engine's wall time
 (iterations/s, simulated requests/s), the whole run's wall and CPU time and the peak
-resident memory (ru_maxrss). With --write, also the time to write requests.csv,
+resident memory (ru_maxrss; with --workers, also the largest worker's: RUSAGE_CHILDREN).
+--workers N simulates the replicas N processes at a time (sim/engine/parallel.py: the
+same results). With --write, also the time to write requests.csv,
 steps.csv and summary.json. The test suite runs `--replicas 2 --hours 0.005 --write DIR`.
 """
 
@@ -49,19 +52,24 @@ def main() -> None:
     ap.add_argument("--router", default="round_robin")
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--write", help="also write the run's tables into this (new) folder")
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--executor", default="process", choices=("process", "ray"))
     a = ap.parse_args()
     sc = scenario(a.replicas, a.router, a.hours)
     t0, c0 = time.perf_counter(), time.process_time()
-    out = run(sc)  # what `llmsim run` does: workload, fleet, simulate, tables, summary
+    out = run(sc, workers=a.workers, executor=a.executor)  # what `llmsim run` does
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    iters = sum(len(r.steps.t_end) for r in out.result.replicas)
+    iters = sum(r.steps.rows() for r in out.result.replicas)
     sim_s = out.summary["simulate_wall_s"]
     print(f"{a.replicas} replicas, router {a.router}: {len(out.result.seqs):,} requests, "
           f"{iters:,} iterations")
     print(f"  simulate():           {sim_s:6.1f} s wall ({iters / sim_s:,.0f} iterations/s, "
           f"{len(out.result.seqs) / sim_s:,.0f} simulated requests/s)")
     print(f"  sim.run() end to end: {wall:6.1f} s wall {cpu:6.1f} s cpu")
-    print(f"  peak RSS after run:   {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
+    print(f"  engine:               {out.engine}")
+    print(f"  peak RSS after run:   {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
+          + (f" (largest worker {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f}"
+             " GiB)" if a.workers > 1 else ""))
     if a.write:
         t5 = time.perf_counter()
         out.write(a.write, plots=False)

@@ -88,7 +88,7 @@ def phases(scenario: Path, plots: bool, fmt: str) -> None:
         plot_run(out, folder)
         plot_s = time.process_time() - c5
     shutil.rmtree(folder)
-    iters = sum(len(r.steps.t_end) for r in res.replicas)
+    iters = sum(r.steps.rows() for r in res.replicas)
     print(f"phases (CPU s): python start {bare:.2f}, imports {imports - bare:.2f}, "
           f"scenario + workload {c1 - c0:.2f}, simulate {c2 - c1:.2f} "
           f"({len(res.seqs):,} requests, {iters:,} iterations, "

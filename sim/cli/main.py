@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from sim.cli.argtypes import parse_sets
+from sim.cli.argtypes import parse_sets, whole_number
 from sim.io.specload import SpecError
 from sim.report.text import replica_table, table
 
@@ -67,7 +67,8 @@ def cmd_run(a) -> int:
     check_out_dir(dest)  # before the simulation, not after it
     if a.trace_out:
         check_out_file(a.trace_out, flag="--trace-out", ours=_is_llmsim_trace)
-    out = _run_naming_sets(sc, sets, progress=not a.no_progress and sys.stderr.isatty())
+    out = _run_naming_sets(sc, sets, progress=not a.no_progress and sys.stderr.isatty(),
+                           workers=a.workers, executor=a.executor)
     out.write(dest, plots=a.plots, fmt=a.format)
     if a.trace_out:
         from sim.report.perfetto import replica_parts, write_trace
@@ -79,6 +80,8 @@ def cmd_run(a) -> int:
     print(table([out.scenario.name], [out.summary]))
     if out.summary.get("per_replica"):
         print("\n" + replica_table(out.summary["per_replica"]))
+    if a.workers > 1:
+        print(f"\nengine: {out.engine}")
     print(f"\nwrote {dest}/ (requests.{a.format}, steps.{a.format}, summary.json"
           + (", latency_cdf.png, timeline.png" if a.plots else "; --plots adds the plots") + ")"
           + (f" and {a.trace_out}" if a.trace_out else ""))
@@ -186,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
     common(r, "output folder (default runs/<scenario name>)")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--trace-out", metavar="TRACE.json", help="also write a Perfetto/Chrome trace")
+    r.add_argument("--workers", type=whole_number, default=1, metavar="N",
+                   help="simulate a fleet behind a feedback-free router (round_robin, random) "
+                        "in N processes, same results; other runs stay single-process and "
+                        "say why (default 1)")
+    r.add_argument("--executor", choices=("process", "ray"), default="process",
+                   help="where --workers run: a local process pool (default) or Ray")
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("compare", help="simulate several scenarios and print them side by side")
     c.add_argument("scenarios", nargs="+")

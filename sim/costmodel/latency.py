@@ -44,6 +44,8 @@ first time a replica sees a prefill shape (fitted from live logs by sim/fit/logf
 
 from __future__ import annotations
 
+import math
+
 from sim.costmodel.fused import stack_elementwise
 from sim.costmodel.layer import ModelOps, elementwise_calls
 from sim.costmodel.models import ModelSpec
@@ -443,9 +445,8 @@ class StepLatency:
 
     def provenance_seconds(self) -> dict[str, float]:
         """Simulated GPU milliseconds that came from each kind of lookup."""
-        tot = [0.0] * len(TAGS)
-        for e in self._memo.values():
-            br, uses = e[1], e[2]
-            for i in range(len(TAGS)):
-                tot[i] += br[i] * uses
+        # math.fsum: exactly rounded, so the same whatever order the memo was filled in
+        # (a parallel fleet merges its workers' memos: sim/engine/parallel.py)
+        entries = list(self._memo.values())
+        tot = [math.fsum(e[1][i] * e[2] for e in entries) for i in range(len(TAGS))]
         return dict(zip(TAGS, tot, strict=True))

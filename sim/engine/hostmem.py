@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 
 from sim.config.scenario import Scenario
+from sim.engine.recorder import MEMORY_ROWS
 from sim.io.specload import SpecError
 
 PER_REQUEST_B = 1500  # measured 1.75-2.4 KB (benchmarks/speed/host_memory.py), rounded down: a floor
@@ -85,6 +86,7 @@ def _widest_step(sc: Scenario) -> int:
 def estimate_bytes(requests: int, output_tokens: int = 0, widest_step: int = 1) -> int:
     """A floor on a run's peak memory: base + per request + per iteration (the fewest)."""
     iterations = -(-output_tokens // max(1, widest_step))
+    iterations = min(iterations, MEMORY_ROWS)  # past these, a run's steps go to disk
     return BASE_B + PER_REQUEST_B * requests + PER_ITERATION_B * iterations
 
 

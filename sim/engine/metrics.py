@@ -30,7 +30,9 @@ from operator import attrgetter
 
 import numpy as np
 
+from sim.engine import bigstats
 from sim.engine.replica import ReplicaResult, RunResult
+from sim.io.spill import Constant, is_lazy
 from sim.io.tablefile import Labels, Table, frame, num_rows
 from sim.policies.batch import FINISHED
 from sim.policies.plan import LOGGED_KINDS
@@ -92,20 +94,22 @@ def request_table(res: RunResult) -> dict:
     return table
 
 
-def _log_column(log, name: str) -> np.ndarray:
-    dtype = float if name.startswith("t_") else np.int64
-    buf = getattr(log, name)
-    return np.frombuffer(buf, dtype=dtype) if len(buf) else np.zeros(0, dtype=dtype)
+def _log_column(log, name: str):
+    """A numpy view of a step-log column, or a lazy DiskColumn once spilled (sim/io/spill.py)."""
+    return log.column(name)
 
 
 def step_tables(res: RunResult) -> list[dict]:
-    """Each replica's iterations as a table in STEP_COLUMNS (views of its step log)."""
+    """Each replica's iterations as a table in STEP_COLUMNS (views of its step log; lazy
+    columns, read a block at a time, for a log spilled to disk)."""
     names = tuple(r.name for r in res.replicas)
     out = []
     for i, r in enumerate(res.replicas):
         cols = {c: _log_column(r.steps, c) for c in LOG_COLUMNS}
+        n = len(cols["t_start"])
         cols["kind"] = Labels(cols["kind"], KIND_NAMES)
-        cols["replica"] = Labels(np.full(len(cols["t_start"]), i, dtype=np.int16), names)
+        cols["replica"] = Labels(Constant(i, n, np.int16) if is_lazy(cols["t_start"])
+                                 else np.full(n, i, dtype=np.int16), names)
         out.append(cols)
     return out
 
@@ -120,7 +124,9 @@ def steps_frame(res: RunResult):
 
 
 def itl_table(res: RunResult) -> dict:
-    """Weighted inter-token gaps: columns gap_s, count."""
+    """Weighted inter-token gaps: columns gap_s, count (lazy columns once spilled)."""
+    if is_lazy(res.itl_gaps):
+        return {"gap_s": res.itl_gaps, "count": res.itl_weights}
     return {"gap_s": np.frombuffer(res.itl_gaps, dtype=float) if len(res.itl_gaps)
             else np.zeros(0),
             "count": np.frombuffer(res.itl_weights, dtype=np.int64) if len(res.itl_weights)
@@ -150,7 +156,9 @@ def _stats(x: np.ndarray) -> dict[str, float | None]:
 def weighted_stats(values, weights) -> dict[str, float | None]:
     """Mean, percentiles and maximum of values repeated by integer weights (ITL's gaps: the
     maximum is the longest gap, the stall the percentiles can miss); one sort, a few
-    temporaries the size of the input."""
+    temporaries the size of the input (lazy columns: read block by block, the same floats)."""
+    if is_lazy(values):
+        return bigstats.weighted_stats(values, weights)
     v = np.asarray(values, dtype=float)
     w = np.asarray(weights)
     if len(w) and w.min() <= 0:
@@ -195,14 +203,14 @@ class StepSums:
         """`t0`: only the steps that end after it (a closed loop's measured window)."""
         log = rep.steps
         cols = {c: _log_column(log, c) for c in LOG_COLUMNS}
-        if t0 is not None:
-            first = int(np.searchsorted(cols["t_end"], t0, side="right"))
-            cols = {c: v[first:] for c, v in cols.items()}
-        self.n = len(cols["t_start"])
-        self.by_kind = np.bincount(cols["kind"], minlength=len(KIND_NAMES))
+        first = 0 if t0 is None else int(np.searchsorted(np.asarray(cols["t_end"]), t0,
+                                                          side="right"))
+        self.n = len(cols["t_start"]) - first
+        self.by_kind = np.zeros(len(KIND_NAMES), dtype=np.int64)
         self.busy = self.seqs_dur = self.used_dur = self.toks_dur = self.used_peak = 0.0
-        for lo in range(0, self.n, self.BLOCK):
-            part = {c: v[lo:lo + self.BLOCK] for c, v in cols.items()}
+        for lo in range(first, first + self.n, self.BLOCK):
+            part = {c: np.asarray(v[lo:lo + self.BLOCK]) for c, v in cols.items()}
+            self.by_kind += np.bincount(part["kind"], minlength=len(KIND_NAMES))
             dur = part["t_end"] - part["t_start"]
             self.busy += float(dur.sum())
             self.seqs_dur += float((part["num_seqs"] * dur).sum())

@@ -79,8 +79,8 @@ def _thin(table: dict, limit: int = 4000) -> dict[str, np.ndarray]:
     reader can see."""
     n = len(table["t_start"])
     every = n // limit if n > limit else 1
-    cols = {c: np.asarray(table[c])[::every] for c in ("t_start", "num_seqs", "kv_tokens",
-                                                        "kv_blocks_used")}
+    cols = {c: np.asarray(table[c][::every]) for c in ("t_start", "num_seqs", "kv_tokens",
+                                                        "kv_blocks_used")}  # (spilled: read thin)
     cols["prefill"] = np.asarray(table["kind"].codes[::every]) == 0
     return cols
 

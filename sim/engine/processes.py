@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import gc
 import os
-from array import array
 from collections import deque
 from collections.abc import Callable
 
@@ -35,6 +34,7 @@ from sim.engine.handoff import (
     reserve_transfer,
     take_over,
 )
+from sim.engine.recorder import pooled_gaps
 from sim.engine.replica import Replica, ReplicaResult, RunResult
 from sim.engine.results import Event
 from sim.policies.autoscale import FleetMetrics
@@ -378,23 +378,28 @@ def replica(env: Clock, node: Node, progress=None, leap: bool = True):
             progress(now)
 
 
-def make_seqs(workload: Workload, max_model_len: int) -> list[Seq]:
-    """The workload's requests; as in vLLM, generation stops at the context window (a
-    longer prompt is rejected by the policy)."""
-    arr = np.asarray(workload.arrival_s, dtype=float).tolist()
+def make_seqs(workload: Workload, max_model_len: int, rows=None) -> list[Seq]:
+    """The workload's requests (`rows`: only those, an index array); as in vLLM, generation
+    stops at the context window (a longer prompt is rejected by the policy)."""
+    def col(c) -> list:
+        c = np.asarray(c)
+        return (c if rows is None else c[rows]).tolist()
+
+    ids = range(len(workload)) if rows is None else np.asarray(rows).tolist()
     seqs = [
         Seq(i, a, p, max(1, min(o, max_model_len - p)), m)
-        for i, (a, p, o, m) in enumerate(zip(
-            arr,
-            np.asarray(workload.prompt_tokens).tolist(),
-            np.asarray(workload.output_tokens).tolist(),
-            np.asarray(workload.max_tokens).tolist(),
+        for i, a, p, o, m in zip(
+            ids,
+            col(np.asarray(workload.arrival_s, dtype=float)),
+            col(workload.prompt_tokens),
+            col(workload.output_tokens),
+            col(workload.max_tokens),
             strict=True,
-        ))
+        )
     ]
     if workload.prefix_hashes is not None:
-        for s, h in zip(seqs, workload.prefix_hashes, strict=True):
-            s.prefix = h
+        for s in seqs:
+            s.prefix = workload.prefix_hashes[s.rid]
     return seqs
 
 
@@ -479,10 +484,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         r.check_conserved()
         r.rec.check_limits(r.name, r.policy.max_seqs, r.policy.step_tokens)
     streamed(seqs, fleet.nodes)
-    gaps, weights = array("d"), array("q")
-    for r, mark in zip(replicas, marks, strict=True):  # a drained warm-up's gaps left out
-        gaps.extend(r.rec.gaps[mark:])
-        weights.extend(r.rec.weights[mark:])
+    gaps, weights = pooled_gaps([r.rec for r in replicas], marks)
     results = [ReplicaResult.of(r) for r in replicas]
     end = env.now if not finished[0] else max(
         (r.steps.t_end[-1] for r in results if len(r.steps.t_end)), default=0.0)

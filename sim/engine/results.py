@@ -3,9 +3,14 @@ requests and inter-token gaps (records only; `sim/engine/metrics.py` turns them 
 
 from __future__ import annotations
 
+import sys
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from sim.io.spill import DiskColumn, SpillDir
 from sim.policies.batch import Seq
 from sim.policies.kv import PagedKV
 
@@ -18,9 +23,19 @@ def _ints() -> array:
     return array("q")
 
 
+COLUMN_TYPES = {"t_start": "d", "t_end": "d", "kind": "q", "num_seqs": "q", "num_tokens": "q",
+                "kv_blocks_used": "q", "kv_tokens": "q"}
+
+
 @dataclass
 class StepLog:
-    """Column arrays, one entry per iteration (cheap appends, 8 bytes an entry)."""
+    """Column arrays, one entry per iteration (cheap appends, 8 bytes an entry).
+
+    With `spill_to`, once `limit` rows are held all but the last go to disk
+    (sim/io/spill.py) and the arrays keep the rest: `rows()` counts them all and
+    `column(name)` reads a whole column back (a lazy DiskColumn: sliced a block at a time
+    by the tables and the summary). The arrays always hold the newest row once one was
+    logged (`t_end[-1]` is the last step's end)."""
 
     t_start: array = field(default_factory=_floats)
     t_end: array = field(default_factory=_floats)
@@ -29,6 +44,42 @@ class StepLog:
     num_tokens: array = field(default_factory=_ints)
     kv_blocks_used: array = field(default_factory=_ints)
     kv_tokens: array = field(default_factory=_ints)
+    limit: int = sys.maxsize  # rows held in memory before spilling
+    spill: SpillDir | None = None
+    key: str = ""              # this log's file names in `spill`: "<key>.<column>"
+    spilled: int = 0           # rows on disk
+    then: Callable[[], None] | None = None  # called after each spill (the recorder's gaps)
+
+    def spill_to(self, spill: SpillDir, key: str, limit: int,
+                 then: Callable[[], None] | None = None) -> None:
+        """Spill to `spill` once `limit` rows are held (at least 2)."""
+        self.spill, self.key, self.limit, self.then = spill, key, max(2, limit), then
+
+    def flush(self) -> None:
+        """All rows but the newest to disk."""
+        keep = len(self.t_end) - 1
+        if keep <= 0 or self.spill is None:
+            return
+        for name in COLUMN_TYPES:
+            col = getattr(self, name)
+            self.spill.append(f"{self.key}.{name}", col[:keep])
+            del col[:keep]
+        self.spilled += keep
+        if self.then is not None:
+            self.then()
+
+    def rows(self) -> int:
+        """Iterations logged (on disk and in memory)."""
+        return self.spilled + len(self.t_end)
+
+    def column(self, name: str):
+        """A whole column: a numpy view of the arrays, or a DiskColumn once spilled."""
+        buf = getattr(self, name)
+        dtype = float if COLUMN_TYPES[name] == "d" else np.int64
+        tail = np.frombuffer(buf, dtype=dtype) if len(buf) else np.zeros(0, dtype=dtype)
+        if not self.spilled:
+            return tail
+        return DiskColumn(self.spill, f"{self.key}.{name}", dtype, self.spilled, tail)
 
     def add(self, t_start: float, t_end: float, kind: int, num_seqs: int, num_tokens: int,
             kv_blocks_used: int, kv_tokens: int) -> None:
@@ -40,6 +91,8 @@ class StepLog:
         self.num_tokens.append(num_tokens)
         self.kv_blocks_used.append(kv_blocks_used)
         self.kv_tokens.append(kv_tokens)
+        if len(self.t_end) >= self.limit:
+            self.flush()
 
 
 @dataclass(slots=True)

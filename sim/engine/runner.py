@@ -14,21 +14,21 @@ files never imports pandas.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sim.config.scenario import Scenario, load_scenario
 from sim.costmodel.latency import StepLatency
 from sim.engine.autoscale import Lifecycle, autoscale_summary, make_policy, provisioning_delay
-from sim.engine.build import POLICIES, ReplicaConfig, build_fleet, replica_configs
+from sim.engine.build import POLICIES, ReplicaConfig, build_fleet
 from sim.engine.closedloop import client_summary
 from sim.engine.energy import energy_and_cost
-from sim.engine.hostmem import check_host_memory
 from sim.engine.metrics import (
     _measured,
     itl_table,
@@ -37,20 +37,24 @@ from sim.engine.metrics import (
     step_tables,
     summarize,
 )
+from sim.engine.parallel import refusal, simulate_parallel
+from sim.engine.prepare import Prepared, prepare
 from sim.engine.processes import simulate
+from sim.engine.recorder import spill_logs
 from sim.engine.replica import RunResult
 from sim.io.outputs import write_atomically
 from sim.io.tablefile import frame, write_csv, write_parquet
 from sim.policies.prefix import combine_summaries
 from sim.policies.speculative import summarize_speculators
-from sim.workload.requests import Workload, generate
+from sim.workload.requests import Workload
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["POLICIES", "RunOutput", "prepare", "run"]
+__all__ = ["POLICIES", "Prepared", "RunOutput", "prepare", "run"]
 
 
+NOTICES = logging.getLogger("llmsim")
 TABLE_FORMATS = ("csv", "parquet")
 
 
@@ -62,6 +66,7 @@ class RunOutput:
     summary: dict
     result: RunResult
     itl_table: dict  # weighted inter-token gaps: gap_s, count
+    engine: str = "single process"  # or "N processes (router ... needs no feedback)"
 
     @cached_property
     def requests(self) -> pd.DataFrame:
@@ -98,31 +103,25 @@ class RunOutput:
             plot_run(self, folder)
 
 
-class Prepared(NamedTuple):
-    configs: list[ReplicaConfig]  # one per replica (sim/engine/build.py)
-    workload: Workload
-    rng: np.random.Generator
-
-
-def prepare(sc: Scenario) -> Prepared:
-    """Resolve a scenario into replica configs (checked to fit) and its workload."""
-    configs = replica_configs(sc)
-    check_host_memory(sc)  # before the workload is drawn: its size alone
-    rng = np.random.default_rng(sc.seed)
-    base = Path(sc.base_dir) if sc.base_dir else None
-    wl = generate(sc.workload, rng, file=sc.file or None, path="workload", base_dir=base)
-    check_host_memory(sc, len(wl), int(wl.output_tokens.sum()))  # and its iterations
-    return Prepared(configs, wl, rng)
-
-
 def run(scenario: Scenario | str | Path, overrides: dict | None = None,
-        progress: bool = False) -> RunOutput:
-    """Simulate a scenario (object or YAML path) and return its tables and summary."""
+        progress: bool = False, workers: int = 1, executor: str = "process") -> RunOutput:
+    """Simulate a scenario (object or YAML path) and return its tables and summary.
+    `workers` > 1: a fleet behind a router that needs no feedback is simulated that many
+    processes at a time (`executor` "process" or "ray"), with the same results; any other
+    run stays single-process, saying why (sim/engine/parallel.py)."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     t0 = time.perf_counter()
     configs, wl, rng = prepare(sc)
+    if workers > 1:
+        reason = refusal(sc, configs, wl)
+        if reason is None:
+            return _finish(sc, configs, wl, t0, None, workers=workers, executor=executor)
+        NOTICES.warning("single process (--workers %d not used): %s", workers, reason)
+    engine = "single process" + (f" ({reason})" if workers > 1 else "")
     fleet = build_fleet(sc, configs, rng, acceptance=wl.acceptance, prefix_tokens=wl.block_tokens
                         if wl.prefix_hashes is not None else None)
+    if wl.clients is None:  # a closed loop's warm-up marks count gaps in memory: kept there
+        spill_logs(fleet.replicas)
     bar = _progress_bar(float(wl.arrival_s[-1]) if len(wl) else 0.0) if progress else None
     scaling = _autoscaling(sc, configs)
     t_sim = time.perf_counter()
@@ -134,6 +133,25 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     t_sim = time.perf_counter() - t_sim
     if bar:
         bar.close()
+    out = _finish(sc, configs, wl, t0, (res, t_sim, scaling))
+    out.engine = engine
+    return out
+
+
+def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float, done,
+            workers: int = 1, executor: str = "process") -> RunOutput:
+    """The tables and summary of a simulated run (`done`: (result, engine seconds,
+    autoscaling)), or of one simulated now in `workers` processes (`done` None)."""
+    if done is None:
+        t_sim = time.perf_counter()
+        res, _spill = simulate_parallel(sc, configs, wl, workers, executor)
+        t_sim = time.perf_counter() - t_sim
+        engine = (f"{min(workers, len(configs))} processes ({executor}; router "
+                  f"{sc.cluster.router.policy} needs no feedback)")
+        NOTICES.info("simulated in %s", engine)
+        scaling = None
+    else:
+        res, t_sim, scaling = done
     req = request_table(res)
     steps = step_tables(res)
     first = configs[0]
@@ -176,7 +194,8 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
                              for c in {c.group: c for c in configs}.values()]
     if summary["prefix_cache"] is not None:
         summary["prefix_cache"].update(prefill_saved(req, first.latency))
-    return RunOutput(sc, req, steps, summary, res, itl_table(res))
+    return RunOutput(sc, req, steps, summary, res, itl_table(res),
+                     engine if done is None else "single process")
 
 
 def _autoscaling(sc: Scenario, configs: list[ReplicaConfig]):

@@ -3,5 +3,6 @@
 tables and grids (`tables`), numpy column tables as CSV/Parquet (`tablefile`), and output
 folders written atomically that never touch what llmsim did not write (`outputs`,
 `outdir`, `outfile`), their manifests read without trust (`manifest`) and the temp
-folders of killed runs cleaned (`tempdirs`). Imports nothing of sim.
+folders of killed runs cleaned (`tempdirs`); a run's step log spilled to disk and read
+back by slices (`spill`). Imports nothing of sim.
 """

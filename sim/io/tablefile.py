@@ -1,7 +1,7 @@
 """Tables of numpy columns, and writing them as CSV or Parquet without pandas.
 
 A table is a dict of equal-length columns: numpy arrays (floats, ints, or objects holding
-strings) or `Labels` (a string column kept as small integer codes, e.g. a step's kind).
+strings; or columns read from disk by slices, sim/io/spill.py) or `Labels` (a string column kept as small integer codes, e.g. a step's kind).
 The run's outputs are built this way (sim/engine/metrics.py) so that `llmsim run` neither
 imports pandas nor copies its step log (a fleet's can hold 10^7 rows); pandas frames
 are made from the tables on request (`frame`).
@@ -36,7 +36,7 @@ class Labels:
 
     def strings(self) -> np.ndarray:
         """The column as an object array of Python strings."""
-        return np.array(self.names, dtype=object)[self.codes]
+        return np.array(self.names, dtype=object)[np.asarray(self.codes)]
 
     def take(self, index) -> Labels:
         return Labels(self.codes[index], self.names)
@@ -58,7 +58,8 @@ def frame(tables: Table | Sequence[Table]):
     parts = [tables] if isinstance(tables, Mapping) else list(tables)
     cols = {}
     for name in parts[0]:
-        pieces = [p[name].strings() if isinstance(p[name], Labels) else p[name] for p in parts]
+        pieces = [p[name].strings() if isinstance(p[name], Labels) else np.asarray(p[name])
+                  for p in parts]
         cols[name] = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
     return pd.DataFrame(cols, copy=False)
 
@@ -136,11 +137,11 @@ def write_parquet(path: str | Path, tables: Table | Sequence[Table]) -> None:
 
     def arrow(col: Column):
         if isinstance(col, Labels):
-            return pa.DictionaryArray.from_arrays(pa.array(col.codes.astype(np.int32)),
+            return pa.DictionaryArray.from_arrays(pa.array(np.asarray(col.codes, dtype=np.int32)),
                                                   pa.array(list(col.names), pa.string()))
         if col.dtype.kind == "O":
             return pa.array(col.tolist(), pa.string())
-        return pa.array(col)
+        return pa.array(np.asarray(col))
 
     first = pa.table({name: arrow(col) for name, col in parts[0].items()})
     with pq.ParquetWriter(path, first.schema) as writer:

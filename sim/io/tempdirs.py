@@ -2,7 +2,8 @@
 removal of those that killed runs left.
 
 A temp folder is `.llmsim-new-<pid>@<host>-<random>` (results being written),
-`.llmsim-old-...` (results being replaced) or `.llmsim-probe-...` (a write check);
+`.llmsim-old-...` (results being replaced), `.llmsim-probe-...` (a write check) or
+`.llmsim-spill-...` (a run's step log on disk, under the system temp folder: sim/io/spill.py);
 `<host>` is a short hash of the host name. `clean_stale(parent)` removes those whose
 writer is gone (same host, pid not running) or that are older than STALE_AGE_S.
 """
@@ -23,9 +24,10 @@ NOTICES = logging.getLogger("llmsim")
 TEMP_PREFIX = ".llmsim-new-"
 ASIDE_PREFIX = ".llmsim-old-"
 PROBE_PREFIX = ".llmsim-probe-"
+SPILL_PREFIX = ".llmsim-spill-"
 STALE_AGE_S = 24 * 3600  # a temp folder this old is a dead run's, whatever its pid says
 _HOST = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
-_TEMP_NAME = re.compile(r"\.llmsim-(?:new|old|probe)-(\d+)@([0-9a-f]{8})-")
+_TEMP_NAME = re.compile(r"\.llmsim-(?:new|old|probe|spill)-(\d+)@([0-9a-f]{8})-")
 
 
 def _temp_prefix(kind: str) -> str:
@@ -44,7 +46,8 @@ def _alive(pid: int) -> bool:
 
 
 def clean_stale(parent: Path) -> list[str]:
-    """Remove the temp folders (`.llmsim-new-*`, `.llmsim-old-*`, `.llmsim-probe-*`) that
+    """Remove the temp folders (`.llmsim-new-*`, `.llmsim-old-*`, `.llmsim-probe-*`,
+    `.llmsim-spill-*`) that
     dead llmsim runs left in `parent`: written on this host by a pid that is gone, or
     older than STALE_AGE_S. Only real folders of this user, never a link; returns their
     names (a notice says how many)."""
@@ -55,7 +58,7 @@ def clean_stale(parent: Path) -> list[str]:
         return gone
     now = time.time()
     for e in entries:
-        if not e.name.startswith((TEMP_PREFIX, ASIDE_PREFIX, PROBE_PREFIX)):
+        if not e.name.startswith((TEMP_PREFIX, ASIDE_PREFIX, PROBE_PREFIX, SPILL_PREFIX)):
             continue
         try:
             st = e.stat(follow_symlinks=False)

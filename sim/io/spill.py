@@ -1,0 +1,168 @@
+"""Columns that live on disk: a run's step log and inter-token gaps, written out a block at a
+time while the run goes on (so a fleet-day's memory does not grow with its iterations),
+read back a block at a time by the table writers and the summary.
+
+A `SpillDir` is one run's private folder, `.llmsim-spill-<pid>@<host>-<random>` under the
+system temp folder (named as `sim/io/tempdirs.py` names its folders, so `clean_stale`
+removes one a killed run left); it is made at the first write and removed with the last
+object that refers to it (or at exit). A column is a raw file of fixed-width numbers
+(float64 or int64, native order) that rows are appended to; `DiskColumn` is such a file
+followed by the rows still in memory, read by slices (`col[lo:hi]`: one `np.fromfile`),
+never mapped, so reading it back does not raise the process's resident memory beyond a
+slice. `Chain` joins columns end to end (a fleet's pooled gaps); `Constant` is a column
+of one repeated value.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from sim.io.tempdirs import SPILL_PREFIX, _temp_prefix, clean_stale
+
+
+class SpillDir:
+    """One run's folder of spilled columns (made on first use; removed with this object
+    when `owned`, else left to whoever made it: a worker process writes into its parent's)."""
+
+    def __init__(self, path: str | Path | None = None):
+        self._path = Path(path) if path is not None else None
+        self.owned = path is None
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            parent = Path(tempfile.gettempdir())
+            clean_stale(parent)
+            self._path = Path(tempfile.mkdtemp(prefix=_temp_prefix(SPILL_PREFIX), dir=parent))
+            weakref.finalize(self, shutil.rmtree, str(self._path), True)
+        return self._path
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def append(self, name: str, values) -> None:
+        """Append `values` (an array.array or numpy array) to the column file `name`."""
+        with open(self.file(name), "ab") as f:
+            f.write(memoryview(values).cast("B"))
+
+
+class DiskColumn:
+    """`rows` values of `dtype` in the file `name` of `spill`, then `tail` (in memory)."""
+
+    def __init__(self, spill: SpillDir, name: str, dtype, rows: int, tail: np.ndarray):
+        self.spill, self.name, self.dtype, self.rows = spill, name, np.dtype(dtype), rows
+        self.tail = np.asarray(tail, dtype=self.dtype)
+
+    def __len__(self) -> int:
+        return self.rows + len(self.tail)
+
+    def _read(self, lo: int, hi: int) -> np.ndarray:
+        parts = []
+        if lo < self.rows:
+            end = min(hi, self.rows)
+            parts.append(np.fromfile(self.spill.file(self.name), dtype=self.dtype,
+                                     count=end - lo, offset=lo * self.dtype.itemsize))
+        if hi > self.rows:
+            parts.append(self.tail[max(lo - self.rows, 0):hi - self.rows])
+        if len(parts) == 1:
+            return parts[0]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
+
+    def __getitem__(self, key):
+        return _getitem(self, key)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self._read(0, len(self))
+        return a if dtype is None else a.astype(dtype)
+
+
+class Chain:
+    """Columns (numpy arrays or DiskColumns) of one dtype, end to end."""
+
+    def __init__(self, parts: list):
+        self.parts = [p for p in parts if len(p)]
+        self.dtype = np.dtype(parts[0].dtype) if parts else np.dtype(float)
+        self.starts = np.cumsum([0] + [len(p) for p in self.parts])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def _read(self, lo: int, hi: int) -> np.ndarray:
+        out = []
+        for p, start in zip(self.parts, self.starts[:-1].tolist(), strict=True):
+            a, b = max(lo - start, 0), min(hi - start, len(p))
+            if a < b:
+                out.append(np.asarray(p[a:b]))
+        if len(out) == 1:
+            return out[0]
+        return np.concatenate(out) if out else np.zeros(0, dtype=self.dtype)
+
+    def __getitem__(self, key):
+        return _getitem(self, key)
+
+    def __array__(self, dtype=None, copy=None):
+        a = self._read(0, len(self))
+        return a if dtype is None else a.astype(dtype)
+
+
+class Constant:
+    """A column of `rows` copies of `value`."""
+
+    def __init__(self, value, rows: int, dtype):
+        self.value, self.rows, self.dtype = value, rows, np.dtype(dtype)
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def _read(self, lo: int, hi: int) -> np.ndarray:
+        return np.full(max(hi - lo, 0), self.value, dtype=self.dtype)
+
+    def __getitem__(self, key):
+        return _getitem(self, key)
+
+    def __array__(self, dtype=None, copy=None):
+        return self._read(0, self.rows) if dtype is None else self._read(0, self.rows).astype(dtype)
+
+
+READ_ROWS = 1 << 20  # rows read at a time when a strided slice walks a column
+
+
+def _getitem(col, key):
+    """A slice reads its rows (a strided one block by block); an index or an index array
+    reads the whole column first."""
+    n = len(col)
+    if isinstance(key, slice):
+        lo, hi, step = key.indices(n)
+        if step == 1:
+            return col._read(lo, max(lo, hi))
+        if step > 1:
+            out = [col._read(a, min(hi, a + READ_ROWS))[::step]
+                   for a in range(lo, hi, READ_ROWS - READ_ROWS % step)]
+            return np.concatenate(out) if out else np.zeros(0, dtype=col.dtype)
+    if isinstance(key, (int, np.integer)):
+        k = int(key) + n if key < 0 else int(key)
+        if not 0 <= k < n:
+            raise IndexError(f"index {key} out of range for {n} rows")
+        return col._read(k, k + 1)[0]
+    return np.asarray(col)[key]
+
+
+def blocks(col, lo: int = 0, hi: int | None = None, rows: int | None = None):
+    """(start, values) of consecutive blocks of `rows` rows (READ_ROWS) of a column (any of
+    the above or a numpy array) from `lo` to `hi`."""
+    hi = len(col) if hi is None else hi
+    rows = rows or READ_ROWS
+    for a in range(lo, hi, rows):
+        yield a, np.asarray(col[a:min(hi, a + rows)])
+
+
+def is_lazy(col) -> bool:
+    return isinstance(col, (DiskColumn, Chain, Constant))
+
+
+__all__ = ["SpillDir", "DiskColumn", "Chain", "Constant", "blocks", "is_lazy", "READ_ROWS"]

@@ -1,0 +1,112 @@
+"""A run whose step log and gaps go to disk (sim/io/spill.py) writes the same bytes and the
+same summary as one that keeps them in memory; the block-wise statistics equal numpy's."""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import sim.engine.recorder as recorder
+import sim.engine.runner as runner
+from sim.engine import bigstats
+from sim.engine.metrics import weighted_stats
+from sim.engine.plots import _thin
+from sim.io import spill
+from sim.io.spill import Chain, Constant, DiskColumn, SpillDir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 129, 1000, 12345, 100003])
+def test_pairwise_sum_in_pieces_is_numpys_sum_bit_for_bit(n):
+    rng = np.random.default_rng(n)
+    a = rng.exponential(size=n) * rng.integers(1, 300, size=n)
+    got = bigstats.pairwise_sum(lambda lo, hi: a[lo:hi], n, piece=100)
+    assert got == np.sum(a)  # exact: the same tree of additions
+
+
+def _disk(tmp_spill: SpillDir, name: str, values: np.ndarray, on_disk: int) -> DiskColumn:
+    tmp_spill.append(name, np.ascontiguousarray(values[:on_disk]))
+    return DiskColumn(tmp_spill, name, values.dtype, on_disk, values[on_disk:])
+
+
+def test_disk_column_slices_like_the_array_it_holds():
+    sp = SpillDir()
+    a = np.arange(5000, dtype=np.int64) * 3
+    col = _disk(sp, "c", a, 3210)
+    assert len(col) == 5000
+    for key in (slice(0, 10), slice(3200, 3300), slice(4990, None), slice(None, None, 7),
+                slice(100, 4000, 13)):
+        assert np.array_equal(col[key], a[key])
+    assert col[-1] == a[-1] and col[3210] == a[3210]
+    assert np.array_equal(np.asarray(Chain([col, a[:5]])), np.concatenate([a, a[:5]]))
+    assert np.array_equal(np.asarray(Constant(4, 3, np.int16)), np.full(3, 4, np.int16))
+
+
+def test_blockwise_weighted_stats_equal_the_in_memory_ones(monkeypatch):
+    """Ties, zero weights and a narrow cluster (one bin needing refinement) included."""
+    monkeypatch.setattr(spill, "READ_ROWS", 257)
+    rng = np.random.default_rng(3)
+    n = 20000
+    v = np.concatenate([rng.exponential(0.02, n // 2),
+                        0.0125 + rng.integers(0, 50, n // 2) * 1e-12])  # a dense cluster
+    rng.shuffle(v)
+    v[::97] = v[5]  # ties
+    w = rng.integers(1, 64, n)
+    sp = SpillDir()
+    cols = (Chain([_disk(sp, "v1", v[:9000], 8000), v[9000:]]),
+            Chain([_disk(sp, "w1", w[:9000], 8000), w[9000:]]))
+    assert bigstats.weighted_stats(*cols) == weighted_stats(v, w)
+    w0 = w.copy()
+    w0[::5] = 0
+    cols0 = (cols[0], Chain([_disk(sp, "w2", w0[:9000], 8000), w0[9000:]]))
+    assert bigstats.weighted_stats(*cols0) == weighted_stats(v, w0)
+
+
+def _files(out, folder: Path) -> dict[str, bytes]:
+    out.write(folder, plots=False)
+    summary = json.loads((folder / "summary.json").read_text())
+    for k in ("wall_s", "simulate_wall_s"):
+        summary.pop(k)
+    return {"requests": (folder / "requests.csv").read_bytes(),
+            "steps": (folder / "steps.csv").read_bytes(), "summary": summary}
+
+
+@pytest.mark.parametrize("scenario", ["scenarios/quickstart.yaml", "scenarios/fleet_routers.yaml"])
+def test_a_spilled_run_writes_the_same_bytes(scenario, tmp_path, monkeypatch):
+    kept_out = runner.run(ROOT / scenario)
+    kept = _files(kept_out, tmp_path / "kept")
+    monkeypatch.setattr(recorder, "MEMORY_ROWS", 64)
+    monkeypatch.setattr(recorder, "MIN_REPLICA_ROWS", 50)
+    out = runner.run(ROOT / scenario)
+    assert all(r.steps.spilled for r in out.result.replicas)
+    assert isinstance(out.result.itl_gaps, Chain)  # the gaps went to disk too
+    folder = out.result.replicas[0].steps.spill.path
+    assert _files(out, tmp_path / "spilled") == kept
+    assert len(out.steps) == sum(r.steps.rows() for r in out.result.replicas)
+    thin, thin_kept = _thin(out.step_tables[-1], 300), _thin(kept_out.step_tables[-1], 300)
+    assert all(np.array_equal(thin[c], thin_kept[c]) for c in thin)  # the timeline plot's rows
+    del out
+    gc.collect()
+    assert not folder.exists()  # the run's spill folder goes with its results
+
+
+def test_a_killed_runs_spill_folder_is_removed_by_the_next(tmp_path):
+    import subprocess
+    import sys
+
+    from sim.io.tempdirs import _HOST, SPILL_PREFIX, clean_stale
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    dead = tmp_path / f"{SPILL_PREFIX}{gone}@{_HOST}-abc"
+    dead.mkdir()
+    (dead / "r0.t_end").write_bytes(b"\0" * 8)
+    mine = SpillDir()
+    assert mine.owned and mine.path.name.startswith(SPILL_PREFIX)
+    assert clean_stale(tmp_path) == [dead.name] and not dead.exists()
+    assert mine.path.exists()  # a live run's is kept
