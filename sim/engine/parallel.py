@@ -37,7 +37,7 @@ from sim.config.scenario import Scenario
 from sim.engine.build import build_fleet
 from sim.engine.closedloop import streamed
 from sim.engine.prepare import prepare
-from sim.engine.processes import Fleet, make_seqs, prefix_views, replica
+from sim.engine.processes import Clock, Fleet, leaping, make_seqs, prefix_views, replica
 from sim.engine.recorder import StepRecorder, pooled_gaps, spill_logs
 from sim.engine.replica import ReplicaResult, RunResult
 from sim.io.spill import SpillDir
@@ -139,12 +139,12 @@ def simulate_part(sc: Scenario, part: list[int], choice: np.ndarray,
         spill_logs(reps, SpillDir(spill_path), fleet_size=len(everyone))
     own = make_seqs(wl, min(r.st.max_model_len for r in everyone), np.flatnonzero(mine))
     prefix_views(wl, reps)
-    env = simpy.Environment()
+    env = Clock()  # a leap's end at an exact time (sim/engine/processes.py)
     fleet = Fleet(env, reps, _Preassigned(local[choice[mine]].tolist()))
     env.process(_arrivals(env, fleet, np.asarray(wl.arrival_s, dtype=float).tolist(),
                           mine.tolist(), own))
     for node in fleet.nodes:
-        env.process(replica(env, node))
+        env.process(replica(env, node, leap=leaping()))
     collecting = gc.isenabled()
     gc.disable()
     try:
