@@ -32,7 +32,7 @@ class MemoryBudget:
     activation_bytes: float
     attention_scratch_bytes: float
     kv_bytes: float
-    kv_tokens: int
+    kv_tokens: int  # the replica's: one GPU's x its attention data-parallel ranks
 
     def as_dict(self) -> dict[str, float]:
         """The budget as `summary.json` → `memory_gib` writes it: sizes in GiB, keys named so."""
@@ -65,7 +65,8 @@ def memory_budget(sc: Scenario, model: ModelSpec, profile: GPUProfile,
         one_sequence = max_len * kv_per_token
         if kv_bytes < one_sequence:
             raise _does_not_fit(sc, model, profile, draft, usable, max_len)
-        kv_tokens = int(kv_bytes // kv_per_token)
+        # attention data parallelism: each of the D ranks holds the KV of its own sequences
+        kv_tokens = int(kv_bytes // kv_per_token) * sc.parallel.data
     return MemoryBudget(gpu, usable, weights, activations, scratch, max(kv_bytes, 0.0), kv_tokens)
 
 

@@ -187,7 +187,7 @@ def _autoscaling(sc: Scenario, configs: list[ReplicaConfig]):
     first = configs[0]
     prov = provisioning_delay(spec, first.budget.weight_bytes, file=sc.file or None)
     par = first.scenario.parallel
-    lc = Lifecycle(spec, prov["delay_s"], par.tensor * par.pipeline, len(configs))
+    lc = Lifecycle(spec, prov["delay_s"], par.gpus, len(configs))
     lc.begin(sc.cluster.groups[0].count)
     return lc, make_policy(spec), prov
 
