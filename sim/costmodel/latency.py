@@ -242,6 +242,23 @@ class StepLatency:
         return sum(ms for shape, fp8, times, routing in self._grouped
                    for ms, _ in self._grouped_parts(tokens, shape, fp8, times, routing))
 
+    def mtp_ms(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
+        """GPU ms of one multi-token-prediction layer drafting a token for each of `n`
+        sequences (DeepSeek-V3's MTP module): one average decoder layer of the target
+        (everything but the LM head and attention over its layers, plus one layer's decode
+        attention), the projection of [hidden; embedding] to hidden (2·hidden × hidden, at
+        the bf16 rate) and the shared LM head. Derived from the target's lookups."""
+        ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
+
+        def compute():
+            layers = self.m.layers
+            parts = [(ms / layers, tag) for ms, tag in self._dense_parts(n)]
+            parts += [(ms / layers, tag) for ms, tag in self._decode_attn_parts(n, ctx_q, max_q)]
+            h = self.m.hidden
+            parts.append(self.p.gemm(self._rank(n), 2 * h, h))
+            return parts + self._lm_parts(n)
+        return self._piece(("mtp", n, ctx_q, max_q), compute)
+
     def lm_head_ms(self, rows: int) -> float:
         return self._piece(("lm", rows), lambda: self._lm_parts(rows))
 

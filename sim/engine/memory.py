@@ -89,6 +89,10 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
         draft_ops.weight_bytes(draft.weight_dtype_bytes) if draft_ops else 0)
     kv_per_token = ops.kv_bytes_per_token(model.kv_dtype_bytes) + (
         draft_ops.kv_bytes_per_token(draft.kv_dtype_bytes) if draft_ops else 0)
+    if sc.speculative.method == "mtp":  # the MTP module: one more layer and its projection
+        layer = sum(op.params for op in ops.layer) + 2 * model.hidden * model.hidden
+        weights += layer * model.weight_dtype_bytes
+        kv_per_token += round(sum(op.cache for op in ops.layer) * model.kv_dtype_bytes)
     # bf16 activations (also with fp8 weights) of one layer at a time; fp32 logits over
     # the whole vocabulary (gathered on the first GPU of the group)
     activations = ops.activation_bytes(step_tokens, rows)
