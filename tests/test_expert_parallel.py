@@ -152,3 +152,20 @@ def test_imbalanced_routing_slows_the_dp_step_by_the_busiest_expert_rank():
     hot = StepLatency(skew, p, rt, data=8, expert=8).decode(256, 256 * 1000, 1000)
     assert hot > even
     assert math.isfinite(hot)
+
+
+def test_plans_search_ep_layouts_and_skip_refused_combinations_with_the_reason():
+    from sim.io.specload import ROOT
+    from sim.planning.candidates import candidate_grid, is_typo, label, resolve
+    grid = candidate_grid({"tensor": [1, 8], "data": [1, 8], "expert": [1, 8]})
+    assert len(grid) == 8
+    scenario = ROOT / "scenarios" / "deepseek_r1_h200.yaml"
+    ok, refused = [], []
+    for cand in grid:
+        r = resolve(scenario, cand)
+        (refused if isinstance(r, SpecError) else ok).append((label(cand), r))
+    assert sorted(name for name, _ in ok) == ["tp1 dp8 ep8", "tp8 dp1 ep1", "tp8 dp1 ep8"]
+    assert all(not is_typo(e) for _, e in refused)  # listed as skipped, the plan goes on
+    reasons = dict(refused)
+    assert "does not fit" in reasons["tp1 dp1 ep1"].message  # 671 B on one GPU
+    assert "need the experts spread over all 64 GPUs" in reasons["tp8 dp8 ep8"].message
