@@ -52,8 +52,8 @@ from benchmarks.readme.readme_features import (  # noqa: E402
     speculative,
     speculative_batch1,
 )
-from benchmarks.readme.readme_moe import moe_scenarios  # noqa: E402
 from benchmarks.readme.readme_markers import current, readme_blocks, replace_blocks  # noqa: E402
+from benchmarks.readme.readme_moe import moe_scenarios  # noqa: E402
 from benchmarks.readme.readme_runs import Runs  # noqa: E402
 from benchmarks.readme.readme_serving import (  # noqa: E402
     clusters,
