@@ -171,24 +171,44 @@ class StepLatency:
 
     def _dense_lookup(self, T: int) -> list[tuple[float, str]]:
         """Everything but attention and the LM head for a step of T tokens: the rank's own
-        ops on its ⌈T/D⌉, the dispatched ones on T (D = 1: all on T)."""
+        ops on its ⌈T/D⌉, the dispatched ones on T (D = 1: all on T, in the order of
+        `_price_ops`; D > 1: the rank's own first, each half memoised on its own rows)."""
+        if self.data > 1:
+            t = self._rank(T)
+            own = self._parts.get(("own", t))
+            if own is None:
+                own = self._parts[("own", t)] = self._lookup(T, t, own=True)
+            disp = self._parts.get(("dispatched", T))
+            if disp is None:
+                disp = self._parts[("dispatched", T)] = self._lookup(T, t, own=False)
+            return own + disp
+        return self._lookup(T, T)
+
+    def _lookup(self, T: int, t: int, own: bool | None = None) -> list[tuple[float, str]]:
+        """The lookups of `_dense_lookup`: the rank's own ops on t rows, the dispatched ones
+        on T; `own` True or False: only those (None: both)."""
         p = self.p
-        t = self._rank(T)
+        mine, theirs = own is not False, own is not True
         parts = []
-        for (k, n), fp8, times in self._gemms:
-            ms, tag = (p.gemm_fp8 if fp8 else p.gemm)(t, k, n)
-            parts.append((times * ms, tag))
-        for shape, fp8, times, routing in self._grouped:
-            parts += self._grouped_parts(T, shape, fp8, times, routing)
+        if mine:
+            for (k, n), fp8, times in self._gemms:
+                ms, tag = (p.gemm_fp8 if fp8 else p.gemm)(t, k, n)
+                parts.append((times * ms, tag))
+        if theirs:
+            for shape, fp8, times, routing in self._grouped:
+                parts += self._grouped_parts(T, shape, fp8, times, routing)
         for kernel, width, calls, dispatched in self._layer_elementwise:
-            ms, tag = self._elementwise(kernel, T if dispatched else t, width)
-            parts.append((calls * ms, tag))
-        for kernel, width, calls in self._step_elementwise:
-            ms, tag = self._elementwise(kernel, t, width)
-            parts.append((calls * ms, tag))
+            if (theirs if dispatched else mine):
+                ms, tag = self._elementwise(kernel, T if dispatched else t, width)
+                parts.append((calls * ms, tag))
+        if mine:
+            for kernel, width, calls in self._step_elementwise:
+                ms, tag = self._elementwise(kernel, t, width)
+                parts.append((calls * ms, tag))
         for kernel, nbytes, calls, dispatched in self._collectives:
-            ms, tag = self._collective(kernel, (T if dispatched else t) * nbytes)
-            parts.append((calls * ms, tag))
+            if (theirs if dispatched else mine):
+                ms, tag = self._collective(kernel, (T if dispatched else t) * nbytes)
+                parts.append((calls * ms, tag))
         return parts
 
     def _grouped_parts(self, T: int, shape: tuple[int, ...], fp8: bool, times: int,
