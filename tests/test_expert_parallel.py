@@ -35,6 +35,9 @@ def test_dispatch_bytes_are_tokens_hidden_bytes_topk_times_ep_minus_one_over_ep(
     assert on_link == pytest.approx(6_422_528)
     ms, tag = lat._collective("all_to_all", T * op.shape[0])
     assert ms == pytest.approx(on_link / (link.bus_gbs * 1e6) + link.latency_us * 1e-3)
+    # the step prices the busiest rank: the mean bytes times the imbalance factor
+    f = lat._busiest(T)
+    assert 1.0 < f < 1.1
     assert tag == "analytic"
 
 
@@ -169,3 +172,39 @@ def test_plans_search_ep_layouts_and_skip_refused_combinations_with_the_reason()
     reasons = dict(refused)
     assert "does not fit" in reasons["tp1 dp1 ep1"].message  # 671 B on one GPU
     assert "need the experts spread over all 64 GPUs" in reasons["tp8 dp8 ep8"].message
+
+
+def test_busiest_ep_rank_factor_by_hand():
+    from sim.costmodel.moe import local_routing
+    r = local_routing(256, 8, ep=8)  # DeepSeek: 256 experts, top-8, EP 8
+    # 512 tokens: 4096 picks, 512 a rank on average, sd sqrt(4096 x 1/8 x 7/8) = 21.17;
+    # the largest of 8 normals is on average 1.434 sd above the mean (Blom, Φ⁻¹(7.625/8.25))
+    assert r.busiest_factor(512) == pytest.approx(1 + 1.434 * 21.166 / 512, rel=2e-4)
+    assert local_routing(256, 8).busiest_factor(512) == 1.0  # no expert parallelism
+    assert r.busiest_factor(10**7) == pytest.approx(1.0, abs=1e-3)  # large batches even out
+    assert local_routing(256, 8, ep=32).busiest_factor(512) > r.busiest_factor(512)
+
+
+@pytest.mark.parametrize(("E", "k", "R", "T"), [(256, 8, 8, 512), (256, 8, 32, 256),
+                                                (128, 8, 8, 64)])
+def test_busiest_ep_rank_factor_matches_simulated_top_k_routing(E, k, R, T):
+    import numpy as np
+
+    from sim.costmodel.moe import local_routing
+    rng = np.random.default_rng(0)
+    ratios = []
+    for _ in range(400):
+        picks = np.argsort(rng.random((T, E)), axis=1)[:, :k]  # k distinct experts a token
+        loads = np.bincount(picks.ravel() // (E // R), minlength=R)  # contiguous E/R a rank
+        ratios.append(loads.max() / loads.mean())
+    assert local_routing(E, k, ep=R).busiest_factor(T) == pytest.approx(np.mean(ratios), rel=0.02)
+
+
+def test_dispatch_bytes_follow_the_busiest_rank():
+    lat = _lat(data=8, expert=8)
+    op = load_model("deepseek-v3").ops(1, 8).find("experts_dispatch")
+    f = lat._busiest(512)
+    assert f > 1.0
+    parts = lat._lookup(512, 64, own=False)
+    a2a, _ = lat._collective("all_to_all", 512 * op.shape[0] * f)
+    assert sum(ms for ms, _ in parts) > 2 * 58 * a2a * 0.999  # dispatch + combine, 58 layers

@@ -207,9 +207,16 @@ class StepLatency:
                 parts.append((calls * ms, tag))
         for kernel, nbytes, calls, dispatched in self._collectives:
             if (theirs if dispatched else mine):
-                ms, tag = self._collective(kernel, (T if dispatched else t) * nbytes)
+                if kernel == "all_to_all":  # the busiest expert rank's bytes
+                    ms, tag = self._collective(kernel, T * nbytes * self._busiest(T))
+                else:
+                    ms, tag = self._collective(kernel, (T if dispatched else t) * nbytes)
                 parts.append((calls * ms, tag))
         return parts
+
+    def _busiest(self, T: int) -> float:
+        """The busiest expert-parallel rank's rows over its mean in a step of T tokens."""
+        return self._grouped[0][3].busiest_factor(T) if self._grouped else 1.0
 
     def _grouped_parts(self, T: int, shape: tuple[int, ...], fp8: bool, times: int,
                        routing: Routing) -> list[tuple[float, str]]:

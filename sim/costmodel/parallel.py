@@ -19,7 +19,9 @@ Expert parallelism (`expert: N`, a MoE model only) spreads the routed experts ov
 replica's N = `tensor` GPUs, E/N whole experts each (instead of every expert split N
 ways), attention still tensor-parallel; tokens reach their experts by an all-to-all
 dispatch and return by an all-to-all combine per MoE layer, and the step runs at the pace
-of the most loaded rank (sim/costmodel/layer.moe_layer, sim/costmodel/moe.py).
+of the most loaded rank (sim/costmodel/layer.moe_layer, sim/costmodel/moe.py: the rank
+with the most popular experts, and the random excess of the busiest of the EP ranks over
+a step's picks, `Routing.busiest_factor`).
 
 Attention data parallelism (`data: D`, as DeepSeek, SGLang `--enable-dp-attention` and
 vLLM's data-parallel MoE deploy it) makes a replica of D x `tensor` GPUs: D attention
