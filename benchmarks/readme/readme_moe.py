@@ -13,6 +13,10 @@ MTP = {"speculative.method": "mtp", "speculative.k": 1,
        "speculative.acceptance.alpha": 0.85}  # DeepSeek-V3 report §5.4.3: 85-90 %
 
 
+EP16 = {"parallel.data": 16, "parallel.expert": 16, "workload.num_requests": 800}
+H200_IB = {"gpu": "h200-sxm", "parallel.network": "infiniband-ndr400"}
+
+
 def _usd(s: dict) -> str:
     return f"${s['cost']['usd_per_m_output_tokens']['on_demand']:.2f}"
 
@@ -49,6 +53,13 @@ def moe_scenarios(runs: Runs) -> str:
                  f"{sig3(wide['output_token_throughput'] / gpus)} output tokens/s per GPU "
                  f"with prefill colocated, TPOT p50 {ms(wide['tpot_s']['p50'], 1)} ms, "
                  f"{_usd(wide)} per M output tokens", "-"])
+    rack = runs.summary("deepseek_r1_nvl72", **EP16)
+    ib = runs.summary("deepseek_r1_nvl72", **EP16, **H200_IB)
+    rows.append(["`deepseek_r1_nvl72.yaml`, EP 16",
+                 f"EP 16 (800 requests) on the GB200 NVL72 rack vs across two 8 × H200 nodes (slower GPUs, and "
+                 f"the all-to-all half over a 400 Gb/s NIC a GPU): TPOT p50 {ms(rack['tpot_s']['p50'], 1)} vs "
+                 f"{ms(ib['tpot_s']['p50'], 1)} ms, output {sig3(rack['output_token_throughput'])} "
+                 f"vs {sig3(ib['output_token_throughput'])} tokens/s", "-"])
     dis = runs.summary("deepseek_r1_disaggregated")
     dec = [r for r in dis["per_replica"] if r["role"] == "decode"][0]
     pre = [r for r in dis["per_replica"] if r["role"] == "prefill"]
