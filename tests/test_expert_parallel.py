@@ -208,3 +208,10 @@ def test_dispatch_bytes_follow_the_busiest_rank():
     parts = lat._lookup(512, 64, own=False)
     a2a, _ = lat._collective("all_to_all", 512 * op.shape[0] * f)
     assert sum(ms for ms, _ in parts) > 2 * 58 * a2a * 0.999  # dispatch + combine, 58 layers
+
+
+def test_a_draft_model_with_dp_attention_is_refused_in_one_line():
+    with pytest.raises(SpecError, match=r"parallel\.data: a draft model with attention data "
+                       r"parallelism is not modelled \(allowed: 1, or speculative\.method mtp\)"):
+        check_layout(ParallelSpec(data=8, expert=8), load_model("deepseek-v3"),
+                     load_profile("h200-sxm"), file="s.yaml", draft=load_model("llama-3.2-1b"))
