@@ -25,6 +25,7 @@ SMOKE = {
     "speed/plan_speed.py": ["--plan", "{tmp}/plan.yaml", "--workers", "1"],
     "speed/sweep_speed.py": ["--configs", "4", "--requests", "20", "--no-ray"],
     "speed/host_memory.py": ["--smoke"],
+    "speed/moe_speed.py": ["--requests", "40", "--repeat", "1"],
     "readme/readme_results.py": ["--only", "memory-refusal,warm-grid-fit"],
     "fidelity/published_check.py": [],
     "fidelity/live_check.py": ["--seeds", "1"],

@@ -34,6 +34,19 @@ lookups of `sim/costmodel/profiles.py`:
 
   (`analytic`), used when it is faster than the NCCL estimate; stacks without it (the
   eager reference) always use NCCL.
+- all-to-all (expert parallelism's dispatch and combine; analytic, no measured table): the
+  busiest GPU receives S bytes, (n−1)/n of them from its n−1 peers, sent to it at once
+  (one α, not one per peer: NVSwitch and the NIC carry the peers' sends concurrently, as
+  DeepEP's kernels issue them). Within one NVLink domain of G GPUs (n ≤ G):
+
+      (n−1)/n · S / B + α
+
+  Across domains (n > G, EP over several nodes or NVL72 racks) the (G−1)/n share from its
+  own domain comes over NVLink and the (n−G)/n share from other domains over the GPU's
+  network NIC (`parallel.network`, gpu_profiles/links.yaml: its line rate B_net and
+  latency α_net), both at once:
+
+      max((G−1)/n · S / B, (n−G)/n · S / B_net) + α + α_net
 """
 
 from __future__ import annotations
@@ -44,7 +57,10 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.io.specload import ROOT, load_yaml
 from sim.io.tables import ANALYTIC, Grid, read_table
+
+LINKS_FILE = ROOT / "gpu_profiles" / "links.yaml"
 
 _POSITIVE = {"gt": 0}
 # Vidur's collective profile columns (size is bytes: fp16 elements x 2)
@@ -91,6 +107,12 @@ class Interconnect:
             if n in counts[:i]:
                 return f"all_reduce_latency[{i}].gpus", f"{n} GPUs stated twice (allowed: each count once)"
         return None
+
+
+def known_links() -> dict[str, tuple[float, float]]:
+    """gpu_profiles/links.yaml as name -> (GB/s per GPU per direction, latency µs)."""
+    return {name: (float(v["bandwidth_gbs"]), float(v["latency_us"]))
+            for name, v in load_yaml(LINKS_FILE).items()}
 
 
 def read_all_reduce(file: Path) -> dict[tuple[float, float], float]:
@@ -159,13 +181,23 @@ class Collectives:
         return (kernel.latency_us * 1e-3
                 + 2 * (gpus - 1) / gpus * nbytes / (kernel.bus_gbs * 1e6))
 
-    def all_to_all(self, nbytes: float, gpus: int) -> tuple[float, str]:
-        """An all-to-all in which the busiest GPU receives `nbytes` (α–β, pairwise: it
-        gets (n−1)/n of them from the n−1 others over its link, one α per peer):
-        (n−1)/n · S / B + (n−1) · α. Analytic; no measured table."""
+    def all_to_all(self, nbytes: float, gpus: int,
+                   network: tuple[float, float] | None = None) -> tuple[float, str]:
+        """An all-to-all in which the busiest GPU receives `nbytes` from `gpus` GPUs (α–β,
+        peers at once; see the module text); `network`: (GB/s, µs) of the link between
+        NVLink domains, used when `gpus` exceeds one. Analytic; no measured table."""
+        if gpus == 1:
+            return 0.0, ANALYTIC
         link = self._link()
-        ms = (gpus - 1) / gpus * nbytes / (link.bus_gbs * 1e6) + (gpus - 1) * link.latency_us * 1e-3
-        return ms, ANALYTIC
+        domain = min(gpus, link.gpus_per_node)
+        ms = (domain - 1) / gpus * nbytes / (link.bus_gbs * 1e6)
+        if gpus > domain:
+            if network is None:
+                raise ValueError(f"an all-to-all over {gpus} GPUs crosses the "
+                                 f"{link.gpus_per_node}-GPU NVLink domain: name a network link")
+            gbs, us = network
+            ms = max(ms, (gpus - domain) / gpus * nbytes / (gbs * 1e6)) + us * 1e-3
+        return ms + link.latency_us * 1e-3, ANALYTIC
 
     def all_gather(self, nbytes: int, gpus: int) -> tuple[float, str]:
         """An all-gather producing `nbytes` on every GPU (α–β; no measured table)."""

@@ -9,11 +9,27 @@ The fields of a `ModelSpec` (sim/costmodel/models.py) are read from the config's
     max_len <- max_position_embeddings   tied_embeddings <- tie_word_embeddings (absent: false)
     qkv_bias <- attention_bias (qwen2: always true)
 
-Only Llama-style decoders are expressible (pre-norm RMSNorm, gated SwiGLU MLP, rotary
-attention): model_type llama, mistral, qwen2, qwen3. A Mixture-of-Experts config (one of
-`MOE_KEYS`) or a latent-attention one (`MLA_KEYS`) is refused with one line until the cost
-model can express it; so is any other model_type. What the cost model ignores (rope_theta,
-rope scaling, a sliding window, Qwen3's q/k norms) is written as a comment in the file.
+Mixture-of-Experts configs add (sim/costmodel/moe.py):
+
+    num_experts <- n_routed_experts | num_local_experts | num_experts
+    num_experts_per_tok <- num_experts_per_tok
+    moe_intermediate_size <- moe_intermediate_size (mixtral: intermediate_size, each expert's)
+    n_shared_experts <- n_shared_experts (qwen2_moe: shared_expert_intermediate_size /
+                        moe_intermediate_size, when whole)
+    first_k_dense_replace <- first_k_dense_replace (the leading dense layers)
+
+and DeepSeek's latent attention (MLA) its kv_lora_rank, q_lora_rank (null: 0),
+qk_rope_head_dim, qk_nope_head_dim and v_head_dim, with head_dim = nope + rope.
+
+Only what the cost model can express is imported (pre-norm RMSNorm, gated SwiGLU MLP or
+experts, rotary attention over the whole context in every layer): model_type llama, mistral,
+qwen2, qwen3, mixtral, qwen3_moe, qwen2_moe, deepseek_v2, deepseek_v3. Anything else is refused
+with one line saying why: another model_type (gpt-oss, for one: half its layers attend over a
+128-token sliding window and every layer has attention sinks), MoE layers that are not every
+layer after the dense ones (decoder_sparse_step, mlp_only_layers, moe_layer_freq), a shared
+expert whose width is not a whole number of experts. What the cost model ignores (rope_theta,
+rope scaling, a sliding window, Qwen3's q/k norms, group-limited routing, the MTP layer) is
+written as a comment in the file.
 """
 
 from __future__ import annotations
@@ -26,14 +42,27 @@ from typing import Any
 from sim.costmodel.models import ModelSpec
 from sim.io.specload import SpecError, build, read_text, show
 
-MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
-MLA_KEYS = ("kv_lora_rank",)
+MOE_KEYS = ("n_routed_experts", "num_local_experts", "num_experts")
+MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+_QK_NORM = "per-head RMSNorm on q and k (q_norm, k_norm) not modelled"
+_GROUPS = "group-limited routing (n_group, topk_group) not modelled: routing is uniform"
 # model_type -> (qkv bias when the config has no attention_bias, what the cost model leaves out)
 FAMILIES = {
     "llama": (False, ""),
     "mistral": (False, ""),
     "qwen2": (True, ""),
-    "qwen3": (False, "per-head RMSNorm on q and k (q_norm, k_norm) not modelled"),
+    "qwen3": (False, _QK_NORM),
+    "mixtral": (False, ""),
+    "qwen2_moe": (True, "the shared expert's sigmoid gate not modelled"),
+    "qwen3_moe": (False, _QK_NORM),
+    "deepseek_v2": (False, _GROUPS),
+    "deepseek_v3": (False, _GROUPS),
+}
+# model_type -> why it cannot be expressed (checked before FAMILIES)
+REFUSED = {
+    "gpt_oss": ("gpt-oss alternates 128-token sliding-window and full attention layers "
+                "(layer_types) and has attention sinks; llmsim's layers all attend over the "
+                "whole context"),
 }
 _MAX_CONFIG_BYTES = 2**20
 
@@ -61,21 +90,57 @@ def _int(cfg: dict, key: str, file: Any) -> int:
     return v
 
 
-def unsupported(cfg: dict) -> str | None:
-    """Why this config cannot be a model file yet, or None."""
-    moe = [k for k in MOE_KEYS if cfg.get(k)]
-    if moe:
-        return (f"a Mixture-of-Experts config ({moe[0]}={show(cfg[moe[0]])}) is not expressible "
-                "yet (allowed: a dense or GQA model)")
-    mla = [k for k in MLA_KEYS if cfg.get(k)]
-    if mla:
-        return (f"a latent-attention (MLA) config ({mla[0]}={show(cfg[mla[0]])}) is not "
-                "expressible yet (allowed: a dense or GQA model)")
+def unsupported(cfg: dict) -> tuple[str, str] | None:
+    """(the config key, why) this config cannot be a model file, or None."""
     kind = cfg.get("model_type")
+    if kind in REFUSED:
+        return "model_type", f"{REFUSED[kind]} (allowed: {', '.join(FAMILIES)})"
     if kind not in FAMILIES:
-        return (f"model_type {show(kind)} is not a Llama-style decoder llmsim can express "
-                f"(allowed: {', '.join(FAMILIES)})")
+        return "model_type", (f"model_type {show(kind)} is not a decoder llmsim can express "
+                              f"(allowed: {', '.join(FAMILIES)})")
+    if cfg.get("decoder_sparse_step", 1) != 1:
+        return "decoder_sparse_step", (f"{show(cfg['decoder_sparse_step'])}: MoE every n-th "
+                                       "layer is not expressible (allowed: 1)")
+    if cfg.get("mlp_only_layers"):
+        return "mlp_only_layers", ("dense layers between MoE layers are not expressible "
+                                   "(allowed: [], or leading dense layers as first_k_dense_replace)")
+    if cfg.get("moe_layer_freq", 1) != 1:
+        return "moe_layer_freq", (f"{show(cfg['moe_layer_freq'])}: MoE every n-th layer is not "
+                                  "expressible (allowed: 1)")
     return None
+
+
+def _experts(cfg: dict, file: Any) -> dict[str, Any]:
+    """The MoE fields of a MoE config ({} for a dense one)."""
+    key = next((k for k in MOE_KEYS if cfg.get(k)), None)
+    if key is None:
+        return {}
+    width_key = "intermediate_size" if cfg["model_type"] == "mixtral" else "moe_intermediate_size"
+    width = _int(cfg, width_key, file)
+    out = {"num_experts": _int(cfg, key, file),
+           "num_experts_per_tok": _int(cfg, "num_experts_per_tok", file),
+           "moe_intermediate_size": width}
+    if cfg.get("n_shared_experts"):
+        out["n_shared_experts"] = _int(cfg, "n_shared_experts", file)
+    elif cfg.get("shared_expert_intermediate_size"):
+        shared = _int(cfg, "shared_expert_intermediate_size", file)
+        if shared % width:
+            raise SpecError(file, "shared_expert_intermediate_size", f"{shared} is not a whole "
+                            f"number of experts of moe_intermediate_size={width} (allowed: a "
+                            "multiple)")
+        out["n_shared_experts"] = shared // width
+    if cfg.get("first_k_dense_replace"):
+        out["first_k_dense_replace"] = _int(cfg, "first_k_dense_replace", file)
+    return out
+
+
+def _latent(cfg: dict, file: Any) -> dict[str, Any]:
+    """The latent-attention (MLA) fields of a DeepSeek config ({} without kv_lora_rank)."""
+    if not cfg.get("kv_lora_rank"):
+        return {}
+    out = {k: _int(cfg, k, file) for k in MLA_KEYS if k != "q_lora_rank"}
+    out["q_lora_rank"] = _int(cfg, "q_lora_rank", file) if cfg.get("q_lora_rank") else 0
+    return out
 
 
 def model_fields(cfg: dict, name: str, *, file: Any = None, source: str | None = None
@@ -84,12 +149,14 @@ def model_fields(cfg: dict, name: str, *, file: Any = None, source: str | None =
     `ModelSpec` would be on load (SpecError naming the config file and key)."""
     why = unsupported(cfg)
     if why:
-        key = next((k for k in (*MOE_KEYS, *MLA_KEYS) if cfg.get(k)), "model_type")
-        raise SpecError(file, key, why)
+        raise SpecError(file, *why)
     bias_default, left_out = FAMILIES[cfg["model_type"]]
     heads, hidden = _int(cfg, "num_attention_heads", file), _int(cfg, "hidden_size", file)
     kv_heads = _int(cfg, "num_key_value_heads", file) if "num_key_value_heads" in cfg else heads
-    if cfg.get("head_dim") is not None:
+    latent = _latent(cfg, file)
+    if latent:
+        head_dim = latent["qk_nope_head_dim"] + latent["qk_rope_head_dim"]
+    elif cfg.get("head_dim") is not None:
         head_dim = _int(cfg, "head_dim", file)
     elif hidden % heads:
         raise SpecError(file, "head_dim", f"missing, and hidden_size={hidden} is not a multiple "
@@ -111,16 +178,36 @@ def model_fields(cfg: dict, name: str, *, file: Any = None, source: str | None =
         "kv_dtype_bytes": 2,
         "max_len": _int(cfg, "max_position_embeddings", file),
         "qkv_bias": bool(cfg.get("attention_bias", bias_default)) or cfg["model_type"] == "qwen2",
+        **_experts(cfg, file),
+        **latent,
         "source": source or str(cfg.get("_name_or_path") or file),
     }
     spec = build(ModelSpec, fields, file=file)  # the loader's own checks (kv_heads | heads, ...)
-    notes = [f"model_type {cfg['model_type']}; {_gqa(spec)}, "
+    notes = [f"model_type {cfg['model_type']}; {_attention(spec)}{_moe(spec)}, "
              f"{spec.params / 1e9:.2f}B parameters, bf16 weights and KV (set dtype in a scenario)"]
     ignored = [f"{k} {show(cfg[k])}" for k in ("rope_theta", "rope_scaling", "sliding_window")
                if cfg.get(k) is not None]
+    if cfg.get("num_nextn_predict_layers"):
+        ignored.append(f"num_nextn_predict_layers {cfg['num_nextn_predict_layers']} (the MTP "
+                       "layer's weights; as a proposer: speculative.method mtp)")
     if ignored or left_out:
         notes.append("not used by the cost model: " + "; ".join(ignored + ([left_out] if left_out else [])))
     return fields, notes
+
+
+def _moe(spec: ModelSpec) -> str:
+    if not spec.is_moe:
+        return ""
+    shared = f" + {spec.n_shared_experts} shared" if spec.n_shared_experts else ""
+    return (f", {spec.num_experts} experts (top-{spec.num_experts_per_tok}{shared}), "
+            f"{spec.active_params / 1e9:.2f}B active")
+
+
+def _attention(spec: ModelSpec) -> str:
+    if spec.kv_lora_rank:
+        return (f"latent attention (MLA, {spec.heads} heads, a {spec.kv_lora_rank} + "
+                f"{spec.qk_rope_head_dim} latent cached)")
+    return _gqa(spec)
 
 
 def _gqa(spec: ModelSpec) -> str:

@@ -40,6 +40,15 @@ first time a replica sees a prefill shape (fitted from live logs by sim/fit/logf
            + serial_ms_per_new_prefill_shape · new prefill shapes
 
 `cuda-graph` has no host cost (kernels only, a lower bound for any stack).
+
+Attention data parallelism (`data` = D > 1; sim/costmodel/parallel.py): the replica's T
+tokens in S sequences are spread evenly over D attention ranks, and a step runs at the
+pace of the busiest: the rank's own operations (attention, the dense layers, norms, the
+shared experts, embedding, LM head) on ⌈T/D⌉ tokens and ⌈S/D⌉ sequences, decode attention
+over ⌈S/D⌉ contexts of the batch's mean length, per-sequence attention (prefill, verify)
+as max(Σ/D, the longest call), and the ops after the all-to-all dispatch (the routed
+experts, marked `dispatched`) on all T tokens' rows routed to the most loaded expert rank.
+Host work is per rank (each rank's own process): its sequences are ⌈S/D⌉.
 """
 
 from __future__ import annotations
@@ -47,7 +56,7 @@ from __future__ import annotations
 import math
 
 from sim.costmodel.fused import stack_elementwise
-from sim.costmodel.layer import ModelOps, elementwise_calls
+from sim.costmodel.layer import ModelOps, elementwise_calls, elementwise_calls_by_rows
 from sim.costmodel.models import ModelSpec
 from sim.costmodel.moe import Routing
 from sim.costmodel.profiles import (
@@ -89,6 +98,8 @@ class StepLatency:
         tensor: int = 1,
         fp8_weights: bool = False,
         expert: int = 1,
+        data: int = 1,
+        network: tuple[float, float] | None = None,
     ):
         """`model` is the whole model (with its dtype widths); each of the `tensor` GPUs
         runs `model.shard(tensor)`, the operations of `model.ops(tensor)`. `fp8_weights`:
@@ -97,6 +108,7 @@ class StepLatency:
         self.prefill_impl, self.decode_impl = prefill_impl, decode_impl
         self.verify_impl = verify_impl
         self.tensor, self.fp8_weights = tensor, fp8_weights
+        self.expert, self.data, self.network = expert, data, network
         self._price_ops(model.ops(tensor, expert))
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses(, s, kernel s)]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
@@ -111,22 +123,23 @@ class StepLatency:
         run on their own rows (`_lm_parts`), attention per call (`*_attn_ms`)."""
         self._gemms: list[tuple[tuple[int, ...], bool, int]] = []
         self._grouped: list[tuple[tuple[int, ...], bool, int, Routing]] = []
-        self._layer_elementwise: list[tuple[str, int, int]] = []
+        self._layer_elementwise: list[tuple[str, int, int, bool]] = []
         for block, times in ops.blocks():  # a MoE model's dense layers first
             self._elementwise, layer = stack_elementwise(self.p, self.rt.elementwise, block)
             fp8 = self.fp8_weights
             self._gemms += [(op.shape, op.fp8 and fp8, times) for op in layer if op.kind == "gemm"]
             self._grouped += [(op.shape, op.fp8 and fp8, times, op.routing) for op in layer
                               if op.kind == "grouped_gemm" and op.routing is not None]
-            self._layer_elementwise += [(k, w, c * times) for k, w, c in elementwise_calls(layer)]
+            self._layer_elementwise += [(k, w, c * times, d) for k, w, c, d
+                                        in elementwise_calls_by_rows(layer, self.data > 1)]
         self._step_elementwise = elementwise_calls(ops.first + ops.last)
-        calls: dict[tuple[str, int, bool], int] = {}
+        calls: dict[tuple[str, int, bool, bool], int] = {}
         for op, times in ops.each():
             if op.kind == "collective":
-                key = (op.kernel, op.shape[0], op.per_sequence)
+                key = (op.kernel, op.shape[0], op.per_sequence, op.dispatched and self.data > 1)
                 calls[key] = calls.get(key, 0) + times
-        self._collectives = [(k, b, c) for (k, b, per_seq), c in calls.items() if not per_seq]
-        self._lm_collectives = [(k, b, c) for (k, b, per_seq), c in calls.items() if per_seq]
+        self._collectives = [(k, b, c, d) for (k, b, per_seq, d), c in calls.items() if not per_seq]
+        self._lm_collectives = [(k, b, c) for (k, b, per_seq, _), c in calls.items() if per_seq]
         self._lm_head = ops.find("lm_head")
         attention = ops.find("attention")
         self.heads, self.kv_heads, self.head_dim = attention.shape
@@ -154,24 +167,58 @@ class StepLatency:
             parts = self._parts[("dense", T)] = self._dense_lookup(T)
         return parts
 
+    def _rank(self, rows: int) -> int:
+        """The busiest attention data-parallel rank's share of `rows` (all of them at D = 1)."""
+        return -(-rows // self.data)
+
     def _dense_lookup(self, T: int) -> list[tuple[float, str]]:
+        """Everything but attention and the LM head for a step of T tokens: the rank's own
+        ops on its ⌈T/D⌉, the dispatched ones on T (D = 1: all on T, in the order of
+        `_price_ops`; D > 1: the rank's own first, each half memoised on its own rows)."""
+        if self.data > 1:
+            t = self._rank(T)
+            own = self._parts.get(("own", t))
+            if own is None:
+                own = self._parts[("own", t)] = self._lookup(T, t, own=True)
+            disp = self._parts.get(("dispatched", T))
+            if disp is None:
+                disp = self._parts[("dispatched", T)] = self._lookup(T, t, own=False)
+            return own + disp
+        return self._lookup(T, T)
+
+    def _lookup(self, T: int, t: int, own: bool | None = None) -> list[tuple[float, str]]:
+        """The lookups of `_dense_lookup`: the rank's own ops on t rows, the dispatched ones
+        on T; `own` True or False: only those (None: both)."""
         p = self.p
+        mine, theirs = own is not False, own is not True
         parts = []
-        for (k, n), fp8, times in self._gemms:
-            ms, tag = (p.gemm_fp8 if fp8 else p.gemm)(T, k, n)
-            parts.append((times * ms, tag))
-        for shape, fp8, times, routing in self._grouped:
-            parts += self._grouped_parts(T, shape, fp8, times, routing)
-        for kernel, width, calls in self._layer_elementwise:
-            ms, tag = self._elementwise(kernel, T, width)
-            parts.append((calls * ms, tag))
-        for kernel, width, calls in self._step_elementwise:
-            ms, tag = self._elementwise(kernel, T, width)
-            parts.append((calls * ms, tag))
-        for kernel, nbytes, calls in self._collectives:
-            ms, tag = self._collective(kernel, T * nbytes)
-            parts.append((calls * ms, tag))
+        if mine:
+            for (k, n), fp8, times in self._gemms:
+                ms, tag = (p.gemm_fp8 if fp8 else p.gemm)(t, k, n)
+                parts.append((times * ms, tag))
+        if theirs:
+            for shape, fp8, times, routing in self._grouped:
+                parts += self._grouped_parts(T, shape, fp8, times, routing)
+        for kernel, width, calls, dispatched in self._layer_elementwise:
+            if (theirs if dispatched else mine):
+                ms, tag = self._elementwise(kernel, T if dispatched else t, width)
+                parts.append((calls * ms, tag))
+        if mine:
+            for kernel, width, calls in self._step_elementwise:
+                ms, tag = self._elementwise(kernel, t, width)
+                parts.append((calls * ms, tag))
+        for kernel, nbytes, calls, dispatched in self._collectives:
+            if (theirs if dispatched else mine):
+                if kernel == "all_to_all":  # the busiest expert rank's bytes
+                    ms, tag = self._collective(kernel, T * nbytes * self._busiest(T))
+                else:
+                    ms, tag = self._collective(kernel, (T if dispatched else t) * nbytes)
+                parts.append((calls * ms, tag))
         return parts
+
+    def _busiest(self, T: int) -> float:
+        """The busiest expert-parallel rank's rows over its mean in a step of T tokens."""
+        return self._grouped[0][3].busiest_factor(T) if self._grouped else 1.0
 
     def _grouped_parts(self, T: int, shape: tuple[int, ...], fp8: bool, times: int,
                        routing: Routing) -> list[tuple[float, str]]:
@@ -199,7 +246,7 @@ class StepLatency:
 
     def _collective(self, kernel: str, nbytes: int) -> tuple[float, str]:
         if kernel == "all_to_all":
-            return self.p.comm.all_to_all(nbytes, self.tensor)
+            return self.p.comm.all_to_all(nbytes, self.expert, self.network)
         if kernel == "all_reduce":
             return self.p.comm.all_reduce(nbytes, self.tensor, custom=self.rt.custom_all_reduce)
         return self.p.comm.all_gather(nbytes, self.tensor)
@@ -208,6 +255,7 @@ class StepLatency:
         """The LM head (bf16, vocabulary split across the GPUs) and the gather of its logits."""
         op = self._lm_head
         k, n = op.shape
+        rows = self._rank(rows)
         parts = [(self.p.gemm_fp8 if op.fp8 and self.fp8_weights else self.p.gemm)(rows, k, n)]
         for kernel, nbytes, calls in self._lm_collectives:
             ms, tag = self._collective(kernel, rows * nbytes)
@@ -222,6 +270,23 @@ class StepLatency:
         dense model): grows with the distinct experts the tokens hit (sim/costmodel/moe.py)."""
         return sum(ms for shape, fp8, times, routing in self._grouped
                    for ms, _ in self._grouped_parts(tokens, shape, fp8, times, routing))
+
+    def mtp_ms(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
+        """GPU ms of one multi-token-prediction layer drafting a token for each of `n`
+        sequences (DeepSeek-V3's MTP module): one average decoder layer of the target
+        (everything but the LM head and attention over its layers, plus one layer's decode
+        attention), the projection of [hidden; embedding] to hidden (2·hidden × hidden, at
+        the bf16 rate) and the shared LM head. Derived from the target's lookups."""
+        ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
+
+        def compute():
+            layers = self.m.layers
+            parts = [(ms / layers, tag) for ms, tag in self._dense_parts(n)]
+            parts += [(ms / layers, tag) for ms, tag in self._decode_attn_parts(n, ctx_q, max_q)]
+            h = self.m.hidden
+            parts.append(self.p.gemm(self._rank(n), 2 * h, h))
+            return parts + self._lm_parts(n)
+        return self._piece(("mtp", n, ctx_q, max_q), compute)
 
     def lm_head_ms(self, rows: int) -> float:
         return self._piece(("lm", rows), lambda: self._lm_parts(rows))
@@ -260,6 +325,10 @@ class StepLatency:
         return EXTRAPOLATED
 
     def _decode_attn_parts(self, n: int, ctx_q: int, max_q: int) -> list[tuple[float, str]]:
+        """Decode attention over n contexts of mean ctx_q (the busiest rank's ⌈n/D⌉ of them)."""
+        if self.data > 1:
+            n = self._rank(n)
+            max_q = min(max_q, ctx_q * n)
         ctx_q, max_q = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
         ms, tag = self.p.decode_attn(
             self.decode_impl, n, ctx_q * n, self.d_heads, self.d_kv_heads, self.d_head_dim,
@@ -298,6 +367,9 @@ class StepLatency:
         kernels (per step, layer, and per-sequence attention launch) and prepares inputs,
         samples and detokenises per sequence (a verify sequence counts as a decode one)."""
         rt, layers = self.rt, self.m.layers
+        if self.data > 1:  # each attention rank's own host process: its share
+            prefill_seqs, verify_seqs = self._rank(prefill_seqs), self._rank(verify_seqs)
+            decode_seqs = self._rank(decode_seqs)
         seqs = decode_seqs + verify_seqs
         host = (rt.host_ms_per_step + rt.host_ms_per_layer * layers
                 + rt.host_ms_per_prefill_seq * prefill_seqs + rt.host_ms_per_decode_seq * seqs)
@@ -343,15 +415,23 @@ class StepLatency:
         return self._combine(gpu, prefill_seqs=len(chunks),
                              new_shapes=self._new_shapes(chunks, seen))
 
-    @staticmethod
-    def _per_sequence(rows: list[tuple[int, int]], attn) -> tuple[int, float]:
-        """New tokens in all, and attention ms, of rows of (new tokens, cached tokens)."""
+    def _per_sequence(self, rows: list[tuple[int, int]], attn) -> tuple[int, float]:
+        """New tokens in all, and attention ms, of rows of (new tokens, cached tokens): their
+        sum, or over D attention ranks the busiest's, max(sum / D, the longest call)."""
         tokens = 0
         ms = 0.0
+        if self.data == 1:
+            for q, cached in rows:
+                tokens += q
+                ms += attn(q, q + cached)
+            return tokens, ms
+        longest = 0.0
         for q, cached in rows:
             tokens += q
-            ms += attn(q, q + cached)
-        return tokens, ms
+            a = attn(q, q + cached)
+            ms += a
+            longest = max(longest, a)
+        return tokens, max(ms / self.data, longest)
 
     def decode(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
         """A step decoding one token for each of `n` sequences attending over `sum_ctx`
@@ -415,7 +495,9 @@ class StepLatency:
 
         def compute():
             c, mx = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
-            ms, tag = self.p.decode_attn(self.decode_impl, n * q, c * n * q, self.d_heads,
+            r = self._rank(n)
+            mx = min(mx, c * r)
+            ms, tag = self.p.decode_attn(self.decode_impl, r * q, c * r * q, self.d_heads,
                                          self.d_kv_heads, self.d_head_dim,
                                          max_ctx=mx if mx > c else None)
             return (self._dense_parts(n * q) + self._lm_parts(n * q)

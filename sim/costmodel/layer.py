@@ -109,6 +109,9 @@ class Op:
     # attention: the (query heads, KV heads, head_dim) decode and verify run at, when not
     # `shape` (latent attention's absorbed form: every query head over one latent KV head)
     decode_shape: tuple[int, ...] | None = None
+    # runs on the rows dispatched to this GPU's experts from every attention data-parallel
+    # rank (the replica's tokens), not on its own rank's share (sim/costmodel/parallel.py)
+    dispatched: bool = False
 
     def at(self, rows: int) -> tuple[int, ...]:
         """The op's shape in a step of `rows` rows."""
@@ -212,7 +215,8 @@ def moe_layer(m: Architecture, ep: int = 1) -> tuple[Op, ...]:
     whole experts and the shared experts whole, and runs at the pace of the most loaded
     rank (moe.local_routing): its tokens reach it by an all-to-all dispatch and return by
     an all-to-all combine (that rank receives T · Σq_local rows of hidden, bf16) in place
-    of the experts' all-reduce."""
+    of the experts' all-reduce. Under attention data parallelism the ops marked `dispatched`
+    run on every rank's tokens (the replica's), the rest on this rank's own."""
     h, E, k, f = m.hidden, m.num_experts, m.num_experts_per_tok, m.moe_intermediate_size
     local = E // ep
     routing = local_routing(E, k, zipf_s=m.router_zipf_s, load=m.expert_load, ep=ep)
@@ -231,15 +235,17 @@ def moe_layer(m: Architecture, ep: int = 1) -> tuple[Op, ...]:
     kf = round(k * f * share)
     tp_split: Split = "replicated" if ep > 1 else "column"
     if ep > 1:  # the max rank receives T · Σq_local rows of hidden, bf16
-        mlp.append(Op("experts_dispatch", "collective", "all_to_all", (round(k * share * h) * BF16,)))
+        mlp.append(Op("experts_dispatch", "collective", "all_to_all",
+                      (round(k * share * h) * BF16,), dispatched=True))
     mlp += [Op("experts_gate_up", "grouped_gemm", "gemm", (h, 2 * f), tp_split,
-               params=local * 2 * h * f, activation=2 * kf * BF16, fp8=True, routing=routing),
-            Op("experts_activation", "elementwise", "silu_mul", (kf,), tp_split),
+               params=local * 2 * h * f, activation=2 * kf * BF16, fp8=True, routing=routing,
+               dispatched=True),
+            Op("experts_activation", "elementwise", "silu_mul", (kf,), tp_split, dispatched=True),
             Op("experts_down", "grouped_gemm", "gemm", (f, h), "replicated" if ep > 1 else "row",
-               params=local * f * h, fp8=True, routing=routing)]
+               params=local * f * h, fp8=True, routing=routing, dispatched=True)]
     if ep > 1:
         mlp.append(Op("experts_combine_all_to_all", "collective", "all_to_all",
-                      (round(k * share * h) * BF16,)))
+                      (round(k * share * h) * BF16,), dispatched=True))
     if k > 1:
         mlp.append(Op("experts_combine", "elementwise", "residual_add", (k * h,)))
     mlp.append(Op("mlp_residual", "elementwise", "residual_add", (h,)))
@@ -406,10 +412,17 @@ def fuse_add_norms(layer: tuple[Op, ...]) -> tuple[Op, ...]:
 def elementwise_calls(ops: tuple[Op, ...]) -> list[tuple[str, int, int]]:
     """The norms, elementwise kernels and embeddings of `ops` as (kernel, width, calls),
     one entry per distinct kernel and width, in ELEMENTWISE_ORDER."""
-    calls: dict[tuple[str, int], int] = {}
+    return [(k, w, c) for k, w, c, _ in elementwise_calls_by_rows(ops, split=False)]
+
+
+def elementwise_calls_by_rows(ops: tuple[Op, ...], split: bool = True
+                              ) -> list[tuple[str, int, int, bool]]:
+    """As `elementwise_calls`, with whether each entry runs on dispatched rows (`split`:
+    kept apart from the rank's own rows; else all counted as the rank's own)."""
+    calls: dict[tuple[str, int, bool], int] = {}
     for op in ops:
         if op.kind in ("norm", "elementwise", "embedding"):
-            key = (op.kernel, op.shape[0])
+            key = (op.kernel, op.shape[0], op.dispatched and split)
             calls[key] = calls.get(key, 0) + 1
-    return [(k, w, c) for (k, w), c in sorted(calls.items(),
-                                              key=lambda kv: ELEMENTWISE_ORDER.index(kv[0][0]))]
+    return [(k, w, c, d) for (k, w, d), c in sorted(calls.items(),
+                                                    key=lambda kv: ELEMENTWISE_ORDER.index(kv[0][0]))]

@@ -196,16 +196,16 @@ class ModelSpec:
             return f"{tensor} does not divide moe_intermediate_size={self.moe_intermediate_size}"
         return None
 
-    def expert_problem(self, expert: int, tensor: int) -> str | None:
-        """Why `expert`-way expert parallelism over a `tensor`-way replica cannot hold
-        this model, or None."""
+    def expert_problem(self, expert: int, gpus: int) -> str | None:
+        """Why `expert`-way expert parallelism over a replica of `gpus` GPUs (tensor x
+        data) cannot hold this model, or None."""
         if expert == 1:
             return None
         if not self.is_moe:
             return f"{self.name} has no experts"
-        if expert != tensor:
-            return (f"{expert} differs from parallel.tensor={tensor} (experts are spread over "
-                    "the replica's GPUs)")
+        if expert != gpus:
+            return (f"{expert} differs from the replica's {gpus} GPUs (parallel.tensor x "
+                    "parallel.data; experts are spread over all of them)")
         if self.num_experts % expert:
             return f"{expert} does not divide num_experts={self.num_experts}"
         return None

@@ -24,12 +24,26 @@ columns of the D_g experts it expects to hit: the weights of the experts hit, re
 and m · D_g · K · N multiply-adds (sim/costmodel/latency.py; derived: per-expert rows vary
 around their mean, and a grouped kernel's tiles are not a dense GEMM's). One expert (E = k = 1) is hit
 by every token with T rows: the dense MLP exactly.
+
+Under expert parallelism over R ranks the step waits for the busiest rank. Its expected
+share of a token's k rows is s = Σ q_e over its experts / k (1/R uniform; more for the rank
+holding the most popular experts), and over a step of T tokens its rows vary around
+T·k·s: taken as Binomial(T·k, s) (a token's k picks are distinct experts, which only
+narrows the spread: conservative), the busiest of R ranks gets on average
+
+    T·k·s · (1 + z_R · √((1 − s) / (T·k·s))),   z_R = Φ⁻¹((R − 0.375) / (R + 0.25))
+
+(Blom's approximation of the expected largest of R standard normals: 1.43 at R = 8, 2.04
+at R = 32), never more than all T·k rows. The factor in brackets (`busiest_factor`) scales
+the rows of that rank's grouped GEMMs and the bytes its all-to-alls receive; it falls to 1
+as batches grow (analytic).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 MAX_GROUPS = 8  # a skewed routing's experts are priced in at most this many popularity groups
 
@@ -40,6 +54,7 @@ class Routing:
 
     top_k: int
     picks: tuple[float, ...]  # q_e: probability one token picks expert e, most popular first
+    ranks: int = 1  # expert-parallel ranks: the busiest one's random excess (busiest_factor)
 
     @property
     def experts(self) -> int:
@@ -62,7 +77,22 @@ class Routing:
             if hit <= 0:
                 continue
             out.append((hit, max(1.0, tokens * math.fsum(run) / hit)))
+        if self.ranks > 1:  # the busiest rank's rows, spread over the experts it hits
+            f = self.busiest_factor(tokens)
+            out = [(hit, rows * f) for hit, rows in out]
         return tuple(out)
+
+    def busiest_factor(self, tokens: int) -> float:
+        """The busiest of `ranks` expert-parallel ranks' rows over this rank's mean rows, in
+        a step of `tokens` tokens (1 without expert parallelism; see the module text)."""
+        if self.ranks == 1 or tokens <= 0:
+            return 1.0
+        share = math.fsum(self.picks) / self.top_k
+        if share >= 1.0:
+            return 1.0
+        slots = tokens * self.top_k
+        z = NormalDist().inv_cdf((self.ranks - 0.375) / (self.ranks + 0.25))
+        return min(1.0 / share, 1.0 + z * math.sqrt((1.0 - share) / (slots * share)))
 
 
 def _runs(picks: tuple[float, ...]) -> list[tuple[float, ...]]:
@@ -122,4 +152,4 @@ def local_routing(experts: int, top_k: int, *, zipf_s: float = 0.0,
         # popularity order, dealt round-robin would balance; contiguous blocks as placed
         # by default (expert ids in order) put the most popular together on rank 0
         mine = by_expert[rank * per:(rank + 1) * per]
-    return Routing(top_k, tuple(sorted(mine, reverse=True)))
+    return Routing(top_k, tuple(sorted(mine, reverse=True)), ep)

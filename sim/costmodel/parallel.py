@@ -3,6 +3,8 @@
 ```yaml
 parallel: {tensor: 4, pipeline: 1}    # GPUs of one replica: tensor x pipeline
 parallel: {tensor: 4, expert: 4}      # a MoE model's experts spread over those 4 GPUs
+parallel: {data: 8, expert: 8}        # attention data parallel x 8, experts over all 8 GPUs
+parallel: {data: 16, expert: 16, network: infiniband-ndr400}   # EP across two 8-GPU nodes
 dtype: {weights: fp8, kv_cache: fp8}  # defaults bf16
 ```
 
@@ -17,7 +19,22 @@ Expert parallelism (`expert: N`, a MoE model only) spreads the routed experts ov
 replica's N = `tensor` GPUs, E/N whole experts each (instead of every expert split N
 ways), attention still tensor-parallel; tokens reach their experts by an all-to-all
 dispatch and return by an all-to-all combine per MoE layer, and the step runs at the pace
-of the most loaded rank (sim/costmodel/layer.moe_layer, sim/costmodel/moe.py).
+of the most loaded rank (sim/costmodel/layer.moe_layer, sim/costmodel/moe.py: the rank
+with the most popular experts, and the random excess of the busiest of the EP ranks over
+a step's picks, `Routing.busiest_factor`).
+
+Attention data parallelism (`data: D`, as DeepSeek, SGLang `--enable-dp-attention` and
+vLLM's data-parallel MoE deploy it) makes a replica of D x `tensor` GPUs: D attention
+ranks, each running attention (and the dense layers, embedding and LM head) on its own
+share of the replica's batch with `tensor`-way TP inside the rank, while the routed experts
+are spread over all of them (`expert` = D x `tensor`, required). A step's operations are
+priced at the busiest rank's rows: ⌈T/D⌉ tokens (⌈S/D⌉ sequences) for the rank's own
+operations, all T tokens' routed rows for the experts after the dispatch
+(sim/costmodel/latency.py). Each GPU holds the KV of its own sequences only, so the
+replica's KV capacity is D times one GPU's (the point of DP attention for latent attention,
+whose cache TP replicates). An expert group larger than the NVLink domain
+(`interconnect.gpus_per_node`, 72 on an NVL72 rack) sends the share of its all-to-all bound
+for other nodes over `network` (an entry of gpu_profiles/links.yaml; sim/costmodel/comm.py).
 
 FP8 needs FP8 tensor cores (a profile with `datasheet_fp8_tflops`). fp8 weights halve
 weight bytes and run the operations marked `fp8` (the projections) at the FP8 rate
@@ -33,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from sim.costmodel.comm import known_links
 from sim.costmodel.models import ModelSpec
 from sim.costmodel.profiles import GPUProfile
 from sim.io.specload import SpecError
@@ -46,17 +64,22 @@ class ParallelSpec:
 
     tensor: int = field(default=1, metadata={"gt": 0})
     pipeline: int = field(default=1, metadata={"gt": 0})
-    expert: int = field(default=1, metadata={"gt": 0})  # expert-parallel ranks (= tensor)
+    expert: int = field(default=1, metadata={"gt": 0})  # expert-parallel ranks (= tensor x data)
+    data: int = field(default=1, metadata={"gt": 0})  # attention data-parallel ranks
+    network: str | None = None  # gpu_profiles/links.yaml: the link between NVLink domains
 
     def check(self) -> tuple[str, str] | None:
         if self.pipeline != 1:
             return ("pipeline", f"{self.pipeline} is not modelled (allowed: 1; use tensor "
                     "parallelism, or replicas in a cluster:)")
+        if self.data > 1 and self.expert != self.gpus:
+            return ("data", f"{self.data} attention ranks need the experts spread over all "
+                    f"{self.gpus} GPUs (allowed: 1, or expert = tensor x data = {self.gpus})")
         return None
 
     @property
     def gpus(self) -> int:
-        return self.tensor * self.pipeline
+        return self.tensor * self.pipeline * self.data
 
 
 @dataclass(frozen=True)
@@ -75,11 +98,16 @@ def check_layout(parallel: ParallelSpec, model: ModelSpec, profile: GPUProfile, 
                  file: str | Path | None = None, path: str = "parallel",
                  draft: ModelSpec | None = None) -> None:
     """A one-line SpecError at `path`.tensor if the model cannot be split that way here."""
-    tp = parallel.tensor
-    problem = model.expert_problem(parallel.expert, tp)
+    tp, ep = parallel.tensor, parallel.expert
+    gpus = tp * parallel.data
+    problem = model.expert_problem(ep, gpus)
     if problem:
-        ok = f", or {tp} when it divides num_experts" if model.is_moe and tp > 1 else ""
+        ok = f", or {gpus} when it divides num_experts" if model.is_moe and gpus > 1 else ""
         raise SpecError(file, f"{path}.expert", f"{problem} (allowed: 1{ok})")
+    if draft is not None and parallel.data > 1:
+        raise SpecError(file, f"{path}.data", "a draft model with attention data parallelism "
+                        "is not modelled (allowed: 1, or speculative.method mtp)")
+    _check_expert_domain(parallel, profile, file, path)
     if tp == 1:
         return
     for m in (model, draft):
@@ -94,6 +122,30 @@ def check_layout(parallel: ParallelSpec, model: ModelSpec, profile: GPUProfile, 
     if tp > link.gpus_per_node:
         raise SpecError(file, f"{path}.tensor", f"{tp} exceeds the {link.gpus_per_node} GPUs "
                         f"of one {profile.name} node (allowed: <= {link.gpus_per_node})")
+
+
+def _check_expert_domain(parallel: ParallelSpec, profile: GPUProfile, file, path: str) -> None:
+    """An expert group beyond one NVLink domain needs a known network link between domains."""
+    ep = parallel.expert
+    if ep == 1:
+        return
+    link = profile.facts.interconnect
+    if link is None:
+        raise SpecError(file, f"{path}.expert", f"{profile.name} states no GPU interconnect "
+                        "(allowed: 1, or a profile with `interconnect:`)")
+    if parallel.network is not None:
+        if parallel.network not in known_links():
+            raise SpecError(file, f"{path}.network", f"unknown {parallel.network!r} (known: "
+                            f"{', '.join(sorted(known_links()))})")
+    domain = link.gpus_per_node
+    if ep > domain:
+        if parallel.network is None:
+            raise SpecError(file, f"{path}.expert", f"{ep} exceeds the {domain}-GPU NVLink "
+                            f"domain of {profile.name} and no network link is named (allowed: "
+                            f"<= {domain}, or parallel.network: a link of gpu_profiles/links.yaml)")
+        if ep % domain:
+            raise SpecError(file, f"{path}.expert", f"{ep} spans a partial {domain}-GPU "
+                            f"NVLink domain (allowed: <= {domain}, or a multiple of {domain})")
 
 
 def valid_tensor_degrees(model: ModelSpec, profile: GPUProfile) -> list[int]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from sim.config.cluster import ClusterSpec, KVTransferSpec, Link
 from sim.config.scenario import Scenario, group_scenario
+from sim.costmodel.comm import known_links
 from sim.costmodel.jitter import jittered
 from sim.costmodel.latency import StepLatency
 from sim.costmodel.models import ModelSpec, context_window, load_model
@@ -132,11 +133,17 @@ def _resolve(sc: Scenario, name: str, group: str, role: str, where: str,
     tp = sc.parallel.tensor
     lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
                       verify_impl=_verify_impl(sc), tensor=tp, fp8_weights=sc.dtype.fp8_weights,
-                      expert=sc.parallel.expert)
+                      expert=sc.parallel.expert, data=sc.parallel.data,
+                      network=_network(sc.parallel.network))
     draft_lat = StepLatency(draft, profile, runtime, sc.attention.prefill,
                             sc.decode_attention, tensor=tp) if draft else None
     return ReplicaConfig(name, group, role, sc, model, profile, runtime, budget, draft, lat,
                          draft_lat)
+
+
+def _network(name: str | None) -> tuple[float, float] | None:
+    """(GB/s, µs) of the named link between NVLink domains (checked by check_layout)."""
+    return known_links()[name] if name is not None else None
 
 
 def _verify_impl(sc: Scenario) -> str:

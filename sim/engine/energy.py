@@ -30,7 +30,7 @@ def energy_and_cost(configs: list, res: RunResult, summary: dict, prices: dict |
     for i, (cfg, rep) in enumerate(zip(configs, res.replicas, strict=True)):
         up = duration if powered_s is None else powered_s[i]
         par = cfg.scenario.parallel
-        gpus = par.tensor * par.pipeline
+        gpus = par.gpus
         kernel = rep.kernel_busy_s
         if math.isnan(kernel):
             kernel = StepSums(rep, t0).busy

@@ -32,7 +32,7 @@ class MemoryBudget:
     activation_bytes: float
     attention_scratch_bytes: float
     kv_bytes: float
-    kv_tokens: int
+    kv_tokens: int  # the replica's: one GPU's x its attention data-parallel ranks
 
     def as_dict(self) -> dict[str, float]:
         """The budget as `summary.json` → `memory_gib` writes it: sizes in GiB, keys named so."""
@@ -65,7 +65,8 @@ def memory_budget(sc: Scenario, model: ModelSpec, profile: GPUProfile,
         one_sequence = max_len * kv_per_token
         if kv_bytes < one_sequence:
             raise _does_not_fit(sc, model, profile, draft, usable, max_len)
-        kv_tokens = int(kv_bytes // kv_per_token)
+        # attention data parallelism: each of the D ranks holds the KV of its own sequences
+        kv_tokens = int(kv_bytes // kv_per_token) * sc.parallel.data
     return MemoryBudget(gpu, usable, weights, activations, scratch, max(kv_bytes, 0.0), kv_tokens)
 
 
@@ -88,6 +89,10 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
         draft_ops.weight_bytes(draft.weight_dtype_bytes) if draft_ops else 0)
     kv_per_token = ops.kv_bytes_per_token(model.kv_dtype_bytes) + (
         draft_ops.kv_bytes_per_token(draft.kv_dtype_bytes) if draft_ops else 0)
+    if sc.speculative.method == "mtp":  # the MTP module: one more layer and its projection
+        layer = sum(op.params for op in ops.layer) + 2 * model.hidden * model.hidden
+        weights += layer * model.weight_dtype_bytes
+        kv_per_token += round(sum(op.cache for op in ops.layer) * model.kv_dtype_bytes)
     # bf16 activations (also with fp8 weights) of one layer at a time; fp32 logits over
     # the whole vocabulary (gathered on the first GPU of the group)
     activations = ops.activation_bytes(step_tokens, rows)

@@ -168,8 +168,7 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
                       "decode": first.scenario.decode_attention},
         "seed": sc.seed,
         "replicas": len(configs),
-        "parallel": {"tensor": first.scenario.parallel.tensor,
-                     "pipeline": first.scenario.parallel.pipeline},
+        "parallel": _parallel(first.scenario.parallel),
         "dtype": {"weights": first.scenario.dtype.weights,
                   "kv_cache": first.scenario.dtype.kv_cache},
         **summarize(req, steps, res, sc.slo),
@@ -206,7 +205,7 @@ def _autoscaling(sc: Scenario, configs: list[ReplicaConfig]):
     first = configs[0]
     prov = provisioning_delay(spec, first.budget.weight_bytes, file=sc.file or None)
     par = first.scenario.parallel
-    lc = Lifecycle(spec, prov["delay_s"], par.tensor * par.pipeline, len(configs))
+    lc = Lifecycle(spec, prov["delay_s"], par.gpus, len(configs))
     lc.begin(sc.cluster.groups[0].count)
     return lc, make_policy(spec), prov
 
@@ -250,3 +249,12 @@ def _progress_bar(total_s: float):
 
     return Bar(total=round(total_s, 1), unit="sim-s", desc="simulating", leave=False,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total:.0f} sim-s [{elapsed}]")
+
+
+def _parallel(par) -> dict:
+    """The layout as summary.json states it: tensor and pipeline, and the expert-parallel and
+    attention data-parallel degrees when used (data: the first replica's)."""
+    out = {"tensor": par.tensor, "pipeline": par.pipeline}
+    if par.expert > 1:
+        out |= {"expert": par.expert, "data": par.data}
+    return out

@@ -41,7 +41,11 @@ if TYPE_CHECKING:
 
 ALIASES = {"gpu": "gpu", "tensor": "parallel.tensor", "policy": "scheduler.policy",
            "chunk_tokens": "scheduler.max_num_batched_tokens", "block_size": "kv.block_size",
-           "max_num_seqs": "scheduler.max_num_seqs", "speculative": "speculative"}
+           "max_num_seqs": "scheduler.max_num_seqs", "speculative": "speculative",
+           # a MoE model's layouts: expert parallel over tensor x data GPUs (sim/costmodel/parallel.py)
+           "expert": "parallel.expert", "data": "parallel.data"}
+# how a label writes a layout degree: `tp8`, `ep8`, `dp8`
+DEGREE_WORDS = {"tensor": "tp", "expert": "ep", "data": "dp"}
 KEYS_ALLOWED = (", ".join(ALIASES) + ", ratio, prefill.KEY, decode.KEY, both.KEY (a cluster's pools), "
                 "or a dotted scenario field")
 
@@ -71,7 +75,7 @@ def _part(field: str, v: Any) -> str:
         return FORMAT_WORDS[field].format(v)
     short = {v: k for k, v in ALIASES.items()}
     name = short.get(field, field.split(".")[-1])
-    return str(v) if name in ("gpu", "policy") else f"{'tp' if name == 'tensor' else name + '='}{v}"
+    return str(v) if name in ("gpu", "policy") else f"{DEGREE_WORDS.get(name, name + '=')}{v}"
 
 
 def label(cand: dict, groups: Groups | None = None) -> str:

@@ -13,6 +13,8 @@ arrival: auto                             # auto, poisson or trace (sim/planning
 candidates:                               # a grid; short names or dotted scenario fields
   gpu: [a100-80gb, h100-sxm, h200-sxm]
   tensor: [1, 2, 4]                       # parallel.tensor
+  # expert: [1, 8]                       # parallel.expert; data: [1, 8] parallel.data (MoE
+  #                                       #   layouts: EP over tensor x data GPUs, DP attention)
   policy: [continuous, chunked]           # scheduler.policy
   # over a cluster scenario's pools (sim/planning/poolkeys.py):
   # ratio: [aggregated, "1:1", "1:2"]     # prefill:decode replicas per unit, or colocated
