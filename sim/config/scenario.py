@@ -8,7 +8,7 @@ gpu: h200-sxm                # gpu_profiles/<name>/
 runtime: cuda-graph          # gpu_profiles/runtimes/<name>.yaml: host overhead model; a stack
                              # at a version (vllm-0.10, sglang-0.4, ...) also brings its defaults
 attention: {prefill: flash, decode: paged}
-scheduler: {policy: continuous, max_num_seqs: 256, max_num_batched_tokens: 8192}
+scheduler: {policy: chunked, max_num_seqs: 256, max_num_batched_tokens: 8192}  # chunked: vLLM V1
 kv: {manager: paged, block_size: 16, gpu_memory_utilization: 0.9}
 parallel: {tensor: 1, pipeline: 1}         # optional; see sim/costmodel/parallel.py
 dtype: {weights: bf16, kv_cache: bf16}    # optional; fp8 on GPUs with FP8 tensor cores
@@ -94,13 +94,15 @@ class Scenario:
 
     def check(self):
         if self.speculative.method != "none" and self.scheduler.policy != "continuous":
-            return "speculative.method", "needs scheduler.policy: continuous"
+            return "speculative.method", ("needs scheduler.policy: continuous (the default "
+                                          "policy is chunked)")
         if self.kv.prefix_caching and self.kv.manager != "paged":
             return "kv.prefix_caching", "needs kv.manager: paged"
         if self.kv.prefix_caching and self.scheduler.policy == "static":
             return "kv.prefix_caching", "needs scheduler.policy: continuous or chunked"
         if self.scheduler.policy == "chunked" and self.kv.manager != "paged":
-            return "scheduler.policy", "'chunked' needs kv.manager: paged"
+            return "scheduler.policy", ("'chunked' (the default) needs kv.manager: paged "
+                                        "(allowed with contiguous: continuous, static)")
         if self.kv.manager == "contiguous" and self.attention.decode in ("paged", "paged_reference",
                                                                        "paged_gather"):
             return (
