@@ -85,7 +85,8 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
                                        ["workload.arrival.rate: expected a number, got true (allowed: a finite number > 0)"]),
     "--set rate inf": ({"b.yaml": B}, ["--set", "workload.arrival.rate=inf"],
                        ["workload.arrival.rate: expected a number, got 'inf' (allowed: a finite number > 0)"]),
-    "--set step budget below the window": ({"b.yaml": B}, ["--set", "scheduler.max_num_batched_tokens=100"],
+    "--set step budget below the window": ({"b.yaml": B}, ["--set", "scheduler.policy=continuous",
+                                                           "--set", "scheduler.max_num_batched_tokens=100"],
                                            ["--set scheduler.max_num_batched_tokens=100: scheduler.max_num_batched_tokens: "
                                             "100 is below the context window 8192 (allowed: >= the context window, a smaller kv.max_model_len, or policy: chunked)"]),
     "sweep grid list index out of range": ({"b.yaml": B + "cluster: {groups: [{count: 1}]}\n"},
@@ -107,7 +108,8 @@ CASES: dict[str, tuple[dict[str, str | bytes], list[str], list[str]]] = {
                           ["b.yaml: workload.num_requests: ", "out of range"]),
     "num_requests 1e10 via --set": ({"b.yaml": B}, ["--set", "workload.num_requests=10000000000"],
                                     ["--set workload.num_requests=10000000000: workload.num_requests: ", "out of range"]),
-    "continuous step budget below the window": ({"b.yaml": B + "scheduler: {max_num_batched_tokens: 100}\n"}, [],
+    "continuous step budget below the window": ({"b.yaml": B + "scheduler: {policy: continuous, "
+                                                            "max_num_batched_tokens: 100}\n"}, [],
                                                 ["b.yaml: scheduler.max_num_batched_tokens: 100 is below the context "
                                                  "window 8192 (allowed: >= the context window, a smaller kv.max_model_len, or policy: chunked)"]),
     "duration inf": ({"b.yaml": B + "  duration_s: .inf\n"}, [], ["b.yaml: workload.duration_s: inf is not finite"]),

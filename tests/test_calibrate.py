@@ -202,7 +202,7 @@ def _plans_match(sc_over: dict) -> None:
 
 
 def test_reference_engine_takes_the_simulators_steps_through_preemptions():
-    _plans_match({"scheduler": {"max_num_seqs": 8, "max_num_batched_tokens": 256},
+    _plans_match({"scheduler": {"policy": "continuous", "max_num_seqs": 8, "max_num_batched_tokens": 256},
                   "kv": {"num_blocks": 24, "block_size": 16, "max_model_len": 256}})  # small: forces recompute
 
 

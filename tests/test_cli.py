@@ -63,9 +63,13 @@ BAD = {
     "missing trace": ("workload:\n  trace: {path: gone.csv}\n", "workload.trace.path: file not found"),
     "malformed trace": ("workload:\n  trace: {path: bad.csv}\n", "bad.csv: line 3: prompt_tokens"),
     "malformed yaml": ("workload: [1, 2\n", "malformed YAML"),
-    "bad policy": (QUICK.replace("policy: continuous", "policy: greedy"),
+    "bad policy": (QUICK.replace("scheduler:", "scheduler:\n  policy: greedy", 1),
                    "scheduler.policy: unknown 'greedy' (allowed: continuous, static, chunked)"),
-    "paged kernel on contiguous kv": (QUICK.replace("manager: paged", "manager: contiguous"),
+    "chunked (the default) on contiguous kv": (
+        QUICK.replace("manager: paged", "manager: contiguous"),
+        "scheduler.policy: 'chunked' (the default) needs kv.manager: paged"),
+    "paged kernel on contiguous kv": (QUICK.replace("manager: paged", "manager: contiguous")
+                                      .replace("scheduler:", "scheduler:\n  policy: continuous", 1),
                                       "attention.decode: 'paged' needs kv.manager: paged"),
 }
 

@@ -26,6 +26,9 @@ def scenario(**over):
         "model": "llama-3-8b",
         "gpu": "h200-sxm",
         "runtime": "cuda-graph",
+        # these tests are about the prefill-first scheduler (vLLM v0), named since the
+        # default became chunked prefill (vLLM V1); a test of another policy names its own
+        "scheduler": {"policy": "continuous"},
         "workload": {
             "num_requests": 20,
             "arrival": {"kind": "constant", "rate": 0.05},

@@ -34,7 +34,8 @@ def test_profiles_and_runtimes_say_which_elementwise_kernels_they_mean():
     stacks = {n: load_runtime(n).elementwise for n in SHIPPED}
     assert stacks == {"vllm": "fused", "trtllm": "fused", "trtllm-python": "fused",
                       "h200-eager-reference": "unfused", "h200-eager-live": "unfused",
-                      "cuda-graph": "fused"}
+                      "cuda-graph": "fused", "vllm-0.2": "fused", "vllm-0.6": "fused",
+                      "vllm-0.10": "fused", "sglang-0.4": "fused", "trtllm-0.18": "fused"}
 
 
 def test_fused_add_rmsnorm_on_the_h200_at_one_token_is_one_kernel_at_its_floor():

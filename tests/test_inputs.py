@@ -203,8 +203,9 @@ def test_validation_refuses_a_sweep_of_step_budgets_below_the_window_before_any_
     from sim.planning.sweep import run_sweep
 
     with pytest.raises(SpecError, match="--grid/--zip scheduler.max_num_batched_tokens=512: "):
-        run_sweep(QUICK, [{"scheduler.max_num_batched_tokens": 8192},
-                          {"scheduler.max_num_batched_tokens": 512}], tmp_path / "out")
+        run_sweep(QUICK, [{"scheduler.policy": "continuous", "scheduler.max_num_batched_tokens": 8192},
+                          {"scheduler.policy": "continuous", "scheduler.max_num_batched_tokens": 512}],
+                  tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
 

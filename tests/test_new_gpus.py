@@ -129,12 +129,17 @@ def steps(draw):
 def test_a_step_of_llama3_8b_costs_the_b200_less_than_the_h200(runtime, tensor, decode, fp8, step):
     m, rt = load_model("llama-3-8b"), load_runtime(runtime)
     kind, n, sum_ctx, ctx, chunks = step
-    t = {}
+    t, gpu = {}, {}
     for g in ("b200", "h200-sxm"):
         s = StepLatency(m, load_profile(g), rt, "flash", decode, tensor=tensor, fp8_weights=fp8)
         t[g] = (s.prefill(chunks) if kind == "prefill" else s.decode(n, sum_ctx, ctx)
                 if kind == "decode" else s.mixed(n, sum_ctx, ctx, chunks))
-    assert t["b200"] < t["h200-sxm"], t
+        gpu[g] = s.kernel_s
+    # the kernels always cost the B200 less; the step, less or the same where the stack's
+    # overlapped host work outlasts both GPUs' kernels (vllm-0.2's eager launches,
+    # sglang-0.4's overlapped scheduler at small steps)
+    assert gpu["b200"] < gpu["h200-sxm"], gpu
+    assert t["b200"] <= t["h200-sxm"], t
 
 
 def test_quickstart_runs_on_a_b200(tmp_path, llmsim):

@@ -97,6 +97,7 @@ def test_acceptance_can_come_from_a_trace_column(tmp_path):
     f.write_text("arrival_s,prompt_tokens,output_tokens,acceptance\n0,100,400,0.0\n0,100,400,1.0\n")
     out = run(scenario_from_dict({
         "model": "llama-3-8b", "gpu": "h200-sxm", "runtime": "cuda-graph",
+        "scheduler": {"policy": "continuous"},
         "speculative": {"method": "ngram", "k": 3, "acceptance": {"kind": "trace"}},
         "workload": {"trace": {"path": str(f)}}}))
     req = out.requests

@@ -1,4 +1,5 @@
-"""Command line: `llmsim run | compare | sweep | curve | plan | report | models | gpus` (also `python -m sim`)."""
+"""Command line: `llmsim run | compare | sweep | curve | plan | report | models | gpus | runtimes`
+(also `python -m sim`)."""
 
 from __future__ import annotations
 
@@ -212,6 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_models_import(models.add_subparsers(dest="models_cmd", parser_class=OneLineParser))
     sub.add_parser("gpus", help="list GPU profiles").set_defaults(fn=cmd_gpus)
+    from sim.cli.runtimes import add_parser as add_runtimes
+
+    add_runtimes(sub)  # runtimes [NAME]
     return ap
 
 

@@ -5,9 +5,10 @@ name: quickstart
 seed: 1
 model: llama-3-8b            # models/<name>.yaml, or a path to a model YAML
 gpu: h200-sxm                # gpu_profiles/<name>/
-runtime: cuda-graph          # gpu_profiles/runtimes/<name>.yaml: host overhead model
+runtime: cuda-graph          # gpu_profiles/runtimes/<name>.yaml: host overhead model; a stack
+                             # at a version (vllm-0.10, sglang-0.4, ...) also brings its defaults
 attention: {prefill: flash, decode: paged}
-scheduler: {policy: continuous, max_num_seqs: 256, max_num_batched_tokens: 8192}
+scheduler: {policy: chunked, max_num_seqs: 256, max_num_batched_tokens: 8192}  # chunked: vLLM V1
 kv: {manager: paged, block_size: 16, gpu_memory_utilization: 0.9}
 parallel: {tensor: 1, pipeline: 1}         # optional; see sim/costmodel/parallel.py
 dtype: {weights: bf16, kv_cache: bf16}    # optional; fp8 on GPUs with FP8 tensor cores
@@ -28,6 +29,7 @@ from typing import Literal
 import yaml
 
 from sim.config.cluster import ClusterSpec, ReplicaGroupSpec
+from sim.config.stackdefaults import with_stack_defaults
 from sim.costmodel.models import context_window, load_model
 from sim.costmodel.parallel import DTypeSpec, ParallelSpec
 from sim.io.filecache import FileCache
@@ -92,13 +94,15 @@ class Scenario:
 
     def check(self):
         if self.speculative.method != "none" and self.scheduler.policy != "continuous":
-            return "speculative.method", "needs scheduler.policy: continuous"
+            return "speculative.method", ("needs scheduler.policy: continuous (the default "
+                                          "policy is chunked)")
         if self.kv.prefix_caching and self.kv.manager != "paged":
             return "kv.prefix_caching", "needs kv.manager: paged"
         if self.kv.prefix_caching and self.scheduler.policy == "static":
             return "kv.prefix_caching", "needs scheduler.policy: continuous or chunked"
         if self.scheduler.policy == "chunked" and self.kv.manager != "paged":
-            return "scheduler.policy", "'chunked' needs kv.manager: paged"
+            return "scheduler.policy", ("'chunked' (the default) needs kv.manager: paged "
+                                        "(allowed with contiguous: continuous, static)")
         if self.kv.manager == "contiguous" and self.attention.decode in ("paged", "paged_reference",
                                                                        "paged_gather"):
             return (
@@ -121,6 +125,8 @@ class Scenario:
 
 
 MERGED_SECTIONS = ("scheduler", "kv", "attention", "speculative", "parallel")  # by key
+# what a runtime's stack settings need to know of a scenario that does not say
+SCENARIO_DEFAULTS = {"runtime": Scenario.runtime, "gpu": Scenario.gpu}
 
 
 def load_scenario(file: str | Path, overrides: dict[str, object] | None = None, *,
@@ -186,6 +192,7 @@ def override_behind(error_path: str, labels: dict[str, str]) -> str | None:
 
 def scenario_from_dict(data: dict, *, file: str | Path | None = None,
                        base_dir: str | Path | None = None) -> Scenario:
+    data = with_stack_defaults(data, SCENARIO_DEFAULTS, file=file, base_dir=base_dir)
     sc = build(Scenario, data, file=file)
     object.__setattr__(sc, "file", str(file) if file else "")
     object.__setattr__(sc, "base_dir", str(base_dir) if base_dir else "")

@@ -38,6 +38,10 @@ first time a replica sees a prefill shape (fitted from live logs by sim/fit/logf
 
     step = max(host, GPU) + serial_ms_per_step + serial_ms_per_seq · sequences
            + serial_ms_per_new_prefill_shape · new prefill shapes
+           + remote workers · (serial_ms_per_rank + serial_ms_per_rank_seq · sequences)
+
+(remote workers: the tensor-parallel workers the stack's driver calls by RPC every step,
+`RuntimeSpec.remote_workers`; an older vLLM's Ray actors pay the most).
 
 `cuda-graph` has no host cost (kernels only, a lower bound for any stack).
 
@@ -109,6 +113,7 @@ class StepLatency:
         self.verify_impl = verify_impl
         self.tensor, self.fp8_weights = tensor, fp8_weights
         self.expert, self.data, self.network = expert, data, network
+        self.remote = runtime.remote_workers(tensor)  # workers the driver calls each step
         self._price_ops(model.ops(tensor, expert))
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses(, s, kernel s)]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
@@ -382,6 +387,9 @@ class StepLatency:
         self.kernel_s = gpu * 1e-3
         serial = (rt.serial_ms_per_step + rt.serial_ms_per_seq * (prefill_seqs + seqs)
                   + rt.serial_ms_per_new_prefill_shape * new_shapes)
+        if self.remote:  # the driver's call to each tensor-parallel worker, and its sequences
+            serial += self.remote * (rt.serial_ms_per_rank
+                                     + rt.serial_ms_per_rank_seq * (prefill_seqs + seqs))
         return ((host + gpu if rt.combine == "sum" else max(host, gpu)) + serial) * 1e-3
 
     def _new_shapes(self, chunks: list[tuple[int, int]], seen: set | None) -> int:

@@ -2,9 +2,13 @@
 stack's host side adds to each step's kernel time.
 
 A `RuntimeSpec` holds the host's costs per step, per layer, per sequence and layer, and per
-sequence, the serial part that does not overlap the GPU, GPU scale factors, how host and
-GPU combine (max or sum), the stall on a new prefill shape, the step-time jitter model,
-and which all-reduce and elementwise kernels the stack runs. `sim/costmodel/latency.py` turns them
+sequence, the serial part that does not overlap the GPU (per step, per sequence, and per
+tensor-parallel worker the driver calls each step), GPU scale factors, how host and GPU
+combine (max or sum), the stall on a new prefill shape, the step-time jitter model, which
+all-reduce and elementwise kernels the stack runs, and, for a stack at a version
+(`vllm-0.10`, `sglang-0.4`, ...), that stack's own defaults (`StackDefaults`: step budget,
+max_num_seqs, chunking, KV dtype, memory fraction), which `sim/config/stackdefaults.py`
+lays under a scenario's own settings. `sim/costmodel/latency.py` turns them
 into a step's time (its module docstring gives the formula); `sim/fit/runtime_fit.py` fits
 them to a warm grid, `sim/fit/logfit.py` to a live serving log.
 """
@@ -65,6 +69,61 @@ class RequestLatencySpec:
 
 
 @dataclass(frozen=True)
+class StackSettings:
+    """Settings a serving stack picks when its user does not: the scheduler's step budget
+    and sequence cap, chunked prefill (policy `chunked`: mixed prefill+decode steps under
+    the budget; `continuous`: prefill-first, a prompt in one step), prefix caching, the
+    KV-cache number format and the share of GPU memory the stack takes. None: the stack
+    does not decide it here (llmsim's own default applies). `source` says where each
+    number comes from."""
+
+    policy: Literal["continuous", "chunked", "static"] | None = None
+    max_num_seqs: int | None = field(default=None, metadata={"gt": 0})
+    max_num_batched_tokens: int | None = field(default=None, metadata={"gt": 0})
+    prefix_caching: bool | None = None
+    kv_cache_dtype: Literal["bf16", "fp8"] | None = None
+    gpu_memory_utilization: float | None = field(default=None, metadata={"gt": 0, "le": 1})
+    source: str = ""
+
+    def check(self) -> tuple[str, str] | None:
+        if self.values() and not self.source.strip():
+            return "source", "settings need their source (allowed: a citation of the stack's code or docs)"
+        return None
+
+    def values(self) -> dict[str, object]:
+        """The settings this block decides (name -> value), in field order."""
+        return {k: v for k, v in vars(self).items() if k != "source" and v is not None}
+
+
+@dataclass(frozen=True)
+class StackDefaults:
+    """A serving stack at a version (`runtime.stack:`): its name, version and defaults;
+    `by_gpu` (GPU profile name -> settings) and `by_tensor` (the smallest tensor degree
+    a block applies from -> settings) refine them where the stack picks by hardware."""
+
+    name: str
+    version: str
+    defaults: StackSettings = StackSettings()
+    by_gpu: dict[str, StackSettings] = field(default_factory=dict)
+    by_tensor: dict[str, StackSettings] = field(default_factory=dict)
+
+    def check(self) -> tuple[str, str] | None:
+        for k in self.by_tensor:
+            if not k.isdigit() or int(k) < 1:
+                return f"by_tensor.{k}", "not a tensor degree (allowed: an integer >= 1)"
+        return None
+
+    def settings(self, gpu: str, tensor: int) -> dict[str, object]:
+        """The stack's settings on `gpu` at `tensor`-way tensor parallelism."""
+        out = dict(self.defaults.values())
+        for k in sorted((k for k in self.by_tensor if int(k) <= tensor), key=int):
+            out.update(self.by_tensor[k].values())
+        if gpu in self.by_gpu:
+            out.update(self.by_gpu[gpu].values())
+        return out
+
+
+@dataclass(frozen=True)
 class RuntimeSpec:
     """How the serving stack's host side adds to each step."""
 
@@ -97,6 +156,22 @@ class RuntimeSpec:
     source: str = ""
     # per-request latency outside the step loop (API server, tokenisation, streaming)
     request: RequestLatencySpec | None = None
+    # tensor-parallel workers the driver calls every step (an RPC per worker: Ray actors,
+    # processes behind a queue), serial: the step's dispatch to each remote worker and the
+    # wait for it, and per sequence the step's sequence metadata serialised to each one.
+    # Remote workers: tensor - 1 (the driver is rank 0), or all `tensor` when the driver is
+    # a separate process (`driver_is_rank0: false`); none at tensor 1.
+    serial_ms_per_rank: float = field(default=0.0, metadata={"ge": 0})
+    serial_ms_per_rank_seq: float = field(default=0.0, metadata={"ge": 0})
+    driver_is_rank0: bool = True
+    # the stack's own settings at this version, under the scenario's (sim/config/stackdefaults.py)
+    stack: StackDefaults | None = None
+
+    def remote_workers(self, tensor: int) -> int:
+        """Workers the driver calls by RPC each step on a `tensor`-way replica."""
+        if tensor <= 1:
+            return 0
+        return tensor - 1 if self.driver_is_rank0 else tensor
 
 
 def load_runtime(name: str, *, file=None, path: str = "runtime",

@@ -1,6 +1,10 @@
 """Batching policies. A policy reads the replica's state and returns a `StepPlan`;
 it never touches the clock or mutates anything (the engine applies the plan).
 
+The default is `chunked` (sim/policies/chunked.py), what current vLLM runs (the V1
+scheduler: chunked prefill always on, steps that mix prefill chunks and decodes under one
+token budget). The older prefill-first behaviour is the named choice `continuous`:
+
 * `ContinuousPolicy`: iteration-level scheduling with vLLM-v0 semantics. FCFS;
   a step is all-prefill (admit waiting requests while `max_num_seqs`,
   `max_num_batched_tokens` and free KV blocks above the watermark allow) or
@@ -30,11 +34,14 @@ from sim.policies.protocols import DecodeBatch, KVManager
 
 @dataclass(frozen=True)
 class SchedulerSpec:
-    policy: Literal["continuous", "static", "chunked"] = "continuous"
+    # chunked (default): vLLM V1, mixed prefill+decode steps under the token budget;
+    # continuous: vLLM v0's prefill-first steps; static: request-level batches
+    policy: Literal["continuous", "static", "chunked"] = "chunked"
     # continuous (vLLM v0) and chunked prefill: admission limits per step (for chunked,
     # max_num_batched_tokens is the per-step token budget shared by decodes and chunks)
     max_num_seqs: int = field(default=256, metadata={"gt": 0})
-    # default (None): 8192, raised under `continuous` to the context window (a prompt is
+    # default (None): 8192 (vLLM V1's budget for its API server on H100/H200-class GPUs),
+    # raised under `continuous` to the context window (a prompt is
     # prefilled in one step; vLLM v0 raises its default the same way, from 2048); a value
     # set below the window is refused under `continuous`, as vLLM refuses it
     max_num_batched_tokens: int | None = field(default=None, metadata={"gt": 0})
