@@ -37,6 +37,7 @@ from sim.engine.metrics import (
     step_tables,
     summarize,
 )
+from sim.engine.pipeline import pipeline_summary
 from sim.engine.processes import simulate
 from sim.engine.replica import RunResult
 from sim.io.outputs import write_atomically
@@ -166,6 +167,8 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         summary["autoscale"] = autoscale_summary(scaling[0], scaling[2], req, sc.slo, res.end_time)
     summary.update(energy_and_cost(configs, res, summary, t0=_measured(req)[1],
                                    powered_s=scaling[0].powered_s(len(configs)) if scaling else None))
+    if (pipe := pipeline_summary(fleet.replicas, configs, summary["duration_s"])) is not None:
+        summary["pipeline"] = pipe
     if wl.clients is not None:
         summary["clients"] = client_summary(wl.clients, req)
     if len(configs) > 1:
