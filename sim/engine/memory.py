@@ -132,6 +132,9 @@ def _does_not_fit(sc: Scenario, model: ModelSpec, profile: GPUProfile,
         if t > tp and w + a + s + max_len * k <= usable and (draft is None or draft.tensor_problem(t) is None):
             hints.append(f"parallel.tensor >= {t}")
             break
+    link = profile.facts.interconnect
+    if pp == 1 and not hints and link is not None and tp * 2 >= link.gpus_per_node:
+        hints.append("parallel.pipeline >= 2 (stages across nodes)")
     if sc.dtype.weights == "bf16" and profile.facts.datasheet_fp8_tflops is not None:
         hints.append("dtype.weights: fp8")
     hints += (["more pipeline stages"] if pp > 1 else []) + ["a smaller kv.max_model_len",

@@ -39,7 +39,8 @@ from sim.planning.poolkeys import (
 if TYPE_CHECKING:
     from sim.config.scenario import Scenario
 
-ALIASES = {"gpu": "gpu", "tensor": "parallel.tensor", "policy": "scheduler.policy",
+ALIASES = {"gpu": "gpu", "tensor": "parallel.tensor", "pipeline": "parallel.pipeline",
+           "policy": "scheduler.policy",
            "chunk_tokens": "scheduler.max_num_batched_tokens", "block_size": "kv.block_size",
            "max_num_seqs": "scheduler.max_num_seqs", "speculative": "speculative"}
 KEYS_ALLOWED = (", ".join(ALIASES) + ", ratio, prefill.KEY, decode.KEY, both.KEY (a cluster's pools), "
@@ -71,12 +72,14 @@ def _part(field: str, v: Any) -> str:
         return FORMAT_WORDS[field].format(v)
     short = {v: k for k, v in ALIASES.items()}
     name = short.get(field, field.split(".")[-1])
-    return str(v) if name in ("gpu", "policy") else f"{'tp' if name == 'tensor' else name + '='}{v}"
+    if name in ("gpu", "policy"):
+        return str(v)
+    return f"{ {'tensor': 'tp', 'pipeline': 'pp'}.get(name, name + '=') }{v}"
 
 
 def label(cand: dict, groups: Groups | None = None) -> str:
     """A candidate's short name: its pools (a cluster's prefill/decode groups), then its
-    overrides in order, GPU and policy by value, TP as `tp2`, number formats as `fp8` /
+    overrides in order, GPU and policy by value, TP as `tp2`, PP as `pp2`, number formats as `fp8` /
     `bf16` (weights) and `fp8 KV` (cache), whether given as dotted fields or as a `dtype:`
     mapping, other fields as `name=value`."""
     pools, rest = pool_label(_dtype_fields(cand), groups, _part)

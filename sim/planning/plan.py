@@ -185,7 +185,18 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     return {**row, "status": "ok", "note": "", **unit_fields(unit, prices), "replicas": replicas,
             "gpus": replicas * unit.gpus, "usd_per_hour": usd_h, "usd_per_m_output_tokens": usd_m,
             "ttft_p99_at_target_s": worst["ttft"], "tpot_p99_at_target_s": worst["tpot"],
-            "e2e_p99_at_target_s": worst["e2e"], **rng}
+            "e2e_p99_at_target_s": worst["e2e"], **rng, **stage_fields(at_share[0])}
+
+
+def stage_fields(summary: dict) -> dict:
+    """A pipelined candidate's per-stage figures at its share of the target (a probe's
+    summary → `pipeline`): each stage's busy and bubble shares, stage 0 first."""
+    pipe = summary.get("pipeline")
+    if not pipe:
+        return {}
+    stages = pipe["per_stage"]
+    return {"stage_busy_share": " / ".join(f"{s['busy_share']:.2f}" for s in stages),
+            "stage_bubble_share": " / ".join(f"{s['bubble_share']:.2f}" for s in stages)}
 
 
 def unit_fields(unit: Unit, prices: dict[str, float]) -> dict:
