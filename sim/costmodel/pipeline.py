@@ -3,7 +3,8 @@
 
 Layers per stage (`stage_layers`) as vLLM splits them (`vllm.distributed.utils.
 get_pp_indices`): L // P layers each, the remainder L mod P going one each to the stages
-just before the last (the last stage also runs the final norm and the LM head); stage 0
+before the last, nearest it first (the last stage also runs the final norm and the LM
+head, the first the embedding; VLLM_PP_LAYER_PARTITION's custom splits are not modelled); stage 0
 runs the embedding. A MoE model's leading dense layers fall in the stages that hold them.
 
 A stage's operations (`stage_ops`) are the model's list (sim/costmodel/layer.py) cut to
@@ -53,7 +54,8 @@ _ONCE = ("host_ms_per_step", "host_ms_per_prefill_seq", "host_ms_per_decode_seq"
 
 def stage_layers(layers: int, stages: int) -> tuple[int, ...]:
     """Layers per stage as vLLM's get_pp_indices splits them: L // P each, the remainder
-    one each to the stages before the last (126 over 4: 32, 32, 31, 31)."""
+    one each to the stages before the last, nearest the last first (61 over 4: 15, 15, 16,
+    15, vLLM's documentation example)."""
     per, extra = divmod(layers, stages)
     parts = [per] * stages
     for i in range(2, extra + 2):
