@@ -256,3 +256,50 @@ def test_summary_pipeline_section_is_json(tmp_path):
     s = json.loads((folder / "summary.json").read_text())
     assert s["pipeline"]["stages"] == 2 and s["parallel"]["pipeline"] == 2
     assert [x["layers"] for x in s["pipeline"]["per_stage"]] == [63, 63]
+
+
+SMALL_PP = """\
+name: small_pp
+seed: 3
+model: llama-3.1-8b
+gpu: h200-sxm
+runtime: cuda-graph
+parallel: {tensor: 1, pipeline: 2}
+scheduler: {policy: chunked, max_num_seqs: 64, max_num_batched_tokens: 1024}
+kv: {manager: paged, block_size: 16, max_model_len: 4096}
+slo: {ttft_s: 0.5, tpot_s: 0.05}
+workload:
+  num_requests: 60
+  arrival: {kind: poisson, rate: 8}
+  prompt: {kind: lognormal, median: 512, sigma: 0.8, max: 2048}
+  output: {kind: lognormal, median: 64, sigma: 0.5, max: 256}
+"""
+
+
+def test_run_sweep_curve_and_plan_take_a_pipelined_scenario(tmp_path, llmsim):
+    sc = tmp_path / "small_pp.yaml"
+    sc.write_text(SMALL_PP)
+    r = llmsim("run", str(sc), "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    assert "pipeline: 2 stages x tensor 1" in r.stdout and "bubble" in r.stdout
+    s = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert [x["layers"] for x in s["pipeline"]["per_stage"]] == [16, 16]
+    r = llmsim("sweep", str(sc), "--field", "parallel.pipeline", "--values", "1,2,4",
+               "--out", str(tmp_path / "sweep"))
+    assert r.returncode == 0, r.stderr
+    r = llmsim("curve", str(sc), "--rates", "4,16", "--requests", "60", "--workers", "1",
+               "--out", str(tmp_path / "curve"))
+    assert r.returncode == 0, r.stderr
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("name: pp\nscenario: small_pp.yaml\ntarget_rate: 10\n"
+                    "slo: {ttft_p99_s: 0.5, tpot_p99_s: 0.05}\n"
+                    "search: {seeds: 1, requests: 40, rate_start: 8, max_probes: 3, "
+                    "fleet_checks: 1, fleet_traffic_s: 20, headroom_probes: 0}\n"
+                    "candidates:\n  pipeline: [1, 2]\n")
+    r = llmsim("plan", str(plan), "--out", str(tmp_path / "plan"), "--workers", "1", timeout=600)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "plan" / "plan.json").read_text())["candidates"]
+    pp2 = next(row for row in rows if row["candidate"] == "pp2")
+    assert pp2["unit_gpus"] == 2 and "pp2" in pp2["unit"]
+    if pp2["status"] == "ok":
+        assert len(pp2["stage_bubble_share"].split(" / ")) == 2

@@ -39,10 +39,10 @@ from sim.planning.poolkeys import (
 if TYPE_CHECKING:
     from sim.config.scenario import Scenario
 
-ALIASES = {"gpu": "gpu", "tensor": "parallel.tensor", "pipeline": "parallel.pipeline",
-           "policy": "scheduler.policy",
+ALIASES = {"gpu": "gpu", "tensor": "parallel.tensor", "policy": "scheduler.policy",
            "chunk_tokens": "scheduler.max_num_batched_tokens", "block_size": "kv.block_size",
-           "max_num_seqs": "scheduler.max_num_seqs", "speculative": "speculative"}
+           "max_num_seqs": "scheduler.max_num_seqs", "speculative": "speculative",
+           "pipeline": "parallel.pipeline"}
 KEYS_ALLOWED = (", ".join(ALIASES) + ", ratio, prefill.KEY, decode.KEY, both.KEY (a cluster's pools), "
                 "or a dotted scenario field")
 

@@ -14,6 +14,7 @@ candidates:                               # a grid; short names or dotted scenar
   gpu: [a100-80gb, h100-sxm, h200-sxm]
   tensor: [1, 2, 4]                       # parallel.tensor
   policy: [continuous, chunked]           # scheduler.policy
+  # pipeline: [1, 2]                      # parallel.pipeline (stages; plans/llama405b_pp.yaml)
   # over a cluster scenario's pools (sim/planning/poolkeys.py):
   # ratio: [aggregated, "1:1", "1:2"]     # prefill:decode replicas per unit, or colocated
   # prefill.tensor: [1, 2]                # decode.gpu, both.policy, prefill.count, ...
