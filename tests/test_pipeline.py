@@ -234,7 +234,9 @@ def test_every_request_ends_and_kv_is_conserved_under_load():
 @pytest.mark.parametrize("over, says", [
     ({"parallel.pipeline": 127}, "parallel.pipeline: 127 stages for the 126 layers of llama-3.1-405b"),
     ({"parallel.stage_link": "carrier-pigeon"}, "parallel.stage_link: unknown 'carrier-pigeon'"),
-    ({"kv.prefix_caching": True}, "kv.prefix_caching: prefix caching with pipeline: 2 is not modelled"),
+    ({"speculative": {"method": "ngram"}, "scheduler.policy": "continuous",
+      "scheduler.max_num_batched_tokens": 8192},
+     "speculative.method: speculative decoding with pipeline: 2 is not modelled"),
     ({"scheduler.policy": "static"}, "scheduler.policy: static batching with pipeline: 2"),
     ({"gpu": "h100-sxm", "parallel.tensor": 2},
      "parallel.pipeline: does not fit: weights 189.0 GiB"),
@@ -248,6 +250,19 @@ def test_refused_pipeline_layouts_get_one_line(over, says):
 def test_a_stage_that_does_not_fit_is_named():
     with pytest.raises(SpecError, match=r"pipeline stage 0 of 2.*more pipeline stages"):
         replica_configs(load_scenario(PP_SCENARIO, {"gpu": "h100-sxm", "parallel.tensor": 2}))
+
+
+def test_prefix_caching_serves_every_micro_batch_and_returns_every_block():
+    """The Mooncake trace's shared prefixes through 2 stages: every request ends, every KV
+    block and prefix reference is given back (simulate checks), and the one cache hits
+    about as often as without stages (the same requests reach the same cache)."""
+    over = {"workload.num_requests": 1500}
+    one = run(load_scenario(ROOT / "scenarios" / "prefix_caching_mooncake.yaml", over))
+    two = run(load_scenario(ROOT / "scenarios" / "prefix_caching_mooncake.yaml",
+                            {**over, "parallel.pipeline": 2}))
+    assert two.summary["requests"]["finished"] + two.summary["requests"]["rejected"] == 1500
+    assert two.summary["prefix_cache"]["hit_rate"] == pytest.approx(
+        one.summary["prefix_cache"]["hit_rate"], abs=0.05)
 
 
 def test_summary_pipeline_section_is_json(tmp_path):

@@ -16,8 +16,8 @@ With `pipeline: P` > 1 the layers are split over P stages, each a `tensor`-way g
 (sim/costmodel/pipeline.py: layers per stage, a stage's ops, memory and step time, the
 activations sent between stages over NVLink within a node or `stage_link` across nodes),
 and the replica keeps P micro-batches in flight (sim/engine/pipeline.py). Not with expert
-parallelism, speculative decoding, static batching, prefix caching or a
-disaggregated role (refused up front).
+parallelism, speculative decoding, static batching or a disaggregated role (refused up
+front); the replica's one prefix cache serves all its micro-batches.
 
 Expert parallelism (`expert: N`, a MoE model only) spreads the routed experts over the
 replica's N = `tensor` GPUs, E/N whole experts each (instead of every expert split N

@@ -162,7 +162,6 @@ def _staged(sc: Scenario, model: ModelSpec, profile: GPUProfile, runtime: Runtim
     prefix = f"{where}." if where else ""
     refusals = (("speculative.method", sc.speculative.method != "none", "speculative decoding"),
                 ("scheduler.policy", sc.scheduler.policy == "static", "static batching"),
-                ("kv.prefix_caching", sc.kv.prefix_caching, "prefix caching"),
                 ("cluster.groups", role != "both", f"a {role} role"))
     for path, refused, what in refusals:
         if refused:
@@ -223,7 +222,8 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
             b = RunningBatch(kv.block_size, paged, keep_finished=False)
             s = ReplicaState(kv=kv, batch=b, max_model_len=cfg.max_model_len,
                              waiting=state.waiting, swap_free_blocks=cfg.swap_blocks // pp,
-                             reserve_max_model_len=sc.kv.reserve == "max_model_len")
+                             reserve_max_model_len=sc.kv.reserve == "max_model_len",
+                             prefix=state.prefix)
             return VirtualEngine(s, POLICIES[sc.scheduler.policy](sc.scheduler, kv), latency,
                                  cfg.kv_bytes_per_token, pcie)
         state.swap_free_blocks = cfg.swap_blocks // pp
