@@ -318,3 +318,26 @@ def test_run_sweep_curve_and_plan_take_a_pipelined_scenario(tmp_path, llmsim):
     assert pp2["unit_gpus"] == 2 and "pp2" in pp2["unit"]
     if pp2["status"] == "ok":
         assert len(pp2["stage_bubble_share"].split(" / ")) == 2
+
+
+@pytest.mark.parametrize("pp, policy", [(2, "continuous"), (3, "chunked"), (4, "continuous")])
+def test_invariants_of_a_pipelined_run(pp, policy):
+    """Every request ends; no stage is busy longer than the run or idle more than all of
+    it; no request's first token comes sooner than its prompt's lone prefill through every
+    stage and transfer (continuous: a prompt is prefilled in one micro-batch)."""
+    over = _small(pp, **{"runtime": "cuda-graph", "scheduler.policy": policy,
+                         "scheduler.max_num_batched_tokens": 4096, "workload.num_requests": 120,
+                         "workload.arrival": {"kind": "poisson", "rate": 30}})
+    out = run(load_scenario(TP_SCENARIO, over))
+    s = out.summary
+    assert s["requests"]["finished"] == 120
+    per = s["pipeline"]["per_stage"]
+    assert len(per) == pp and sum(x["layers"] for x in per) == 32
+    for x in per:
+        assert 0 < x["busy_s"] <= s["duration_s"] and 0 <= x["bubble_share"] < 1
+    if policy == "continuous":
+        lat = replica_configs(out.scenario)[0].latency
+        req = out.requests
+        for p, ttft in zip(req.prompt_tokens, req.ttft_s, strict=True):
+            alone = sum(st.prefill([(int(p), 0)]) for st in lat.stages) + (pp - 1) * lat.transfer_s(int(p))
+            assert ttft >= alone * (1 - 1e-9)
