@@ -5,7 +5,7 @@ as shipped and with `parallel.pipeline: 1`), at the shipped rate and twice it.""
 from __future__ import annotations
 
 from benchmarks.readme.readme_format import grouped, ms, pct, table
-from benchmarks.readme.readme_runs import Runs
+from benchmarks.readme.readme_runs import SCENARIOS, Runs
 
 SCENARIO = "llama405b_tp8_pp2"
 RATES = (2, 4)
@@ -28,3 +28,34 @@ def pipeline_405b(runs: Runs) -> str:
     return table(["req/s offered", "layout", "GPUs", "KV tokens", "finished req/s",
                   "TTFT p50 / p99 (ms)", "TPOT p50 / p99 (ms)", "goodput (req/s)",
                   "stage bubble", "$ / M output tokens"], rows)
+
+
+# NVIDIA Technical Blog, "Boosting Llama 3.1 405B Throughput by Another 1.5x on NVIDIA H200
+# Tensor Core GPUs and NVLink Switch" (2024-10-09): TensorRT-LLM, Llama-3.1-405B FP8 on one
+# HGX H200 (8 GPUs): tensor parallel 8 is 5.6x pipeline parallel 8 at minimum latency
+# (one user), pipeline parallel 8 is 1.5x tensor parallel 8 at maximum throughput.
+PUBLISHED = {"min_latency_tp_over_pp": 5.6, "max_throughput_pp_over_tp": 1.5}
+FP8_TRTLLM = {"dtype.weights": "fp8", "runtime": "trtllm"}
+LONE = {"workload.num_requests": 1, "workload.prompt": {"kind": "fixed", "value": 2048},
+        "workload.output": {"kind": "fixed", "value": 128}}
+FLOOD = {"workload.num_requests": 1024, "workload.arrival": {"kind": "constant", "rate": 1000},
+         "workload.prompt": {"kind": "fixed", "value": 1024},
+         "workload.output": {"kind": "fixed", "value": 256},
+         "scheduler.max_num_seqs": 256, "scheduler.max_num_batched_tokens": 8192}
+
+
+def pipeline_published(runs: Runs) -> str:
+    from sim import run  # lengths as mappings: not the memo's hashable overrides
+
+    def layout(tp: int, pp: int, work: dict) -> dict:
+        return run(SCENARIOS / f"{SCENARIO}.yaml", {"parallel.tensor": tp, "parallel.pipeline": pp,
+                                                    **FP8_TRTLLM, **work}).summary
+    lat = layout(1, 8, LONE)["tpot_s"]["p50"] / layout(8, 1, LONE)["tpot_s"]["p50"]
+    thr = (layout(1, 8, FLOOD)["output_token_throughput"]
+           / layout(8, 1, FLOOD)["output_token_throughput"])
+    rows = [["minimum latency (one request, 2,048 in / 128 out): TP 8 faster than PP 8 by",
+             f"{PUBLISHED['min_latency_tp_over_pp']:.1f}x", f"{lat:.1f}x"],
+            ["maximum throughput (1,024 requests at once, 1,024 in / 256 out): PP 8 over TP 8",
+             f"{PUBLISHED['max_throughput_pp_over_tp']:.1f}x", f"{thr:.2f}x"]]
+    return table(["Llama-3.1-405B FP8 on 8 x H200", "published (TensorRT-LLM)", "llmsim (trtllm)"],
+                 rows)
