@@ -24,11 +24,13 @@ Jitter and swap time scale a step's stage times in proportion.
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import simpy
+from typing import TYPE_CHECKING
 
 from sim.engine.replica import Replica, Step
 from sim.policies.plan import StepKind
+
+if TYPE_CHECKING:  # simpy is imported where the process runs (the build stays without it)
+    import simpy
 
 IDLE = StepKind.IDLE
 
@@ -109,6 +111,8 @@ class PipelinedReplica(VirtualEngine):
 def pipelined(env: simpy.Environment, node, progress=None):
     """The engine process of a pipelined replica (`node.rep` a PipelinedReplica): one
     process per virtual engine over the replica's stages."""
+    import simpy
+
     rep: PipelinedReplica = node.rep
     stages = [simpy.Resource(env, capacity=1) for _ in rep.staged.stages]
     for e in rep.pipe:
