@@ -236,7 +236,7 @@ def test_a_layout_that_cannot_hold_one_sequence_names_max_model_len():
 @pytest.mark.parametrize("tensor, pipeline, expected", [
     (3, 1, "parallel.tensor: 3 does not divide heads=64 of llama-2-70b (allowed: 1, 2, 4, 8)"),
     (16, 1, "parallel.tensor: 16 exceeds the 8 GPUs of one h100-sxm node"),
-    (1, 2, "parallel.pipeline: 2 is not modelled (allowed: 1"),
+    (1, 81, "parallel.pipeline: 81 stages for the 80 layers of llama-2-70b (allowed: <= 80)"),
 ])
 def test_bad_layouts_get_one_line(tensor, pipeline, expected):
     with pytest.raises(SpecError) as e:

@@ -88,7 +88,7 @@ def test_a_value_wrong_on_its_own_names_its_place_in_the_plan(tmp_path, capsys, 
 def test_a_misspelt_candidate_key_lists_the_candidate_names(tmp_path, capsys):
     assert _refused(tmp_path, capsys, "{gpu: [h100-sxm], tensr: [1, 2, 4]}") == (
         "candidates.tensr: unknown key (allowed: gpu, tensor, policy, chunk_tokens, block_size, "
-        "max_num_seqs, speculative, expert, data, ratio, prefill.KEY, decode.KEY, both.KEY (a cluster's pools), "
+        "max_num_seqs, speculative, expert, data, pipeline, ratio, prefill.KEY, decode.KEY, both.KEY (a cluster's pools), "
         "or a dotted scenario field)")
 
 

@@ -54,6 +54,7 @@ from benchmarks.readme.readme_features import (  # noqa: E402
 )
 from benchmarks.readme.readme_markers import current, readme_blocks, replace_blocks  # noqa: E402
 from benchmarks.readme.readme_moe import moe_scenarios  # noqa: E402
+from benchmarks.readme.readme_pipeline import pipeline_405b, pipeline_published  # noqa: E402
 from benchmarks.readme.readme_runs import Runs  # noqa: E402
 from benchmarks.readme.readme_serving import (  # noqa: E402
     clusters,
@@ -78,6 +79,8 @@ BLOCKS: dict[str, Block] = {
     "tp-scaling": Block("Tensor parallelism, memory feasibility, FP8", tp_scaling),
     "tp-runs": Block("Tensor parallelism, memory feasibility, FP8", tp_runs),
     "moe-scenarios": Block("Mixture-of-Experts at scale", moe_scenarios),
+    "pipeline-405b": Block("Pipeline parallelism", pipeline_405b),
+    "pipeline-published": Block("Pipeline parallelism", pipeline_published),
     "clusters": Block("Clusters: replicas, routers, disaggregated prefill/decode", clusters),
     "speculative": Block("Speculative decoding", speculative),
     "speculative-batch1": Block("Speculative decoding", speculative_batch1),

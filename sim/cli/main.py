@@ -15,7 +15,7 @@ from typing import NoReturn
 
 from sim.cli.argtypes import parse_sets, whole_number
 from sim.io.specload import SpecError
-from sim.report.text import replica_table, table
+from sim.report.text import replica_table, stage_table, table
 
 DEFAULT_SCENARIO = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml"
 
@@ -83,6 +83,8 @@ def cmd_run(a) -> int:
         print("\n" + replica_table(out.summary["per_replica"]))
     if a.workers > 1:
         print(f"\nengine: {out.engine}")
+    if out.summary.get("pipeline"):
+        print("\n" + stage_table(out.summary["pipeline"]))
     print(f"\nwrote {dest}/ (requests.{a.format}, steps.{a.format}, summary.json"
           + (", latency_cdf.png, timeline.png" if a.plots else "; --plots adds the plots") + ")"
           + (f" and {a.trace_out}" if a.trace_out else ""))

@@ -2,6 +2,7 @@
 
 ```yaml
 parallel: {tensor: 4, pipeline: 1}    # GPUs of one replica: tensor x pipeline
+parallel: {tensor: 8, pipeline: 2, stage_link: infiniband-ndr400}  # two stages, two nodes
 parallel: {tensor: 4, expert: 4}      # a MoE model's experts spread over those 4 GPUs
 parallel: {data: 8, expert: 8}        # attention data parallel x 8, experts over all 8 GPUs
 parallel: {data: 16, expert: 16, network: infiniband-ndr400}   # EP across two 8-GPU nodes
@@ -13,7 +14,12 @@ MLP and vocabulary; see sim/costmodel/models.py) and runs `ModelSpec.ops(tensor)
 operation split as its `split` says, an all-reduce after every row-split operation (two
 per Llama layer) and the embedding, a gather after the LM head (sim/costmodel/layer.py;
 priced by sim/costmodel/latency.py, sim/costmodel/comm.py).
-Pipeline parallelism is not modelled: `pipeline` must be 1.
+With `pipeline: P` > 1 the layers are split over P stages, each a `tensor`-way group
+(sim/costmodel/pipeline.py: layers per stage, a stage's ops, memory and step time, the
+activations sent between stages over NVLink within a node or `stage_link` across nodes),
+and the replica keeps P micro-batches in flight (sim/engine/pipeline.py). Not with expert
+parallelism, speculative decoding, static batching or a disaggregated role (refused up
+front); the replica's one prefix cache serves all its micro-batches.
 
 Expert parallelism (`expert: N`, a MoE model only) spreads the routed experts over the
 replica's N = `tensor` GPUs, E/N whole experts each (instead of every expert split N
@@ -67,11 +73,13 @@ class ParallelSpec:
     expert: int = field(default=1, metadata={"gt": 0})  # expert-parallel ranks (= tensor x data)
     data: int = field(default=1, metadata={"gt": 0})  # attention data-parallel ranks
     network: str | None = None  # gpu_profiles/links.yaml: the link between NVLink domains
+    # the link between stages on different nodes (a gpu_profiles/links.yaml name)
+    stage_link: str = "infiniband-ndr400"
 
     def check(self) -> tuple[str, str] | None:
-        if self.pipeline != 1:
-            return ("pipeline", f"{self.pipeline} is not modelled (allowed: 1; use tensor "
-                    "parallelism, or replicas in a cluster:)")
+        if self.pipeline > 1 and (self.expert > 1 or self.data > 1):
+            return ("pipeline", f"{self.pipeline} with expert: {self.expert}, data: {self.data} "
+                    "is not modelled (allowed: pipeline 1 with expert or data parallelism)")
         if self.data > 1 and self.expert != self.gpus:
             return ("data", f"{self.data} attention ranks need the experts spread over all "
                     f"{self.gpus} GPUs (allowed: 1, or expert = tensor x data = {self.gpus})")
@@ -100,6 +108,12 @@ def check_layout(parallel: ParallelSpec, model: ModelSpec, profile: GPUProfile, 
     """A one-line SpecError at `path`.tensor if the model cannot be split that way here."""
     tp, ep = parallel.tensor, parallel.expert
     gpus = tp * parallel.data
+    if parallel.pipeline > model.layers:
+        raise SpecError(file, f"{path}.pipeline", f"{parallel.pipeline} stages for the "
+                        f"{model.layers} layers of {model.name} (allowed: <= {model.layers})")
+    if parallel.pipeline > 1 and draft is not None:
+        raise SpecError(file, f"{path}.pipeline", "a draft model with pipeline stages is not "
+                        "modelled (allowed: 1 with speculative decoding)")
     problem = model.expert_problem(ep, gpus)
     if problem:
         ok = f", or {gpus} when it divides num_experts" if model.is_moe and gpus > 1 else ""

@@ -23,9 +23,11 @@ from sim.costmodel.jitter import jittered
 from sim.costmodel.latency import StepLatency
 from sim.costmodel.models import ModelSpec, context_window, load_model
 from sim.costmodel.parallel import check_layout, with_dtypes
+from sim.costmodel.pipeline import StagedLatency, StageLatency, stage_link, stage_ops
 from sim.costmodel.profiles import GPUProfile, load_profile
 from sim.costmodel.runtime import RuntimeSpec, load_runtime
-from sim.engine.memory import MemoryBudget, memory_budget
+from sim.engine.memory import MemoryBudget, memory_budget, stage_budgets
+from sim.engine.pipeline import PipelinedReplica, VirtualEngine
 from sim.engine.replica import Replica
 from sim.io.specload import ROOT, SpecError, load_yaml
 from sim.policies.batch import RunningBatch
@@ -62,8 +64,19 @@ class ReplicaConfig:
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """KV bytes one token holds on each GPU of the replica (heads split by tensor parallelism)."""
+        """KV bytes one token holds on each GPU of the replica (heads split by tensor
+        parallelism; with pipeline stages, the largest stage's layers)."""
+        par = self.scenario.parallel
+        if par.pipeline > 1:
+            ops = self.model.ops(par.tensor)
+            return max(stage_ops(ops, s, par.pipeline).kv_bytes_per_token(
+                self.model.kv_dtype_bytes) for s in range(par.pipeline))
         return self.model.shard(self.scenario.parallel.tensor).kv_bytes_per_token
+
+    @property
+    def stage_budgets(self) -> list[MemoryBudget]:
+        """The memory budget of one GPU of each pipeline stage (sim/engine/memory.py)."""
+        return stage_budgets(self.scenario, self.model, self.profile, self.draft)
 
     @property
     def swap_blocks(self) -> int:
@@ -131,10 +144,13 @@ def _resolve(sc: Scenario, name: str, group: str, role: str, where: str,
     if kv_tokens is not None:
         budget = dataclasses.replace(budget, kv_tokens=kv_tokens)
     tp = sc.parallel.tensor
-    lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
-                      verify_impl=_verify_impl(sc), tensor=tp, fp8_weights=sc.dtype.fp8_weights,
-                      expert=sc.parallel.expert, data=sc.parallel.data,
-                      network=_network(sc.parallel.network))
+    if sc.parallel.pipeline > 1:
+        lat = _staged(sc, model, profile, runtime, role, where)
+    else:
+        lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
+                          verify_impl=_verify_impl(sc), tensor=tp,
+                          fp8_weights=sc.dtype.fp8_weights, expert=sc.parallel.expert,
+                          data=sc.parallel.data, network=_network(sc.parallel.network))
     draft_lat = StepLatency(draft, profile, runtime, sc.attention.prefill,
                             sc.decode_attention, tensor=tp) if draft else None
     return ReplicaConfig(name, group, role, sc, model, profile, runtime, budget, draft, lat,
@@ -144,6 +160,27 @@ def _resolve(sc: Scenario, name: str, group: str, role: str, where: str,
 def _network(name: str | None) -> tuple[float, float] | None:
     """(GB/s, µs) of the named link between NVLink domains (checked by check_layout)."""
     return known_links()[name] if name is not None else None
+
+
+def _staged(sc: Scenario, model: ModelSpec, profile: GPUProfile, runtime: RuntimeSpec,
+            role: str, where: str) -> StagedLatency:
+    """The step model of a pipelined replica, after refusing what it does not model."""
+    f, pp = sc.file or None, sc.parallel.pipeline
+    prefix = f"{where}." if where else ""
+    refusals = (("speculative.method", sc.speculative.method != "none", "speculative decoding"),
+                ("scheduler.policy", sc.scheduler.policy == "static", "static batching"),
+                ("cluster.groups", role != "both", f"a {role} role"))
+    for path, refused, what in refusals:
+        if refused:
+            raise SpecError(f, f"{prefix}{path}", f"{what} with pipeline: {pp} is not modelled "
+                            "(allowed: pipeline 1)")
+    tp = sc.parallel.tensor
+    stages = [StageLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
+                           verify_impl=_verify_impl(sc), tensor=tp,
+                           fp8_weights=sc.dtype.fp8_weights, stage=i, stages=pp)
+              for i in range(pp)]
+    link = stage_link(sc.parallel, profile, file=f, path=f"{prefix}parallel")
+    return StagedLatency(stages, link, model.hidden, tp)
 
 
 def _verify_impl(sc: Scenario) -> str:
@@ -182,9 +219,22 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
                                                  // (cfg.kv_bytes_per_token * unit)))
     if latency is None:
         latency = jittered(cfg.latency, sc.seed if seed is None else seed, index)
-    rep = Replica(state, policy, latency, cfg.kv_bytes_per_token,
-                  cfg.profile.facts.pcie_gbs * 1e9)
+    pcie = cfg.profile.facts.pcie_gbs * 1e9
+    pp = sc.parallel.pipeline
+    rep = (PipelinedReplica if pp > 1 else Replica)(state, policy, latency,
+                                                    cfg.kv_bytes_per_token, pcie)
     rep.name, rep.index, rep.config, rep.speculator = cfg.name, index, cfg, spec
+    if pp > 1:  # the sibling engines: own batch and scheduler, the replica's queue and KV
+        def engine(_: int) -> VirtualEngine:
+            b = RunningBatch(kv.block_size, paged, keep_finished=False)
+            s = ReplicaState(kv=kv, batch=b, max_model_len=cfg.max_model_len,
+                             waiting=state.waiting, swap_free_blocks=cfg.swap_blocks // pp,
+                             reserve_max_model_len=sc.kv.reserve == "max_model_len",
+                             prefix=state.prefix)
+            return VirtualEngine(s, POLICIES[sc.scheduler.policy](sc.scheduler, kv), latency,
+                                 cfg.kv_bytes_per_token, pcie)
+        state.swap_free_blocks = cfg.swap_blocks // pp
+        rep.attach(cfg.latency, engine)
     return rep
 
 

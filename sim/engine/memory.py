@@ -9,6 +9,12 @@ norm's output, q/k/v and the MLP's widest intermediate, gate and up: each operat
 own scratch from the profile (flash grows O(N) with the prompt, naive's materialised
 score matrix O(N^2)) and fp32 logits for one row per sequence. Weights and KV bytes
 per token are read from the same list.
+
+With `pipeline` stages each GPU holds its stage's layers only (sim/costmodel/pipeline.py:
+weights of its layers, the embedding on the first stage, the LM head and logits on the
+last) and KV for those layers only; every stage must hold the KV of every token in
+flight, so the replica's KV tokens are the fewest any stage holds (`stage_budgets`), and
+a stage that cannot hold one max_model_len sequence is refused naming that stage.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from dataclasses import dataclass
 from sim.config.scenario import Scenario
 from sim.costmodel.models import ModelSpec
 from sim.costmodel.parallel import valid_tensor_degrees
+from sim.costmodel.pipeline import stage_ops
 from sim.costmodel.profiles import GPUProfile
 from sim.io.specload import SpecError
 
@@ -51,12 +58,23 @@ def memory_budget(sc: Scenario, model: ModelSpec, profile: GPUProfile,
     """The budget of one GPU of the replica (`sc.parallel.tensor` GPUs share the model);
     a speculative draft model adds its weights and its own KV per token. A model or
     layout that cannot hold even one `max_model_len` sequence is a SpecError naming the
-    shortfall in GiB."""
+    shortfall in GiB. With pipeline stages: the stage that holds the fewest KV tokens."""
+    return min(stage_budgets(sc, model, profile, draft), key=lambda b: b.kv_tokens)
+
+
+def stage_budgets(sc: Scenario, model: ModelSpec, profile: GPUProfile,
+                  draft: ModelSpec | None = None) -> list[MemoryBudget]:
+    """The budget of one GPU of each pipeline stage (one entry without pipelining)."""
+    return [_budget(sc, model, profile, draft, s) for s in range(sc.parallel.pipeline)]
+
+
+def _budget(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSpec | None,
+            stage: int) -> MemoryBudget:
     max_len = sc.kv.max_model_len or model.max_len
     tp = sc.parallel.tensor
     gpu = profile.facts.memory_gib * GIB
     usable = gpu * sc.kv.gpu_memory_utilization
-    weights, activations, scratch, kv_per_token = _per_gpu(sc, model, profile, draft, tp)
+    weights, activations, scratch, kv_per_token = _per_gpu(sc, model, profile, draft, tp, stage)
     kv_bytes = usable - weights - activations - scratch
     if sc.kv.num_blocks is not None:
         bs = sc.kv.block_size if sc.kv.manager == "paged" else 1
@@ -64,16 +82,16 @@ def memory_budget(sc: Scenario, model: ModelSpec, profile: GPUProfile,
     else:
         one_sequence = max_len * kv_per_token
         if kv_bytes < one_sequence:
-            raise _does_not_fit(sc, model, profile, draft, usable, max_len)
+            raise _does_not_fit(sc, model, profile, draft, usable, max_len, stage)
         # attention data parallelism: each of the D ranks holds the KV of its own sequences
         kv_tokens = int(kv_bytes // kv_per_token) * sc.parallel.data
     return MemoryBudget(gpu, usable, weights, activations, scratch, max(kv_bytes, 0.0), kv_tokens)
 
 
 def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSpec | None,
-             tp: int) -> tuple[float, float, float, int]:
+             tp: int, stage: int = 0) -> tuple[float, float, float, int]:
     """Weights, activations, attention scratch (bytes) and KV bytes per token on one GPU
-    of a `tp`-way tensor-parallel replica."""
+    of a `tp`-way tensor-parallel replica (of pipeline stage `stage`)."""
     max_len = sc.kv.max_model_len or model.max_len
     if sc.scheduler.policy == "static":
         step_tokens = sc.scheduler.max_batch_size * max_len
@@ -83,7 +101,7 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
         step_tokens = sc.scheduler.max_num_batched_tokens
         rows = sc.scheduler.max_num_seqs
         longest = min(max_len, sc.scheduler.max_num_batched_tokens)
-    ops = model.ops(tp, sc.parallel.expert)
+    ops = stage_ops(model.ops(tp, sc.parallel.expert), stage, sc.parallel.pipeline)
     draft_ops = draft.ops(tp) if draft else None
     weights = float(ops.weight_bytes(model.weight_dtype_bytes)) + (
         draft_ops.weight_bytes(draft.weight_dtype_bytes) if draft_ops else 0)
@@ -104,28 +122,34 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
 
 
 def _does_not_fit(sc: Scenario, model: ModelSpec, profile: GPUProfile,
-                  draft: ModelSpec | None, usable: float, max_len: int) -> SpecError:
-    tp = sc.parallel.tensor
-    weights, activations, scratch, kv_per_token = _per_gpu(sc, model, profile, draft, tp)
-    field = "model" if tp == 1 else "parallel.tensor"
+                  draft: ModelSpec | None, usable: float, max_len: int,
+                  stage: int = 0) -> SpecError:
+    tp, pp = sc.parallel.tensor, sc.parallel.pipeline
+    weights, activations, scratch, kv_per_token = _per_gpu(sc, model, profile, draft, tp, stage)
+    field = "model" if tp == 1 and pp == 1 else ("parallel.pipeline" if pp > 1 else "parallel.tensor")
     if weights + activations + scratch < usable:
         field = "kv.max_model_len"
     short = weights + activations + scratch + max_len * kv_per_token - usable
     what = model.name + (f" with its draft {draft.name}" if draft else "")
     hints = []
-    for t in valid_tensor_degrees(model, profile):
+    for t in valid_tensor_degrees(model, profile) if pp == 1 else ():
         w, a, s, k = _per_gpu(sc, model, profile, draft, t)
         if t > tp and w + a + s + max_len * k <= usable and (draft is None or draft.tensor_problem(t) is None):
             hints.append(f"parallel.tensor >= {t}")
             break
+    link = profile.facts.interconnect
+    if pp == 1 and not hints and link is not None and tp * 2 >= link.gpus_per_node:
+        hints.append("parallel.pipeline >= 2 (stages across nodes)")
     if sc.dtype.weights == "bf16" and profile.facts.datasheet_fp8_tflops is not None:
         hints.append("dtype.weights: fp8")
-    hints += ["a smaller kv.max_model_len", "a larger GPU"]
+    hints += (["more pipeline stages"] if pp > 1 else []) + ["a smaller kv.max_model_len",
+                                                             "a larger GPU"]
     return SpecError(
         sc.file or None, field,
         f"does not fit: weights {weights / GIB:.1f} GiB + activations {(activations + scratch) / GIB:.1f} GiB "
         f"+ KV for one max_model_len sequence {max_len * kv_per_token / GIB:.1f} GiB "
         f"> {usable / GIB:.1f} GiB usable per GPU, {short / GIB:.1f} GiB short "
-        f"({what} on {profile.name} at tensor {tp}, "
+        f"({what} on {profile.name} at tensor {tp}"
+        f"{f', pipeline stage {stage} of {pp}' if pp > 1 else ''}, "
         f"kv.gpu_memory_utilization {sc.kv.gpu_memory_utilization}; allowed: {', '.join(hints)})",
     )

@@ -455,9 +455,13 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
             env.process(client(env, loop, seqs, user))
     else:
         env.process(arrivals(env, fleet, seqs))
-    for i, node in enumerate(fleet.nodes):
-        env.process(replica(env, node, progress if i == 0 else None,
-                            leaping() if leap is None else leap))
+    for i, node in enumerate(fleet.nodes):  # a pipelined replica brings its own process
+        process = getattr(node.rep, "process", None)
+        if process is not None:
+            env.process(process(env, node, progress if i == 0 else None))
+        else:
+            env.process(replica(env, node, progress if i == 0 else None,
+                                leaping() if leap is None else leap))
     for node in fleet.back:
         env.process(kv_link(env, fleet, node))
     # The run makes no cyclic garbage (SimPy drops a processed event's callbacks; a run of

@@ -42,6 +42,8 @@ class Step:
 class Replica:
     """One model replica: its state, its policy and its step latency model."""
 
+    own_record = False  # a subclass overriding `record` sets it (finish inlines Replica's)
+
     def __init__(self, state: ReplicaState, policy: BatchPolicy, latency: StepLatency,
                  kv_bytes_per_token: float, pcie_bytes_per_s: float):
         self.st, self.policy, self.lat = state, policy, latency
@@ -308,10 +310,14 @@ class Replica:
             step.kind, step.tokens, rolled_back = batch.end_round(step.seqs)
             if rolled_back:  # the slots of rejected drafts
                 st.kv.free(rolled_back)
-            prefix = self.kv.prefix
-            held = batch.kv_tokens() + self.port.outside_tokens - (
-                prefix.extra_refs * prefix.hash_tokens if prefix is not None else 0)
-            rec.log.add(t0, t_end, step.kind, step.seqs, step.tokens, st.kv.used_blocks, held)
+            if self.own_record:  # a subclass that logs otherwise (sim/engine/pipeline.py)
+                self.record(t0, t_end, step)
+            else:
+                prefix = self.kv.prefix
+                held = batch.kv_tokens() + self.port.outside_tokens - (
+                    prefix.extra_refs * prefix.hash_tokens if prefix is not None else 0)
+                rec.log.add(t0, t_end, step.kind, step.seqs, step.tokens, st.kv.used_blocks,
+                            held)
         else:
             if kind is _PREFILL:
                 done = self.finish_prefill_step(step.plan, t_end)

@@ -38,6 +38,7 @@ from sim.engine.metrics import (
     summarize,
 )
 from sim.engine.parallel import refusal, simulate_parallel
+from sim.engine.pipeline import pipeline_summary
 from sim.engine.prepare import Prepared, prepare
 from sim.engine.processes import simulate
 from sim.engine.recorder import spill_logs
@@ -183,6 +184,8 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
         summary["autoscale"] = autoscale_summary(scaling[0], scaling[2], req, sc.slo, res.end_time)
     summary.update(energy_and_cost(configs, res, summary, t0=_measured(req)[1],
                                    powered_s=scaling[0].powered_s(len(configs)) if scaling else None))
+    if (pipe := pipeline_summary(fleet.replicas, configs, summary["duration_s"])) is not None:
+        summary["pipeline"] = pipe
     if wl.clients is not None:
         summary["clients"] = client_summary(wl.clients, req)
     if len(configs) > 1:

@@ -43,9 +43,10 @@ ALIASES = {"gpu": "gpu", "tensor": "parallel.tensor", "policy": "scheduler.polic
            "chunk_tokens": "scheduler.max_num_batched_tokens", "block_size": "kv.block_size",
            "max_num_seqs": "scheduler.max_num_seqs", "speculative": "speculative",
            # a MoE model's layouts: expert parallel over tensor x data GPUs (sim/costmodel/parallel.py)
-           "expert": "parallel.expert", "data": "parallel.data"}
-# how a label writes a layout degree: `tp8`, `ep8`, `dp8`
-DEGREE_WORDS = {"tensor": "tp", "expert": "ep", "data": "dp"}
+           "expert": "parallel.expert", "data": "parallel.data",
+           "pipeline": "parallel.pipeline"}
+# how a label writes a layout degree: `tp8`, `ep8`, `dp8`, `pp2`
+DEGREE_WORDS = {"tensor": "tp", "expert": "ep", "data": "dp", "pipeline": "pp"}
 KEYS_ALLOWED = (", ".join(ALIASES) + ", ratio, prefill.KEY, decode.KEY, both.KEY (a cluster's pools), "
                 "or a dotted scenario field")
 
@@ -80,7 +81,7 @@ def _part(field: str, v: Any) -> str:
 
 def label(cand: dict, groups: Groups | None = None) -> str:
     """A candidate's short name: its pools (a cluster's prefill/decode groups), then its
-    overrides in order, GPU and policy by value, TP as `tp2`, number formats as `fp8` /
+    overrides in order, GPU and policy by value, TP as `tp2`, PP as `pp2`, number formats as `fp8` /
     `bf16` (weights) and `fp8 KV` (cache), whether given as dotted fields or as a `dtype:`
     mapping, other fields as `name=value`."""
     pools, rest = pool_label(_dtype_fields(cand), groups, _part)

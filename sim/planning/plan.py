@@ -16,6 +16,7 @@ candidates:                               # a grid; short names or dotted scenar
   # expert: [1, 8]                       # parallel.expert; data: [1, 8] parallel.data (MoE
   #                                       #   layouts: EP over tensor x data GPUs, DP attention)
   policy: [continuous, chunked]           # scheduler.policy
+  # pipeline: [1, 2]                      # parallel.pipeline (stages; plans/llama405b_pp.yaml)
   # over a cluster scenario's pools (sim/planning/poolkeys.py):
   # ratio: [aggregated, "1:1", "1:2"]     # prefill:decode replicas per unit, or colocated
   # prefill.tensor: [1, 2]                # decode.gpu, both.policy, prefill.count, ...
@@ -187,7 +188,18 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     return {**row, "status": "ok", "note": "", **unit_fields(unit, prices), "replicas": replicas,
             "gpus": replicas * unit.gpus, "usd_per_hour": usd_h, "usd_per_m_output_tokens": usd_m,
             "ttft_p99_at_target_s": worst["ttft"], "tpot_p99_at_target_s": worst["tpot"],
-            "e2e_p99_at_target_s": worst["e2e"], **rng}
+            "e2e_p99_at_target_s": worst["e2e"], **rng, **stage_fields(at_share[0])}
+
+
+def stage_fields(summary: dict) -> dict:
+    """A pipelined candidate's per-stage figures at its share of the target (a probe's
+    summary → `pipeline`): each stage's busy and bubble shares, stage 0 first."""
+    pipe = summary.get("pipeline")
+    if not pipe:
+        return {}
+    stages = pipe["per_stage"]
+    return {"stage_busy_share": " / ".join(f"{s['busy_share']:.2f}" for s in stages),
+            "stage_bubble_share": " / ".join(f"{s['bubble_share']:.2f}" for s in stages)}
 
 
 def unit_fields(unit: Unit, prices: dict[str, float]) -> dict:

@@ -7,7 +7,7 @@ reads the scenario it names.
   as the unit it is: all its GPUs counted and priced per group, checked as itself, a fleet
   of N units its groups' counts times N (`sim/planning/units.py`).
 - `candidates`: short names (`ALIASES`: gpu, tensor, policy, chunk_tokens, block_size,
-  max_num_seqs, speculative), dotted scenario fields, and over a cluster scenario's pools
+  max_num_seqs, speculative, pipeline), dotted scenario fields, and over a cluster scenario's pools
   `prefill.KEY`, `decode.KEY`, `both.KEY` (KEY a short name or a group field: every group
   of that role) and `ratio` (`"P:D"` quoted, `[P, D]`, or `aggregated`: the scenario
   without its cluster) — `sim/planning/poolkeys.py`.

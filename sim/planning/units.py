@@ -75,8 +75,9 @@ class Unit:
         return sum(p.usd_per_hour(prices) for p in self.pools)
 
     def describe(self) -> str:
-        """'1 x h100-sxm tp2' or '2 x h200-sxm prefill + 2 x h200-sxm decode (4 GPUs)'."""
+        """'1 x h100-sxm tp2', '1 x h200-sxm tp8 pp2' or '2 x h200-sxm prefill + 2 x h200-sxm decode (4 GPUs)'."""
         parts = [f"{p.count} x {p.gpu}" + (f" tp{p.tensor}" if p.tensor > 1 else "")
+                 + (f" pp{p.gpus_per_replica // p.tensor}" if p.gpus_per_replica > p.tensor else "")
                  + (f" {p.role}" if p.role != "both" else "") for p in self.pools]
         return " + ".join(parts) + (f" ({self.gpus} GPUs)" if self.clustered else "")
 

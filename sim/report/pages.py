@@ -99,6 +99,11 @@ def run_report(p: Path) -> Report:
         note = [REPLICA_NOTE + "."] if any(r["role"] == "prefill" for r in reps) else []
         frame = pd.DataFrame(replica_cells(reps), columns=list(REPLICA_COLUMNS))
         sections.append(Section("replicas", note, [("replicas", frame)]))
+    if s.get("pipeline"):  # pipeline stages: the table `llmsim run` prints
+        from sim.report.text import STAGE_COLUMNS, STAGE_NOTE, stage_cells
+
+        frame = pd.DataFrame(stage_cells(s["pipeline"]), columns=list(STAGE_COLUMNS))
+        sections.append(Section("pipeline stages", [STAGE_NOTE + "."], [("stages", frame)]))
     if s.get("energy") or s.get("cost"):
         sections.append(energy_section(s))
     return Report(f"llmsim run: {s.get('scenario', p.name)}", keys, sections)

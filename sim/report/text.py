@@ -164,3 +164,28 @@ def replica_table(rows: list[dict]) -> str:
     if any(r["role"] == "prefill" for r in rows):
         lines.append(f"({REPLICA_NOTE})")
     return "\n".join(lines)
+
+
+STAGE_COLUMNS = ("stage", "layers", "busy", "bubble", "weights GiB", "KV GiB", "KV tokens")
+STAGE_NOTE = ("pipeline stages: busy = share of the run a stage's GPUs computed; bubble = "
+              "share of the time a micro-batch was in flight that the stage sat idle")
+
+
+def stage_cells(pipe: dict) -> list[tuple[str, ...]]:
+    """One tuple of cells (STAGE_COLUMNS) per pipeline stage (summary → `pipeline`)."""
+    return [(str(r["stage"]), str(r["layers"]), f"{r['busy_share']:.0%}",
+             f"{r['bubble_share']:.0%}", f"{r['memory_gib']['weights_gib']:.1f}",
+             f"{r['memory_gib']['kv_gib']:.1f}", f"{r['memory_gib']['kv_tokens']:,}")
+            for r in pipe["per_stage"]]
+
+
+def stage_table(pipe: dict) -> str:
+    """`stage_cells` as the CLI prints them, with the link between the stages."""
+    link = pipe["link"]
+    where = "across nodes" if link["across_nodes"] else "within a node"
+    head = "  ".join(f"{c:>11}" for c in STAGE_COLUMNS)
+    lines = [f"pipeline: {pipe['stages']} stages x tensor {pipe['tensor']}, {link['name']} "
+             f"({where}, {link['gbs']:g} GB/s, {link['latency_us']:g} us)", head, "-" * len(head)]
+    lines += ["  ".join(f"{c:>11}" for c in row) for row in stage_cells(pipe)]
+    lines.append(f"({STAGE_NOTE})")
+    return "\n".join(lines)
