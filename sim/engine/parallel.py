@@ -67,6 +67,8 @@ def refusal(sc: Scenario, configs: list, workload) -> str | None:
                 f"only {', '.join(k for k, v in FEEDBACK_FREE.items() if v)} split")
     if any(c.scenario.speculative.method != "none" for c in configs):
         return "speculative decoding draws from the run's shared generator"
+    if any(c.scenario.parallel.pipeline > 1 for c in configs):
+        return "pipeline-parallel replicas run their own engine process (sim/engine/pipeline.py)"
     return None
 
 

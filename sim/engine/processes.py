@@ -420,6 +420,16 @@ def prefix_views(workload: Workload, replicas: list[Replica]) -> None:
         r.port.prefix_view = views[cache.hash_tokens]
 
 
+def start_replicas(env: Clock, fleet: Fleet, progress, leap: bool) -> None:
+    """A process per replica (a pipelined replica brings its own, sim/engine/pipeline.py)."""
+    for i, node in enumerate(fleet.nodes):
+        process = getattr(node.rep, "process", None)
+        if process is not None:
+            env.process(process(env, node, progress if i == 0 else None))
+        else:
+            env.process(replica(env, node, progress if i == 0 else None, leap))
+
+
 def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode_router=None,
              link: Link | None = None, staleness_s: float = 0.0, progress=None,
              lifecycle: Lifecycle | None = None, scaler=None,
@@ -455,13 +465,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
             env.process(client(env, loop, seqs, user))
     else:
         env.process(arrivals(env, fleet, seqs))
-    for i, node in enumerate(fleet.nodes):  # a pipelined replica brings its own process
-        process = getattr(node.rep, "process", None)
-        if process is not None:
-            env.process(process(env, node, progress if i == 0 else None))
-        else:
-            env.process(replica(env, node, progress if i == 0 else None,
-                                leaping() if leap is None else leap))
+    start_replicas(env, fleet, progress, leaping() if leap is None else leap)
     for node in fleet.back:
         env.process(kv_link(env, fleet, node))
     # The run makes no cyclic garbage (SimPy drops a processed event's callbacks; a run of

@@ -134,13 +134,13 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     t_sim = time.perf_counter() - t_sim
     if bar:
         bar.close()
-    out = _finish(sc, configs, wl, t0, (res, t_sim, scaling))
+    out = _finish(sc, configs, wl, t0, (res, t_sim, scaling), replicas=fleet.replicas)
     out.engine = engine
     return out
 
 
 def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float, done,
-            workers: int = 1, executor: str = "process") -> RunOutput:
+            workers: int = 1, executor: str = "process", replicas=None) -> RunOutput:
     """The tables and summary of a simulated run (`done`: (result, engine seconds,
     autoscaling)), or of one simulated now in `workers` processes (`done` None)."""
     if done is None:
@@ -184,7 +184,8 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
         summary["autoscale"] = autoscale_summary(scaling[0], scaling[2], req, sc.slo, res.end_time)
     summary.update(energy_and_cost(configs, res, summary, t0=_measured(req)[1],
                                    powered_s=scaling[0].powered_s(len(configs)) if scaling else None))
-    if (pipe := pipeline_summary(fleet.replicas, configs, summary["duration_s"])) is not None:
+    if replicas is not None and (
+            pipe := pipeline_summary(replicas, configs, summary["duration_s"])) is not None:
         summary["pipeline"] = pipe
     if wl.clients is not None:
         summary["clients"] = client_summary(wl.clients, req)
