@@ -205,7 +205,7 @@ def build_fleet(sc: Scenario, configs: list[ReplicaConfig], rng: np.random.Gener
                                       index=i))
     cluster = sc.cluster or ClusterSpec()
     router_rng = np.random.default_rng([sc.seed, 2])
-    router = make_router(cluster.router, router_rng)
+    router = make_router(cluster.router, router_rng, [c.group for c in configs if c.role != "decode"])
     decode_router = link = None
     if cluster.disaggregated:
         decode_router = make_router(cluster.router, router_rng)
