@@ -77,6 +77,11 @@ def cmd_plan(a) -> int:
     from sim.planning.planspec import load_plan
     from sim.planning.traffic import label as arrival_label
 
+    from sim.cli.plan_kinds import other_plan
+
+    done = other_plan(a)  # a mixed-fleet or closed-loop plan (sim/cli/plan_kinds.py)
+    if done is not None:
+        return done
     spec = load_plan(a.plan)
     result = run_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
     out = write_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
