@@ -162,6 +162,12 @@ def max_users(run_at, slo: SLO, seeds: list[int], search: SearchSpec) -> tuple[i
     return lo, hi, probes
 
 
+def replicas_for_users(users: int, per_replica: int, search: SearchSpec) -> int:
+    """ceil(users x (1 + margin) / users per replica) (+1 with n+1), never under min_replicas."""
+    extra = 1 if search.redundancy == "n+1" else 0
+    return max(search.min_replicas, math.ceil(users * (1 + search.margin) / per_replica - 1e-9) + extra)
+
+
 def evaluate(spec: ConcurrencyPlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     from sim.planning.candidates import label
     from sim.planning.plan import unit_fields
@@ -189,9 +195,7 @@ def evaluate(spec: ConcurrencyPlanSpec, cand: dict, prices: dict[str, float]) ->
                 "broke": "; ".join(fail.broke) if fail else ""})
     if lo <= 0:
         return {**row, "status": "infeasible", "note": "SLOs broken even with one user"}
-    extra = 1 if s.redundancy == "n+1" else 0
-    sizing = spec.target_users * (1 + s.margin)
-    replicas = max(s.min_replicas, math.ceil(sizing / lo - 1e-9) + extra)
+    replicas = replicas_for_users(spec.target_users, lo, s)
     if replicas > s.max_replicas:
         return {**row, "status": "infeasible", "note": f"needs {replicas} replicas > max_replicas"}
     at = next(p for p in probes if p.rate == lo)
