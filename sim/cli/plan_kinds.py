@@ -31,7 +31,11 @@ def _mixed(a) -> int:
 
 
 def _concurrency(a) -> int:
-    from sim.planning.concurrency import concurrency_lines, load_concurrency_plan, run_concurrency_plan
+    from sim.planning.concurrency import (
+        concurrency_lines,
+        load_concurrency_plan,
+        run_concurrency_plan,
+    )
     from sim.planning.plan import write_plan
 
     spec = load_concurrency_plan(a.plan)

@@ -72,12 +72,11 @@ def cmd_curve(a) -> int:
 
 
 def cmd_plan(a) -> int:
+    from sim.cli.plan_kinds import other_plan
     from sim.planning.deployments import deployment_lines
     from sim.planning.plan import run_plan, write_plan
     from sim.planning.planspec import load_plan
     from sim.planning.traffic import label as arrival_label
-
-    from sim.cli.plan_kinds import other_plan
 
     done = other_plan(a)  # a mixed-fleet or closed-loop plan (sim/cli/plan_kinds.py)
     if done is not None:
