@@ -100,3 +100,14 @@ def test_a_plan_with_both_target_users_and_target_rate_is_refused_in_one_line(tm
     out = subprocess.run([sys.executable, "-m", "sim", "plan", str(p), "--out", str(tmp_path / "o")],
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("plan", [p for p in sorted((ROOT / "plans").glob("*.yaml")) if is_concurrency_plan(p)],
+                         ids=lambda p: p.name)
+def test_every_shipped_concurrency_plan_loads_and_its_candidates_check(plan):
+    from sim.planning.candidates import check_candidates
+    from sim.planning.concurrency import _scenario_path
+
+    spec = load_concurrency_plan(plan)
+    check_candidates(spec.file, spec.candidates, _scenario_path(spec), {"slo": spec.slo.as_scenario_slo()})
+    assert spec.target_users >= 1

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.io.specload import SpecError
-from sim.planning.mixed import load_mixed_plan, options, replicas_for, run_mixed_plan
+from sim.planning.mixed import is_mixed_plan, load_mixed_plan, options, replicas_for, run_mixed_plan
 from sim.planning.planspec import SearchSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,3 +134,14 @@ def test_a_mixed_plan_with_no_threshold_is_refused():
         from sim.planning.mixed import MixedPlanSpec
         build(MixedPlanSpec, {"scenario": "x", "target_rate": 1, "slo": {"ttft_p99_s": 1},
                               "mixed": {"gpus": ["h200-sxm"], "thresholds": []}}, file="p.yaml")
+
+
+@pytest.mark.parametrize("plan", [p for p in sorted((ROOT / "plans").glob("*.yaml")) if is_mixed_plan(p)],
+                         ids=lambda p: p.name)
+def test_every_shipped_mixed_plan_loads_and_prices_its_gpus(plan):
+    from sim.planning.mixed import gpu_prices
+    from sim.planning.planspec import load_prices
+
+    spec = load_mixed_plan(plan)
+    usd = gpu_prices(spec, load_prices(None))
+    assert set(usd) == set(spec.mixed.gpus) and all(v > 0 for v in usd.values())
