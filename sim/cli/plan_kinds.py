@@ -12,11 +12,14 @@ def other_plan(a) -> int | None:
     from sim.planning.concurrency import is_concurrency_plan
     from sim.planning.mixed import is_mixed_plan
 
-    if is_mixed_plan(a.plan):
-        return _mixed(a)
-    if is_concurrency_plan(a.plan):
-        return _concurrency(a)
-    return None
+    run = _mixed if is_mixed_plan(a.plan) else _concurrency if is_concurrency_plan(a.plan) else None
+    if run is None:
+        return None
+    if getattr(a, "report", False):
+        from sim.io.specload import SpecError
+
+        raise SpecError("--report", "", "the report covers rate plans only (allowed here: plan.json and the CSVs)")
+    return run(a)
 
 
 def _mixed(a) -> int:

@@ -64,6 +64,8 @@ class ConcurrencyPlanSpec:
     router: RouterSpec = RouterSpec(policy="random")
     file: str = field(default="", init=False, compare=False)
 
+MAX_DRAWN = 500_000  # requests drawn for one closed-loop run, at most (memory)
+
 
 def is_concurrency_plan(file: str | Path) -> bool:
     """Whether a plan file sizes by concurrency (it has `target_users:`)."""
@@ -95,13 +97,14 @@ def closed_overrides(sc, users: int, seconds: float) -> dict:
     """Overrides that run scenario `sc` as `users` closed-loop clients sending for `seconds`:
     its own clients (think time, turns) at that concurrency, or plain clients over its
     lengths; no warm-up requests (the measured window leaves the start out instead);
-    enough requests per user that none runs out before the window ends (a reply takes at
-    least 0.1 s here)."""
+    enough requests per user that none runs out before the window ends (a reply taking at
+    least 0.1 s), up to MAX_DRAWN requests in all (past that, users run out early and the
+    window is shorter)."""
     c = sc.workload.clients
     turns = sc.workload.multi_turn.turns if sc.workload.multi_turn is not None else 1
     think = c.think.mean_s if c is not None and c.think is not None else 0.0
     per_user = max(4, math.ceil(seconds / (think + 0.1)) + turns)
-    per_user = min(per_user, max(1, (2_000_000 - users * turns) // users))
+    per_user = max(turns, min(per_user, MAX_DRAWN // users))  # at most ~MAX_DRAWN requests drawn
     clients = {"concurrency": int(users), "requests_per_client": per_user, "warmup_requests": 0}
     if c is not None and c.think is not None:
         clients["think"] = dataclasses.asdict(c.think)
