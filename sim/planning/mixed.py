@@ -33,8 +33,10 @@ The scenario's own `cluster:` (if any) is replaced: the plan builds the fleets i
    the target plus the margin for `search.fleet_traffic_s` (600 s) of traffic on fresh
    seeds, measured over the steady window. A fleet that breaks the SLOs gets one more
    replica in each pool whose own requests break them (the single type: one more), up to
-   `mixed.check_rounds` times; the fleet's cost is then that of the count that held.
-   The recommendation is the cheaper of the two checked fleets.
+   `mixed.check_rounds` times; a fleet that holds gives up one replica at a time, dearest
+   pool first, while it still holds (not with `n+1`: its spare is kept), so the count
+   moves either way as in the rate plans' check; the fleet's cost is that of the last
+   count that held. The recommendation is the cheaper of the two checked fleets.
 """
 
 from __future__ import annotations
@@ -297,35 +299,50 @@ def _pool_broke(w: dict, slo: SLO) -> list[str]:
 
 
 def check_option(spec: MixedPlanSpec, option: dict, gpu_usd_h: dict[str, float]) -> dict:
-    """Simulate the option's fleet (every fresh seed); while it breaks the SLOs, add a
-    replica to each pool whose requests break them (or to every pool when none alone
-    does), at most `mixed.check_rounds` times."""
+    """Simulate the option's fleet (every fresh seed). While it breaks the SLOs, add a
+    replica to each pool whose own requests break them (to every pool when none alone
+    does); once it holds (and without `n+1` spares), take one replica from a pool at a
+    time, dearest GPU first, while the fleet still holds. At most `mixed.check_rounds`
+    fleets up and as many down; the fleet reported is the last that held."""
     sc_seed = _seed(spec)
     seeds = [sc_seed + max(1000, spec.search.seeds) + i for i in range(spec.search.seeds)]
     opt = {**option, "pools": [dict(p) for p in option["pools"]]}
-    tries = []
-    for _ in range(spec.mixed.check_rounds + 1):
+    tries: list[dict] = []
+
+    def attempt() -> tuple[bool, dict[str, bool]]:
         runs = [run_option(spec, opt, seed) for seed in seeds]
         broke = list(dict.fromkeys(v for whole, _ in runs for v in violations(whole, spec.slo)))
         pool_broke = {p["name"]: any(pools.get(p["name"], {}).get("broke") for _, pools in runs)
                       for p in opt["pools"]}
         tries.append({"fleet": describe(opt), "holds": not broke, "broke": "; ".join(broke),
-                      "usd_per_hour": _usd(opt, gpu_usd_h),
+                      "usd_per_hour": _usd(opt, gpu_usd_h), "pools_at": [dict(p) for p in opt["pools"]],
                       **{f"{k}_p99_s": max((w[f"{k}_s"]["p99"] or math.inf) for w, _ in runs)
                          for k in ("ttft", "tpot", "e2e")},
                       "pools": {name: [pools.get(name) for _, pools in runs] for name in pool_broke}})
-        if not broke:
+        return not broke, pool_broke
+
+    held, pool_broke = attempt()
+    for _ in range(spec.mixed.check_rounds):
+        if held:
             break
-        grow = [p for p in opt["pools"] if pool_broke[p["name"]]] or opt["pools"]
-        for p in grow:
+        for p in [p for p in opt["pools"] if pool_broke[p["name"]]] or opt["pools"]:
             p["replicas"] += 1
-        opt["label"] = describe(opt)
-    last = tries[-1]
+        held, pool_broke = attempt()
+    downs = spec.mixed.check_rounds if held and spec.search.redundancy == "none" else 0
+    for p in sorted(opt["pools"], key=lambda p: -gpu_usd_h[p["gpu"]]):
+        while downs > 0 and p["replicas"] > spec.search.min_replicas:
+            downs -= 1
+            p["replicas"] -= 1
+            if not attempt()[0]:
+                p["replicas"] += 1
+                break
+    last = [t for t in tries if t["holds"]][-1] if any(t["holds"] for t in tries) else tries[-1]
+    opt["pools"] = last["pools_at"]
     return {"option": option["label"], "fleet": last["fleet"], "pools": opt["pools"], "holds": last["holds"],
             "usd_per_hour": last["usd_per_hour"], "ttft_p99_s": last["ttft_p99_s"],
             "tpot_p99_s": last["tpot_p99_s"], "e2e_p99_s": last["e2e_p99_s"], "seeds": seeds,
             "rate": spec.search.sizing_rate(spec.target_rate), "traffic_s": spec.search.fleet_traffic_s,
-            "tries": tries}
+            "fleets_run": len(tries), "tries": tries}
 
 
 def _usd(option: dict, gpu_usd_h: dict[str, float]) -> float:
@@ -431,7 +448,8 @@ def mixed_lines(result: dict) -> list[str]:
         lines.append(f"fleet check of the {key.replace('_', ' ')}: {c['fleet']} at {c['rate']:g} req/s for "
                      f"{c['traffic_s']:g} s, seeds {c['seeds']}: SLOs {'hold' if c['holds'] else 'DO NOT hold'}, "
                      f"${c['usd_per_hour']:.2f}/hour, TTFT99 {c['ttft_p99_s']:.3f} s, TPOT99 {c['tpot_p99_s']:.3f} s"
-                     + (f" ({len(c['tries']) - 1} replica(s) added by the check)" if len(c["tries"]) > 1 else ""))
+                     + (f" ({len(c['tries'])} fleets run, from the estimate {c['option']})"
+                        if len(c["tries"]) > 1 else ""))
     rec = result["recommended"]
     if rec is None:
         lines.append("recommended: none: no checked fleet meets the SLOs")
