@@ -95,3 +95,17 @@ def test_the_cli_refuses_a_wrong_length_router_in_one_line_with_exit_2(tmp_path)
     assert p.returncode == 2
     assert len(p.stderr.strip().splitlines()) == 1 and "length_thresholds" in p.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_a_disaggregated_fleet_routes_prefills_by_length_and_decodes_by_the_pool_router():
+    sc = scenario({"policy": "length", "length_thresholds": [1000]}, groups=[
+        {"name": "pshort", "count": 1, "role": "prefill", "gpu": "a100-80gb"},
+        {"name": "plong", "count": 1, "role": "prefill"},
+        {"name": "dec", "count": 2, "role": "decode"}], n=120)
+    req = run(sc).requests
+    assert (req.status == "finished").all()
+    # a request done at its first token never leaves its prefill replica (no prefill_replica)
+    prefilled = req.prefill_replica.where(req.prefill_replica.astype(bool), req.replica)
+    assert ((prefilled.map(group) == "plong") == (req.prompt_tokens > 1000)).all()
+    moved = req.prefill_replica.astype(bool)
+    assert moved.sum() > 100 and set(req.replica[moved].map(group)) == {"dec"}

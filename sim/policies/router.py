@@ -215,6 +215,14 @@ ROUTERS = {
 }
 
 
+def pool_router(spec: RouterSpec) -> RouterSpec:
+    """The router within one pool: a length router's `within` policy, else `spec` itself
+    (a disaggregated cluster's decode router is one)."""
+    if spec.policy != "length":
+        return spec
+    return RouterSpec(policy=spec.within, staleness_s=spec.staleness_s, affinity_slack=spec.affinity_slack)
+
+
 def make_router(spec: RouterSpec, rng: np.random.Generator, groups: list[str] | None = None):
     """The router of `spec`; `groups`: each front replica's group (the length router's pools)."""
     r = ROUTERS[spec.policy](spec, rng)
