@@ -55,7 +55,9 @@ def test_plan_router_defaults_to_random_and_the_report_says_so(tmp_path, monkeyp
     check, fleets = _fleet_check(spec, monkeypatch)
     assert fleets and all(f.summary["stands_on"] == "the cluster engine, random router (sim/planning/fleet.py)"
                           for f in fleets)
-    assert check["router"] == {"policy": "random", "staleness_s": 0.0, "affinity_slack": 8}
+    assert {k: check["router"][k] for k in ("policy", "staleness_s", "affinity_slack")} == \
+        {"policy": "random", "staleness_s": 0.0, "affinity_slack": 8}
+    assert not check["router"]["length_thresholds"]  # the length router's fields, unused
     assert "req/s (random router, seeds" in _report_text(spec, check)
 
 
