@@ -15,7 +15,7 @@ from sim.report.plan_page import plan_sections
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
-POLICIES = "round_robin, random, least_outstanding, least_kv, power_of_two, affinity"
+POLICIES = "round_robin, random, least_outstanding, least_kv, power_of_two, affinity, length"
 
 
 def _plan(tmp_path: Path, router: str | None = None) -> Path:
