@@ -117,7 +117,7 @@ def test_plan_with_an_unknown_router_policy_exits_2_with_one_line(tmp_path, llms
 @pytest.mark.parametrize(("router", "says"), [
     ("{staleness_s: -1}", "router.staleness_s: -1.0 is out of range (allowed: >= 0)"),
     ("{affinity_slack: 1.5}", "router.affinity_slack: expected an integer, got 1.5 (allowed: an integer >= 0)"),
-    ("{polcy: random}", "router.polcy: unknown key (allowed: affinity_slack, policy, staleness_s)"),
+    ("{polcy: random}", "router.polcy: unknown key (allowed: affinity_slack, length_by, length_groups, length_thresholds, policy, staleness_s, within)"),
     ("round_robin", "router: expected a mapping, got 'round_robin' (allowed: a YAML mapping, {key: value, ...})"),
 ])
 def test_plan_with_a_bad_router_field_is_a_one_line_error(tmp_path, capsys, router, says):
