@@ -109,3 +109,10 @@ def test_a_disaggregated_fleet_routes_prefills_by_length_and_decodes_by_the_pool
     assert ((prefilled.map(group) == "plong") == (req.prompt_tokens > 1000)).all()
     moved = req.prefill_replica.astype(bool)
     assert moved.sum() > 100 and set(req.replica[moved].map(group)) == {"dec"}
+
+
+def test_a_length_router_is_named_with_its_thresholds():
+    from sim.planning.fleet import router_label
+
+    spec = RouterSpec(policy="length", length_thresholds=(1024, 4096), within="random")
+    assert router_label(spec) == "length router (thresholds 1024, 4096 prompt tokens, random within a pool)"
