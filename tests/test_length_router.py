@@ -80,6 +80,7 @@ def test_a_request_goes_to_the_first_pool_whose_threshold_holds_its_length(ts, p
     ({"policy": "length", "length_thresholds": [512, 2048]}, "length_thresholds"),  # 3 pools, 2 groups
     ({"policy": "length", "length_thresholds": [512], "length_groups": ["short"]}, "length_groups"),
     ({"policy": "length", "length_thresholds": [512], "length_groups": ["short", "docs"]}, "length_groups"),
+    ({"policy": "length", "length_thresholds": [512], "length_groups": ["short", "short"]}, "length_groups"),
     ({"policy": "least_outstanding", "length_thresholds": [512]}, "length_thresholds"),
     ({"policy": "length", "length_thresholds": [512], "within": "length"}, "within"),
 ])

@@ -153,6 +153,9 @@ class ClusterSpec:
         bad = next((n for n in r.length_groups if n not in front), None)
         if bad is not None:
             return "router.length_groups", f"'{bad}' is no group taking arrivals (allowed: {', '.join(front)})"
+        idle = next((n for n in front if n not in r.length_groups), None)
+        if idle is not None:
+            return "router.length_groups", f"group '{idle}' takes arrivals but is in no pool (allowed: every one of {', '.join(front)})"
         return None
 
     @property
