@@ -172,13 +172,12 @@ def replicas_for_users(users: int, per_replica: int, search: SearchSpec) -> int:
 
 
 def evaluate(spec: ConcurrencyPlanSpec, cand: dict, prices: dict[str, float]) -> dict:
+    from sim.config.scenario import load_scenario
     from sim.planning.candidates import label
     from sim.planning.plan import unit_fields
     from sim.planning.units import unit_of
 
     row: dict[str, Any] = {"candidate": label(cand, None), **cand}
-    from sim.config.scenario import load_scenario
-
     try:
         sc = load_scenario(_scenario_path(spec), {"slo": spec.slo.as_scenario_slo(), **cand})
     except SpecError as e:
