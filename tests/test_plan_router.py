@@ -15,7 +15,7 @@ from sim.report.plan_page import plan_sections
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
-POLICIES = "round_robin, random, least_outstanding, least_kv, power_of_two, affinity"
+POLICIES = "round_robin, random, least_outstanding, least_kv, power_of_two, affinity, length"
 
 
 def _plan(tmp_path: Path, router: str | None = None) -> Path:
@@ -55,7 +55,9 @@ def test_plan_router_defaults_to_random_and_the_report_says_so(tmp_path, monkeyp
     check, fleets = _fleet_check(spec, monkeypatch)
     assert fleets and all(f.summary["stands_on"] == "the cluster engine, random router (sim/planning/fleet.py)"
                           for f in fleets)
-    assert check["router"] == {"policy": "random", "staleness_s": 0.0, "affinity_slack": 8}
+    assert {k: check["router"][k] for k in ("policy", "staleness_s", "affinity_slack")} == \
+        {"policy": "random", "staleness_s": 0.0, "affinity_slack": 8}
+    assert not check["router"]["length_thresholds"]  # the length router's fields, unused
     assert "req/s (random router, seeds" in _report_text(spec, check)
 
 
@@ -115,7 +117,7 @@ def test_plan_with_an_unknown_router_policy_exits_2_with_one_line(tmp_path, llms
 @pytest.mark.parametrize(("router", "says"), [
     ("{staleness_s: -1}", "router.staleness_s: -1.0 is out of range (allowed: >= 0)"),
     ("{affinity_slack: 1.5}", "router.affinity_slack: expected an integer, got 1.5 (allowed: an integer >= 0)"),
-    ("{polcy: random}", "router.polcy: unknown key (allowed: affinity_slack, policy, staleness_s)"),
+    ("{polcy: random}", "router.polcy: unknown key (allowed: affinity_slack, length_by, length_groups, length_thresholds, policy, staleness_s, within)"),
     ("round_robin", "router: expected a mapping, got 'round_robin' (allowed: a YAML mapping, {key: value, ...})"),
 ])
 def test_plan_with_a_bad_router_field_is_a_one_line_error(tmp_path, capsys, router, says):

@@ -72,11 +72,15 @@ def cmd_curve(a) -> int:
 
 
 def cmd_plan(a) -> int:
+    from sim.cli.plan_kinds import other_plan
     from sim.planning.deployments import deployment_lines
     from sim.planning.plan import run_plan, write_plan
     from sim.planning.planspec import load_plan
     from sim.planning.traffic import label as arrival_label
 
+    done = other_plan(a)  # a mixed-fleet or closed-loop plan (sim/cli/plan_kinds.py)
+    if done is not None:
+        return done
     spec = load_plan(a.plan)
     result = run_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
     out = write_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")

@@ -127,10 +127,35 @@ class ClusterSpec:
         if sum(g.count for g in self.groups) > 4096:
             return "groups", "more than 4096 replicas in all (allowed: at most 4096)"
         roles = {g.role for g in self.groups}
+        problem = self._length_pools()
+        if problem:
+            return problem
         if "prefill" in roles and "decode" not in roles:
             return "groups", "a 'prefill' group needs a 'decode' group to hand its requests to"
         if "decode" in roles and not roles & {"prefill", "both"}:
             return "groups", "a 'decode' group needs a 'prefill' (or 'both') group in front of it"
+        return None
+
+    def _length_pools(self):
+        """A length router's pools: cluster groups that take arrivals, one per pool."""
+        r = self.router
+        if r.policy != "length":
+            return None
+        front = [g.name or f"g{i}" for i, g in enumerate(self.groups) if g.role != "decode"]
+        pools = len(r.length_thresholds) + 1
+        if not r.length_groups:
+            if len(front) != pools:
+                return "router.length_thresholds", (
+                    f"{pools - 1} threshold(s) make {pools} pools but the cluster has {len(front)} "
+                    f"group(s) taking arrivals (allowed: {len(front) - 1} threshold(s), or name the "
+                    "pools in router.length_groups)")
+            return None
+        bad = next((n for n in r.length_groups if n not in front), None)
+        if bad is not None:
+            return "router.length_groups", f"'{bad}' is no group taking arrivals (allowed: {', '.join(front)})"
+        idle = next((n for n in front if n not in r.length_groups), None)
+        if idle is not None:
+            return "router.length_groups", f"group '{idle}' takes arrivals but is in no pool (allowed: every one of {', '.join(front)})"
         return None
 
     @property

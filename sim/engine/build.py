@@ -34,7 +34,7 @@ from sim.policies.batch import RunningBatch
 from sim.policies.chunked import ChunkedPolicy
 from sim.policies.kv import make_kv
 from sim.policies.prefix import PrefixCache
-from sim.policies.router import make_router
+from sim.policies.router import make_router, pool_router
 from sim.policies.scheduler import ContinuousPolicy, ReplicaState, StaticPolicy
 from sim.policies.speculative import SpecBatch, Speculator
 
@@ -262,10 +262,10 @@ def build_fleet(sc: Scenario, configs: list[ReplicaConfig], rng: np.random.Gener
                                       index=i))
     cluster = sc.cluster or ClusterSpec()
     router_rng = np.random.default_rng([sc.seed, 2])
-    router = make_router(cluster.router, router_rng)
+    router = make_router(cluster.router, router_rng, [c.group for c in configs if c.role != "decode"])
     decode_router = link = None
     if cluster.disaggregated:
-        decode_router = make_router(cluster.router, router_rng)
+        decode_router = make_router(pool_router(cluster.router), router_rng)
         link = load_link(cluster.kv_transfer, file=sc.file or None)
     return FleetSetup(replicas, router, decode_router, link, cluster.router.staleness_s)
 

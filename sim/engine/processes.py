@@ -86,6 +86,7 @@ class Fleet:
         self.loads = [n.rep.port.load for n in self.front]
         self.back_loads = [n.rep.port.load for n in self.back]
         self.fresh_reports = staleness_s == 0  # reports refreshed at every choice
+        self.by_length = getattr(router, "reads_length", False)  # a mixed fleet's length router
         # autoscaling (sim/engine/autoscale.py): the front indices the router may choose
         self.ready: list[int] | None = None
         self.lifecycle: Lifecycle | None = None
@@ -113,7 +114,8 @@ class Fleet:
         else:
             if self.fresh_reports and self.router.uses_reports:
                 self.report(self.front)
-            i = self.router.choose(s.prefix[0] if s.prefix else None, self.loads)
+            i = (self.router.choose_request(s.prefix[0] if s.prefix else None, self.loads, s.prompt, s.output)
+                 if self.by_length else self.router.choose(s.prefix[0] if s.prefix else None, self.loads))
         node = self.front[i]
         rep = node.rep
         rep.port.load.outstanding += 1

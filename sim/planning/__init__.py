@@ -3,5 +3,6 @@ replica sustains (`capacity`) in steady state (`steady`), fleets behind a router
 (`fleet`) and `llmsim plan` (`planspec`, `candidates`, `plan`) with a range on every
 figure (`uncertainty`); the unit it sizes (`units`), pool keys over a cluster
 (`poolkeys`), the arrival process (`traffic`), aggregated against disaggregated
-(`deployments`); pool workers that end with the command (`lifetime`).
+(`deployments`), mixed GPU types behind a length router (`mixed`, `mixed_check`), sizing
+for closed-loop users (`concurrency`); pool workers that end with the command (`lifetime`).
 """

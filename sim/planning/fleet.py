@@ -74,6 +74,9 @@ def router_label(router: RouterSpec) -> str:
         notes.append(f"reports {router.staleness_s:g} s stale")
     if router.policy == "affinity":
         notes.append(f"slack {router.affinity_slack}")
+    if router.policy == "length":  # a mixed fleet: pools by length, each with its own router
+        notes.append(f"thresholds {', '.join(map(str, router.length_thresholds))} {router.length_by} tokens, "
+                     f"{router.within} within a pool")
     return f"{router.policy} router" + (f" ({', '.join(notes)})" if notes else "")
 
 

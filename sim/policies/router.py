@@ -4,6 +4,14 @@ A router sees what a real one could see: its own count of requests it dispatched
 have not finished (exact — responses stream back through it), and each replica's queue
 length and KV-cache use as last reported (`ReplicaLoad`, refreshed by the engine every
 `router.staleness_s` seconds, or kept current when that is 0).
+
+`length` (a mixed fleet, `LengthAware`): pools of replicas (cluster groups, e.g. one GPU
+type for short chats, another for long documents) chosen by the request's length against
+stated thresholds — its prompt tokens (`length_by: prompt`, what any router reads off the
+request), or prompt plus output tokens (`length_by: total`: the request's expected total
+length, as a client's `max_tokens` states it; the simulator uses the request's actual
+output length, so this is the oracle case) — then, within the pool, the pool's own router
+(`within`, any other policy).
 """
 
 from __future__ import annotations
@@ -24,10 +32,34 @@ class RouterSpec:
     # replica while it is not more than `affinity_slack` requests busier than the least
     # outstanding one, where prefix caching can reuse their KV
     policy: Literal["round_robin", "random", "least_outstanding", "least_kv", "power_of_two",
-                    "affinity"] = "round_robin"
+                    "affinity", "length"] = "round_robin"
     # replicas report queue length and KV use every staleness_s seconds (0: always current)
     staleness_s: float = field(default=0.0, metadata={"ge": 0, "le": 3600})
     affinity_slack: int = field(default=8, metadata={"ge": 0})
+    # length: a request of length L goes to pool i, the first with L <= thresholds[i]
+    # (past the last threshold: the last pool); pools are the cluster groups named in
+    # `length_groups` (default: the front groups in order), one more than the thresholds
+    length_thresholds: tuple[int, ...] = ()
+    length_groups: tuple[str, ...] = ()
+    length_by: Literal["prompt", "total"] = "prompt"
+    within: Literal["round_robin", "random", "least_outstanding", "least_kv", "power_of_two",
+                    "affinity"] = "least_outstanding"  # each pool's own router
+
+    def check(self):
+        t = self.length_thresholds
+        if self.policy != "length":
+            if t or self.length_groups:
+                return "length_thresholds" if t else "length_groups", \
+                    f"only read by policy 'length' (policy is '{self.policy}')"
+            return None
+        if not t:
+            return "length_thresholds", "policy 'length' needs at least one threshold (allowed: e.g. [2048])"
+        if any(x < 1 for x in t) or list(t) != sorted(set(t)):
+            return "length_thresholds", f"{list(t)} (allowed: whole tokens >= 1, strictly increasing)"
+        if self.length_groups and len(self.length_groups) != len(t) + 1:
+            return "length_groups", (f"{len(self.length_groups)} groups for {len(t)} threshold(s) "
+                                     f"(allowed: {len(t) + 1}, one more than the thresholds)")
+        return None
 
 
 @dataclass
@@ -129,6 +161,49 @@ class Affinity:
         return i
 
 
+class LengthAware:
+    """Mixed fleets: the request's length picks a pool by the thresholds (exactly the
+    requests longer than threshold i go past pool i), the pool's own router picks the
+    replica within it. `bind` tells it which group each front replica belongs to."""
+
+    uses_reports = False  # the pools' routers may; see `bind`
+    reads_length = True
+
+    def __init__(self, spec: RouterSpec, rng: np.random.Generator):
+        self.spec = spec
+        self.thresholds = spec.length_thresholds
+        self.total = spec.length_by == "total"
+        self.inner = [ROUTERS[spec.within](spec, rng) for _ in range(len(spec.length_thresholds) + 1)]
+        self.uses_reports = ROUTERS[spec.within].uses_reports
+        self.members: list[list[int]] = []
+
+    def bind(self, groups: list[str]) -> None:
+        """The group of each front replica, in order; pools are `length_groups` (default:
+        the distinct groups in order of first appearance)."""
+        names = self.spec.length_groups or tuple(dict.fromkeys(groups))
+        if len(names) != len(self.inner):
+            raise ValueError(f"{len(names)} pools for {len(self.thresholds)} threshold(s)")
+        self.members = [[i for i, g in enumerate(groups) if g == name] for name in names]
+        if not all(self.members):
+            raise ValueError(f"a pool of {list(names)} has no replica")
+
+    def pool(self, prompt: int, output: int) -> int:
+        """The pool of a request: the first i with its length <= thresholds[i], else the last."""
+        n = prompt + output if self.total else prompt
+        for i, t in enumerate(self.thresholds):
+            if n <= t:
+                return i
+        return len(self.thresholds)
+
+    def choose_request(self, key: int | None, loads: list[ReplicaLoad], prompt: int, output: int) -> int:
+        p = self.pool(prompt, output)
+        ids = self.members[p]
+        return ids[self.inner[p].choose(key, [loads[i] for i in ids])]
+
+    def choose(self, key: int | None, loads: list[ReplicaLoad]) -> int:
+        raise TypeError("the length router chooses by request (choose_request)")
+
+
 ROUTERS = {
     "round_robin": RoundRobin,
     "random": RandomRouter,
@@ -136,8 +211,21 @@ ROUTERS = {
     "least_kv": LeastKV,
     "power_of_two": PowerOfTwo,
     "affinity": Affinity,
+    "length": LengthAware,
 }
 
 
-def make_router(spec: RouterSpec, rng: np.random.Generator):
-    return ROUTERS[spec.policy](spec, rng)
+def pool_router(spec: RouterSpec) -> RouterSpec:
+    """The router within one pool: a length router's `within` policy, else `spec` itself
+    (a disaggregated cluster's decode router is one)."""
+    if spec.policy != "length":
+        return spec
+    return RouterSpec(policy=spec.within, staleness_s=spec.staleness_s, affinity_slack=spec.affinity_slack)
+
+
+def make_router(spec: RouterSpec, rng: np.random.Generator, groups: list[str] | None = None):
+    """The router of `spec`; `groups`: each front replica's group (the length router's pools)."""
+    r = ROUTERS[spec.policy](spec, rng)
+    if getattr(r, "reads_length", False):
+        r.bind(groups or [])
+    return r

@@ -1,0 +1,124 @@
+"""The fleet check of a mixed-fleet plan (`sim/planning/mixed.py`): an option's pools
+simulated as one fleet behind the length router, the replica count moved until it holds.
+
+`check_option` runs the option's fleet at the target plus the margin for
+`search.fleet_traffic_s` on fresh seeds, measured over the steady rule's window, the
+whole fleet's SLOs deciding and each pool's own requests telling which pool to grow.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sim.planning.capacity import SLO, violations
+from sim.planning.mixed import MixedPlanSpec, _base, _scenario_path, describe
+from sim.planning.steady import window, windowed_summary
+
+
+def fleet_cluster(spec: MixedPlanSpec, option: dict) -> dict:
+    """The `cluster:` of an option: its pools as groups behind the length router (a single
+    type: one group behind the pools' own router)."""
+    groups = [{"name": p["name"], "count": p["replicas"], "gpu": p["gpu"]} for p in option["pools"]]
+    m = spec.mixed
+    if option["kind"] == "single":
+        return {"router": {"policy": m.within}, "groups": groups}
+    return {"router": {"policy": "length", "length_thresholds": [option["threshold"]],
+                       "length_groups": ["short", "long"], "length_by": m.length_by, "within": m.within},
+            "groups": groups}
+
+
+def run_option(spec: MixedPlanSpec, option: dict, seed: int) -> tuple[dict, dict]:
+    """One seed of an option's fleet at the target plus the margin for
+    `search.fleet_traffic_s`: (the whole fleet's windowed summary, each pool's)."""
+    from sim.config.scenario import load_scenario
+    from sim.engine.runner import run
+    from sim.planning.traffic import probe_overrides, steady_rule
+
+    s = spec.search
+    rate = s.sizing_rate(spec.target_rate)
+    n = max(s.requests, math.ceil(rate * s.fleet_traffic_s))
+    scen = _scenario_path(spec)
+    sc0 = load_scenario(scen, _base(spec))
+    over = {**_base(spec), **probe_overrides(sc0, "poisson", rate, n), "cluster": fleet_cluster(spec, option),
+            "seed": seed}
+    out = run(load_scenario(scen, over))
+    rule, bounds = steady_rule(s.rule(), sc0, "poisson"), spec.slo.bounds()
+    req = out.requests
+    whole = windowed_summary(out.summary, window(req, rule, bounds), n, rate)
+    pools = {}
+    for p in option["pools"]:
+        mine = req[req.replica.str.rsplit("-", n=1).str[0] == p["name"]]
+        if len(mine) >= 8:
+            w = window(mine, rule, bounds)
+            pools[p["name"]] = {"broke": _pool_broke(w, spec.slo), "requests": int(len(mine)),
+                                **{f"{k}_p99_s": w["stats"][f"{k}_s"]["p99"] for k in ("ttft", "tpot", "e2e")}}
+    return whole, pools
+
+
+def _pool_broke(w: dict, slo: SLO) -> list[str]:
+    out = []
+    for key, bound, name in (("ttft_s", slo.ttft_p99_s, "TTFT"), ("tpot_s", slo.tpot_p99_s, "TPOT"),
+                             ("e2e_s", slo.e2e_p99_s, "E2E")):
+        v = w["stats"][key]["p99"]
+        if bound is not None and (v is None or v > bound):
+            out.append(f"p99 {name} {v if v is None else round(v, 4)} > {bound:g} s")
+    if slo.min_throughput_ratio is not None and w["ratio"] < slo.min_throughput_ratio:
+        out.append(f"steady throughput {w['ratio']:.0%} of offered")
+    return out
+
+
+def check_option(spec: MixedPlanSpec, option: dict, gpu_usd_h: dict[str, float]) -> dict:
+    """Simulate the option's fleet (every fresh seed). While it breaks the SLOs, add a
+    replica to each pool whose own requests break them (to every pool when none alone
+    does); once it holds (and without `n+1` spares), take one replica from a pool at a
+    time, dearest GPU first, while the fleet still holds. At most `mixed.check_rounds`
+    fleets up and as many down; the fleet reported is the last that held."""
+    sc_seed = _seed(spec)
+    seeds = [sc_seed + max(1000, spec.search.seeds) + i for i in range(spec.search.seeds)]
+    opt = {**option, "pools": [dict(p) for p in option["pools"]]}
+    tries: list[dict] = []
+
+    def attempt() -> tuple[bool, dict[str, bool]]:
+        runs = [run_option(spec, opt, seed) for seed in seeds]
+        broke = list(dict.fromkeys(v for whole, _ in runs for v in violations(whole, spec.slo)))
+        pool_broke = {p["name"]: any(pools.get(p["name"], {}).get("broke") for _, pools in runs)
+                      for p in opt["pools"]}
+        tries.append({"fleet": describe(opt), "holds": not broke, "broke": "; ".join(broke),
+                      "usd_per_hour": _usd(opt, gpu_usd_h), "pools_at": [dict(p) for p in opt["pools"]],
+                      **{f"{k}_p99_s": max((w[f"{k}_s"]["p99"] or math.inf) for w, _ in runs)
+                         for k in ("ttft", "tpot", "e2e")},
+                      "pools": {name: [pools.get(name) for _, pools in runs] for name in pool_broke}})
+        return not broke, pool_broke
+
+    held, pool_broke = attempt()
+    for _ in range(spec.mixed.check_rounds):
+        if held:
+            break
+        for p in [p for p in opt["pools"] if pool_broke[p["name"]]] or opt["pools"]:
+            p["replicas"] += 1
+        held, pool_broke = attempt()
+    downs = spec.mixed.check_rounds if held and spec.search.redundancy == "none" else 0
+    for p in sorted(opt["pools"], key=lambda p: -gpu_usd_h[p["gpu"]]):
+        while downs > 0 and p["replicas"] > spec.search.min_replicas:
+            downs -= 1
+            p["replicas"] -= 1
+            if not attempt()[0]:
+                p["replicas"] += 1
+                break
+    last = [t for t in tries if t["holds"]][-1] if any(t["holds"] for t in tries) else tries[-1]
+    opt["pools"] = last["pools_at"]
+    return {"option": option["label"], "fleet": last["fleet"], "pools": opt["pools"], "holds": last["holds"],
+            "usd_per_hour": last["usd_per_hour"], "ttft_p99_s": last["ttft_p99_s"],
+            "tpot_p99_s": last["tpot_p99_s"], "e2e_p99_s": last["e2e_p99_s"], "seeds": seeds,
+            "rate": spec.search.sizing_rate(spec.target_rate), "traffic_s": spec.search.fleet_traffic_s,
+            "fleets_run": len(tries), "tries": tries}
+
+
+def _usd(option: dict, gpu_usd_h: dict[str, float]) -> float:
+    return sum(p["replicas"] * gpu_usd_h[p["gpu"]] for p in option["pools"])
+
+
+def _seed(spec: MixedPlanSpec) -> int:
+    from sim.config.scenario import load_scenario
+
+    return load_scenario(_scenario_path(spec), _base(spec)).seed
