@@ -27,6 +27,7 @@ SMOKE = {
     "speed/host_memory.py": ["--smoke"],
     "readme/readme_results.py": ["--only", "memory-refusal,warm-grid-fit"],
     "fidelity/published_check.py": [],
+    "fidelity/accuracy.py": ["--folds", "2"],
     "fidelity/live_check.py": ["--seeds", "1"],
     "fidelity/scenario_digests.py": ["--only", "quickstart", "--out", "{tmp}/digests.txt"],
 }
