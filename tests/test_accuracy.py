@@ -62,3 +62,25 @@ def test_prediction_interval_is_seed_spread_widened_by_the_class_interval():
     half = {"exact": 0.5, "analytic": 0.5}
     assert interval_band(half) == pytest.approx((b + load_bands()["analytic"]["interval90"]) / 2)
     assert interval_band(None) == max(v["interval90"] for v in load_bands().values())
+
+
+def test_run_intervals_widen_latencies_and_throughput_by_the_band_each_way():
+    from sim.planning.uncertainty import run_intervals
+    prov = {"exact": 1.0}
+    b = load_bands()["measured"]["interval90"]
+    one = {"lookup_provenance": prov, "ttft_s": {"p50": 0.1, "p99": 0.4},
+           "tpot_s": {"p50": 0.02, "p99": 0.03}, "e2e_s": {"p50": 2.0},
+           "output_token_throughput": 1000.0}
+    two = {**one, "ttft_s": {"p50": 0.12, "p99": 0.5}, "output_token_throughput": 900.0}
+    r = run_intervals([one, two])
+    assert r["TTFT p50 (s)"] == pytest.approx((0.1, 0.1 * (1 - b), 0.12 * (1 + b)))
+    assert r["output tok/s"] == pytest.approx((1000, 900 / (1 + b), 1000 / (1 - b)))
+    assert r["E2E p50 (s)"] == pytest.approx((2.0, 2.0 * (1 - b), 2.0 * (1 + b)))
+
+
+def test_run_cli_prints_intervals_on_request(tmp_path, capsys):
+    from sim.cli.main import main
+    assert main(["run", str(ROOT / "scenarios" / "quickstart.yaml"), "--out", str(tmp_path / "r"),
+                 "--no-progress", "--interval", "--set", "workload.num_requests=40"]) == 0
+    text = capsys.readouterr().out
+    assert "90 % prediction intervals" in text and "TPOT p50 (s)" in text

@@ -89,6 +89,31 @@ def prediction_interval(value: float, provenance: dict[str, float] | None,
     return min(vals) * (1 - b), max(vals) * (1 + b)
 
 
+RUN_FIGURES = {"TTFT p50 (s)": ("ttft_s", "p50"), "TTFT p99 (s)": ("ttft_s", "p99"),
+               "TPOT p50 (s)": ("tpot_s", "p50"), "TPOT p99 (s)": ("tpot_s", "p99"),
+               "E2E p50 (s)": ("e2e_s", "p50"), "output tok/s": ("output_token_throughput", None)}
+
+
+def run_intervals(summaries: list[dict]) -> dict[str, tuple[float, float, float]]:
+    """A run's headline figures with their 90 % intervals: figure -> (value of the first
+    summary, low, high), over one summary per seed (`summaries`, the first is the run's).
+    Throughput moves inversely to step time: its interval is value / (1 +- band)."""
+    out = {}
+    prov = summaries[0].get("lookup_provenance")
+    b = interval_band(prov)
+    for name, (key, q) in RUN_FIGURES.items():
+        vals = [s.get(key) if q is None else (s.get(key) or {}).get(q) for s in summaries]
+        vals = [float(v) for v in vals if v is not None]
+        if not vals:
+            continue
+        if q is None:
+            out[name] = (vals[0], min(vals) / (1 + b), max(vals) / (1 - b))
+        else:
+            lo, hi = prediction_interval(vals[0], prov, vals)
+            out[name] = (vals[0], lo, hi)
+    return out
+
+
 def measured_share(provenance: dict[str, float] | None) -> float:
     return class_shares(provenance).get("measured", 0.0)
 
