@@ -138,6 +138,13 @@ def test_published_check_costs_every_published_row(tmp_path):
     assert sum(int(r[1]) for r in summary) == rows, out
 
 
+def test_accuracy_prints_every_dataset_and_the_intervals(tmp_path):
+    out = ok("fidelity/accuracy.py", tmp_path, "--intervals")
+    for dataset in ("published", "live-heldout", "live-load", "grid-heldout", "all datasets"):
+        assert dataset in out
+    assert "interval90 by provenance class" in out
+
+
 def test_live_check_prints_its_four_tables(tmp_path):
     out = ok("fidelity/live_check.py", tmp_path)
     for heading in ("## Step time on the live log (in-sample)", "## Replay of the live log",
