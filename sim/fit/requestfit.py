@@ -83,10 +83,18 @@ def fit_decode(base: RuntimeSpec, layers: int, rows: StepRows, weights: np.ndarr
     hdec = base.host_ms_per_step + (base.host_ms_per_layer + base.host_ms_per_layer_decode_extra) * layers
     join = (lambda h, x: h + x) if base.combine == "sum" else np.maximum
 
+    b = base
+
+    def pull(gd, ss=b.serial_ms_per_step, hd=b.host_ms_per_decode_seq, sq=b.serial_ms_per_seq):
+        """A tie-break toward the base runtime where the points cannot tell (e.g. the GPU
+        scale of a host-bound step): 0.1 % of error per unit of relative change."""
+        return 1e-3 * (np.abs(gd / b.gpu_scale_decode - 1) + np.abs(ss - b.serial_ms_per_step) / 10
+                       + np.abs(hd - b.host_ms_per_decode_seq) + np.abs(sq - b.serial_ms_per_seq))
+
     if full:
         def err(hd, gd, ss, sq):
             pred = join(hdec + hd * n, gd * g) + ss + sq * n
-            return (np.abs(pred / y - 1) * w).sum(axis=1)
+            return (np.abs(pred / y - 1) * w).sum(axis=1) + pull(gd, ss, hd, sq).ravel()
 
         hd, gd, ss, sq = _search(err, [np.linspace(0, 0.4, 9), np.linspace(0.3, 3.0, 10),
                                        np.linspace(0, 20, 9), np.linspace(0, 0.4, 9)], 6)
@@ -95,7 +103,7 @@ def fit_decode(base: RuntimeSpec, layers: int, rows: StepRows, weights: np.ndarr
 
         def err2(gd, ss):
             pred = join(hdec + hd * n, gd * g) + ss + sq * n
-            return (np.abs(pred / y - 1) * w).sum(axis=1)
+            return (np.abs(pred / y - 1) * w).sum(axis=1) + pull(gd, ss).ravel()
 
         gd, ss = _search(err2, [np.linspace(0.3, 3.0, 10), np.linspace(0, 20, 9)], 6)
     return replace(base, host_ms_per_decode_seq=round(hd, 5), gpu_scale_decode=round(max(gd, 0.05), 4),
