@@ -18,7 +18,10 @@ per-layer terms: a one-model log cannot tell them apart. The live log then fixes
 by coarse-to-fine search minimising mean absolute relative error (the typical step;
 the jitter model carries the rest, its mean included): decode's per-sequence host and serial terms, the
 per-step serial term and decode's GPU scale (decode rows), then prefill's per-sequence
-host term, GPU scale and the per-new-shape stall (prefill rows). The new-shape term is
+host term, GPU scale and the per-new-shape stall (prefill rows). A GPU scale the rows cannot tell (every step
+host-bound, as decode steps of a few sequences are) stays the base runtime's (a 0.1 %
+tie-break, `tie_break`), rather than sliding to the search's edge and mispricing the
+larger batches the fit did not see. The new-shape term is
 the mechanism behind "live prefill costs more per sequence than warm grid steps": a warm
 grid times each shape after a warm-up call of that shape, a live server meets a new
 prompt length at almost every prefill and pays a one-off cost for it (a per-shape
@@ -163,6 +166,17 @@ def predict_ms(rt: RuntimeSpec, layers: int, rows: StepRows) -> np.ndarray:
             + rt.serial_ms_per_new_prefill_shape * rows.new_shapes)
 
 
+TIE_BREAK = 1e-3  # error per unit of relative change of a GPU scale from the base's
+
+
+def tie_break(scale: np.ndarray, base: float) -> np.ndarray:
+    """A GPU scale the steps cannot tell (every step host-bound: max(host, gpu) = host, as
+    at small decode batches) stays at the base runtime's (fitted to the warm grid's
+    kernels) instead of sliding to the search's edge: 0.1 % of error per unit of relative
+    change, far below any step's noise, so where the steps do tell it the data decide."""
+    return TIE_BREAK * np.abs(np.asarray(scale).ravel() / base - 1)
+
+
 def fit_runtime(base: RuntimeSpec, layers: int, rows: StepRows, name: str) -> RuntimeSpec:
     """The live terms on top of `base` (see the module docstring); jitter not included."""
     y, n, g, new = rows.measured_ms, rows.seqs, rows.gpu_ms, rows.new_shapes
@@ -176,7 +190,7 @@ def fit_runtime(base: RuntimeSpec, layers: int, rows: StepRows, name: str) -> Ru
 
         def decode_err(hd, gd, ss, sq):
             pred = join(hdec + hd * n[dec], gd * g[dec]) + ss + sq * n[dec]
-            return np.abs(pred / y[dec] - 1).mean(axis=1)
+            return np.abs(pred / y[dec] - 1).mean(axis=1) + tie_break(gd, b.gpu_scale_decode)
 
         hd, gd, ss, sq = _search(decode_err, [np.linspace(0, 0.4, 9), np.linspace(0.5, 2.0, 9),
                                               np.linspace(0, 10, 9), np.linspace(0, 0.2, 9)], 6)
@@ -186,7 +200,7 @@ def fit_runtime(base: RuntimeSpec, layers: int, rows: StepRows, name: str) -> Ru
 
         def prefill_err(hp, gp, c):
             pred = join(hpf + hp * n[pf], gp * g[pf]) + ss + sq * n[pf] + c * new[pf]
-            return np.abs(pred / y[pf] - 1).mean(axis=1)
+            return np.abs(pred / y[pf] - 1).mean(axis=1) + tie_break(gp, b.gpu_scale)
 
         hp, gp, c = _search(prefill_err, [np.linspace(0, 8, 9), np.linspace(0.5, 2.5, 9),
                                           np.linspace(0, 200, 9)], 6)
