@@ -28,6 +28,7 @@ SMOKE = {
     "speed/moe_speed.py": ["--requests", "40", "--repeat", "1"],
     "readme/readme_results.py": ["--only", "memory-refusal,warm-grid-fit"],
     "fidelity/published_check.py": [],
+    "fidelity/accuracy.py": ["--folds", "2"],
     "fidelity/live_check.py": ["--seeds", "1"],
     "fidelity/scenario_digests.py": ["--only", "quickstart", "--out", "{tmp}/digests.txt"],
 }
@@ -138,6 +139,13 @@ def test_published_check_costs_every_published_row(tmp_path):
         rows = sum(1 for ln in f if ln.strip() and not ln.startswith("#")) - 1
     summary = [ln.split() for ln in out.splitlines() if re.match(r"^(bf16|fp8)\s+\d+\s", ln)]
     assert sum(int(r[1]) for r in summary) == rows, out
+
+
+def test_accuracy_prints_every_dataset_and_the_intervals(tmp_path):
+    out = ok("fidelity/accuracy.py", tmp_path, "--intervals")
+    for dataset in ("published", "live-heldout", "live-load", "grid-heldout", "all datasets"):
+        assert dataset in out
+    assert "interval90 by provenance class" in out
 
 
 def test_live_check_prints_its_four_tables(tmp_path):

@@ -151,29 +151,83 @@ def cmd_replay(a) -> int:
 
 
 def cmd_fit_log(a) -> int:
-    """`fit-log STEPS [--requests R]`: a runtime profile fitted to a serving log."""
+    """`fit-log STEPS... [--requests R...]`: a runtime profile fitted to serving logs, with
+    its cross-validated (held-out) error beside the in-sample one."""
     from sim.costmodel.models import load_model
     from sim.costmodel.profiles import load_profile
     from sim.costmodel.runtime import load_runtime
-    from sim.fit.logfit import fit_log, format_fit, runtime_yaml
+    from sim.fit.crossval import cross_validate, default_folds, format_cv
+    from sim.fit.logfit import fit_log, format_fit, read_logs, runtime_yaml
     from sim.io.outfile import check_out_file, write_file_atomically
 
     out = check_out_file(a.out, flag="--out", ours=_is_fitted_runtime)  # before fitting
+    if a.requests and len(a.requests) != len(a.steps):
+        print(f"llmsim: error: --requests: {len(a.requests)} logs for {len(a.steps)} steps logs "
+              "(allowed: one requests log per steps log, in the same order)", file=sys.stderr)
+        return 2
     name = a.name or out.stem
-    fit = fit_log(a.steps, a.requests, load_model(a.model, file="--model", path=""),
-                  load_profile(a.gpu, file="--gpu", path=""),
-                  load_runtime(a.base_runtime, file="--base-runtime", path=""),
-                  name, a.prefill_attention, a.decode_attention)
+    model = load_model(a.model, file="--model", path="")
+    gpu = load_profile(a.gpu, file="--gpu", path="")
+    base = load_runtime(a.base_runtime, file="--base-runtime", path="")
+    if a.format != "steps" and (a.format != "auto" or not _is_steps_log(a.steps[0])):
+        return _fit_request_level(a, out, name, model, gpu, base)
+    steps = a.steps if len(a.steps) > 1 else a.steps[0]
+    requests = a.requests if a.requests and len(a.requests) > 1 else (a.requests or [None])[0]
+    fit = fit_log(steps, requests, model, gpu, base, name, a.prefill_attention, a.decode_attention)
     report = format_fit(fit)
+    if not a.no_cv:
+        logs = read_logs(steps, requests, model, gpu, a.prefill_attention, a.decode_attention,
+                         base.elementwise)
+        report += "\n" + format_cv(cross_validate(base, model.layers, logs.rows,
+                                                  default_folds(logs.rows, logs.names)))
     print(report)
     text = runtime_yaml(fit.runtime, f"{FIT_LOG_MARK} (sim/fit/logfit.py).\n"
-                        f"Fit error on the log's own steps (in-sample):\n{report}")
+                        f"Fit error on the log's own steps (in-sample), then held out:\n{report}")
     write_file_atomically(out, text)  # sim/io/outfile.py
     print(f"wrote {a.out}")
     return 0
 
 
 FIT_LOG_MARK = "Runtime fitted by llmsim fit-log"
+
+
+def _is_steps_log(path: str) -> bool:
+    """A per-iteration steps log (its CSV header starts with t_start)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.readline().startswith("t_start")
+    except OSError:
+        return True  # let the steps reader report it
+
+
+def _fit_request_level(a, out: Path, name: str, model, gpu, base) -> int:
+    """fit-log on request-level or aggregate outputs (sim/fit/requestlogs.py)."""
+    from sim.fit.logfit import runtime_yaml
+    from sim.fit.requestfit import fit_request_logs, format_request_fit
+    from sim.fit.requestlogs import read, read_prometheus_series
+    from sim.io.outfile import write_file_atomically
+
+    fmt = a.format
+    if fmt == "prometheus" or (fmt == "auto" and all(_is_prometheus(p) for p in a.steps)):
+        logs = read_prometheus_series(a.steps)
+    else:
+        logs = [read(p, fmt) for p in a.steps]
+    fit = fit_request_logs(logs, model, gpu, base, name, a.context, a.decode_attention)
+    report = format_request_fit(fit)
+    print(report)
+    write_file_atomically(out, runtime_yaml(fit.runtime, f"{FIT_LOG_MARK} (sim/fit/requestfit.py).\n"
+                                            f"Fit error on the load points, then held out:\n{report}"))
+    print(f"wrote {a.out}")
+    return 0
+
+
+def _is_prometheus(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            head = f.read(20000)
+    except OSError:
+        return False
+    return "# TYPE vllm:" in head or head.lstrip().startswith("vllm:")
 
 
 def _is_fitted_runtime(path: Path) -> bool:
@@ -221,10 +275,23 @@ def add_parsers(sub) -> None:
     v.set_defaults(fn=cmd_validate)
     f = sub.add_parser("fit-log", help="fit a runtime profile to a serving engine's logs",
                        description="Fit host terms, GPU scales, a per-new-prefill-shape stall and "
-                       "a step-time jitter table to a per-iteration serving log "
-                       "(docs/calibration.md, Serving logs); print the fit error; write the runtime.")
-    f.add_argument("steps", help="per-iteration log (t_start,t_end,kind,num_seqs,num_tokens,sum_ctx,free_blocks)")
-    f.add_argument("--requests", help="per-request log: gives each prefill step's prompt lengths")
+                       "a step-time jitter table to per-iteration serving logs "
+                       "(docs/calibration.md, Serving logs), or decode and per-request terms to "
+                       "request-level outputs (vLLM benchmark JSON, aiperf exports, Prometheus "
+                       "scrapes, server logs); print the fit error in-sample and held out; write "
+                       "the runtime.")
+    f.add_argument("steps", nargs="+", help="per-iteration log(s) (t_start,t_end,kind,num_seqs,"
+                   "num_tokens,sum_ctx,free_blocks); several are fitted as one")
+    f.add_argument("--requests", nargs="+", help="per-request log(s), one per steps log in the "
+                   "same order: each prefill step's prompt lengths")
+    f.add_argument("--format", default="auto", choices=["auto", "steps", "vllm-bench", "aiperf",
+                                                        "prometheus", "server-log"],
+                   help="input format (auto: from the content); all but steps are request-level "
+                   "or aggregate outputs that fit decode and per-request terms only")
+    f.add_argument("--context", type=float, help="mean context per running sequence (tokens) "
+                   "for formats that do not say it (vLLM stats lines)")
+    f.add_argument("--no-cv", action="store_true", help="skip the cross-validation (time folds, "
+                   "low -> high load, leave one log out) printed after the fit")
     f.add_argument("--model", required=True, help="models/ name or YAML")
     f.add_argument("--gpu", required=True, help="gpu_profiles/ name or folder")
     f.add_argument("--base-runtime", required=True,

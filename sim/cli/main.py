@@ -85,10 +85,30 @@ def cmd_run(a) -> int:
         print(f"\nengine: {out.engine}")
     if out.summary.get("pipeline"):
         print("\n" + stage_table(out.summary["pipeline"]))
+    if a.interval:
+        print("\n" + _interval_lines(out, sc, sets, a.interval))
     print(f"\nwrote {dest}/ (requests.{a.format}, steps.{a.format}, summary.json"
           + (", latency_cdf.png, timeline.png" if a.plots else "; --plots adds the plots") + ")"
           + (f" and {a.trace_out}" if a.trace_out else ""))
     return 0
+
+
+def _interval_lines(out, sc, sets: dict, seeds: int) -> str:
+    """The run's figures with 90 % prediction intervals: the spread over `seeds` seeds (the
+    run's seed and the next ones) widened by the step model's 90 % error by provenance."""
+    from dataclasses import replace
+
+    from sim.planning.uncertainty import interval_band, run_intervals, stands_on
+
+    summaries = [out.summary] + [_run_naming_sets(replace(sc, seed=sc.seed + k), sets).summary
+                                 for k in range(1, seeds)]
+    prov = out.summary.get("lookup_provenance")
+    lines = [f"90 % prediction intervals (seed spread over {seeds} seed(s) + the step model's "
+             f"90 % error ±{interval_band(prov):.0%}; lookups: {stands_on(prov)}; "
+             "data/step_error_bands.yaml interval90, checked by benchmarks/fidelity/accuracy.py):"]
+    for name, (v, lo, hi) in run_intervals(summaries).items():
+        lines.append(f"  {name:14} {v:10.4g}   [{lo:.4g}, {hi:.4g}]")
+    return "\n".join(lines)
 
 
 def _run_and_print(names: list[str], scenarios: list, a) -> int:
@@ -198,6 +218,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "say why (default 1)")
     r.add_argument("--executor", choices=("process", "ray"), default="process",
                    help="where --workers run: a local process pool (default) or Ray")
+    r.add_argument("--interval", type=int, nargs="?", const=1, default=0, metavar="SEEDS",
+                   help="also print 90 %% prediction intervals of the headline figures: the "
+                   "step model's error by provenance, plus the spread over SEEDS seeds "
+                   "(default 1: the run's own; more seeds run the scenario again)")
     r.set_defaults(fn=cmd_run)
     c = sub.add_parser("compare", help="simulate several scenarios and print them side by side")
     c.add_argument("scenarios", nargs="+")

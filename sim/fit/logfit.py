@@ -18,7 +18,10 @@ per-layer terms: a one-model log cannot tell them apart. The live log then fixes
 by coarse-to-fine search minimising mean absolute relative error (the typical step;
 the jitter model carries the rest, its mean included): decode's per-sequence host and serial terms, the
 per-step serial term and decode's GPU scale (decode rows), then prefill's per-sequence
-host term, GPU scale and the per-new-shape stall (prefill rows). The new-shape term is
+host term, GPU scale and the per-new-shape stall (prefill rows). A GPU scale the rows cannot tell (every step
+host-bound, as decode steps of a few sequences are) stays the base runtime's (a 0.1 %
+tie-break, `tie_break`), rather than sliding to the search's edge and mispricing the
+larger batches the fit did not see. The new-shape term is
 the mechanism behind "live prefill costs more per sequence than warm grid steps": a warm
 grid times each shape after a warm-up call of that shape, a live server meets a new
 prompt length at almost every prefill and pays a one-off cost for it (a per-shape
@@ -90,6 +93,34 @@ class StepRows:
     gpu_ms: np.ndarray  # kernel time at gpu scale 1
     new_shapes: np.ndarray  # prefill shapes first seen in this step
     measured_ms: np.ndarray
+    log: np.ndarray | None = None  # which log each step came from (several logs at once)
+
+    def __post_init__(self) -> None:
+        if self.log is None:
+            self.log = np.zeros(len(self.kind), dtype=int)
+
+
+def concat(parts: list[StepRows]) -> StepRows:
+    """Several logs' rows as one (each log's new prefill shapes counted within that log)."""
+    return StepRows(*(np.concatenate([getattr(p, f) for p in parts]) for f in
+                      ("kind", "seqs", "gpu_ms", "new_shapes", "measured_ms")),
+                    log=np.concatenate([np.full(len(p.kind), i) for i, p in enumerate(parts)]))
+
+
+def running_seqs(rows: StepRows) -> np.ndarray:
+    """The load at each step: a decode step's batch; a prefill step's own sequences plus the
+    batch of the log's last decode step before it (what was running when it was scheduled)."""
+    out = np.zeros(len(rows.kind))
+    last, log = 0.0, -1
+    for i, (kind, n, g) in enumerate(zip(rows.kind, rows.seqs, rows.log, strict=True)):
+        if g != log:
+            last, log = 0.0, g
+        if kind == "decode":
+            last = n
+            out[i] = n
+        else:
+            out[i] = last + n
+    return out
 
 
 def step_rows(steps: pd.DataFrame, lengths: list[list[int]], model: ModelSpec,
@@ -135,6 +166,17 @@ def predict_ms(rt: RuntimeSpec, layers: int, rows: StepRows) -> np.ndarray:
             + rt.serial_ms_per_new_prefill_shape * rows.new_shapes)
 
 
+TIE_BREAK = 1e-3  # error per unit of relative change of a GPU scale from the base's
+
+
+def tie_break(scale: np.ndarray, base: float) -> np.ndarray:
+    """A GPU scale the steps cannot tell (every step host-bound: max(host, gpu) = host, as
+    at small decode batches) stays at the base runtime's (fitted to the warm grid's
+    kernels) instead of sliding to the search's edge: 0.1 % of error per unit of relative
+    change, far below any step's noise, so where the steps do tell it the data decide."""
+    return TIE_BREAK * np.abs(np.asarray(scale).ravel() / base - 1)
+
+
 def fit_runtime(base: RuntimeSpec, layers: int, rows: StepRows, name: str) -> RuntimeSpec:
     """The live terms on top of `base` (see the module docstring); jitter not included."""
     y, n, g, new = rows.measured_ms, rows.seqs, rows.gpu_ms, rows.new_shapes
@@ -148,7 +190,7 @@ def fit_runtime(base: RuntimeSpec, layers: int, rows: StepRows, name: str) -> Ru
 
         def decode_err(hd, gd, ss, sq):
             pred = join(hdec + hd * n[dec], gd * g[dec]) + ss + sq * n[dec]
-            return np.abs(pred / y[dec] - 1).mean(axis=1)
+            return np.abs(pred / y[dec] - 1).mean(axis=1) + tie_break(gd, b.gpu_scale_decode)
 
         hd, gd, ss, sq = _search(decode_err, [np.linspace(0, 0.4, 9), np.linspace(0.5, 2.0, 9),
                                               np.linspace(0, 10, 9), np.linspace(0, 0.2, 9)], 6)
@@ -158,7 +200,7 @@ def fit_runtime(base: RuntimeSpec, layers: int, rows: StepRows, name: str) -> Ru
 
         def prefill_err(hp, gp, c):
             pred = join(hpf + hp * n[pf], gp * g[pf]) + ss + sq * n[pf] + c * new[pf]
-            return np.abs(pred / y[pf] - 1).mean(axis=1)
+            return np.abs(pred / y[pf] - 1).mean(axis=1) + tie_break(gp, b.gpu_scale)
 
         hp, gp, c = _search(prefill_err, [np.linspace(0, 8, 9), np.linspace(0.5, 2.5, 9),
                                           np.linspace(0, 200, 9)], 6)
@@ -243,32 +285,77 @@ class LogFit:
 
 def subset(rows: StepRows, mask: np.ndarray) -> StepRows:
     return StepRows(rows.kind[mask], rows.seqs[mask], rows.gpu_ms[mask], rows.new_shapes[mask],
-                    rows.measured_ms[mask])
+                    rows.measured_ms[mask], rows.log[mask])
 
 
-def fit_log(steps_csv: str | Path, requests_csv: str | Path | None, model: ModelSpec,
-            profile: GPUProfile, base: RuntimeSpec, name: str, prefill_impl: str = "flash",
-            decode_impl: str = "paged_reference", fit_steps: np.ndarray | None = None) -> LogFit:
-    """`fit_steps`: a mask of the log's steps to fit to (default all); the errors are
-    those of the same steps. New shapes are counted over the whole log in order."""
-    steps = read_steps_log(steps_csv)
-    requests = read_requests_log(requests_csv) if requests_csv else None
-    lengths = prefill_lengths(steps, requests)
-    longest = decode_max_ctx(steps, requests)
-    everything = step_rows(steps, lengths, model, profile, prefill_impl, decode_impl,
-                           longest, base.elementwise)
-    rows = everything if fit_steps is None else subset(everything, np.asarray(fit_steps, bool))
-    rt = fit_runtime(base, model.layers, rows, name)
-    warm = warm_shapes(rows, predict_ms(rt, model.layers, rows), rt.serial_ms_per_new_prefill_shape)
+def fit_rows(base: RuntimeSpec, layers: int, rows: StepRows,
+             name: str) -> tuple[RuntimeSpec, StepRows, np.ndarray]:
+    """The live terms fitted to `rows`, steps whose "new" prefill shapes ran warm counted as
+    seen (see the module docstring): (runtime without jitter, rows as fitted, warm per step)."""
+    rt = fit_runtime(base, layers, rows, name)
+    warm = warm_shapes(rows, predict_ms(rt, layers, rows), rt.serial_ms_per_new_prefill_shape)
     if warm.any():  # count them as seen, and fit again
         rows = replace(rows, new_shapes=rows.new_shapes - warm)
-        rt = fit_runtime(base, model.layers, rows, name)
+        rt = fit_runtime(base, layers, rows, name)
+    return rt, rows, warm
+
+
+@dataclass
+class LogRows:
+    """One or several serving logs as model inputs."""
+
+    rows: StepRows
+    kv_blocks: int  # the first log's KV pool
+    lengths_from_requests: bool
+    rebuilt_decode: tuple[int, int]
+    names: list[str]  # each log as "steps.csv" or "steps.csv + requests.csv"
+
+
+def read_logs(steps_csv, requests_csv, model: ModelSpec, profile: GPUProfile,
+              prefill_impl: str = "flash", decode_impl: str = "paged_reference",
+              elementwise: str = "as_measured") -> LogRows:
+    """`steps_csv`: a steps log or a list of them; `requests_csv`: its requests log (or
+    None), a list of the same length when `steps_csv` is a list."""
+    many = isinstance(steps_csv, list | tuple)
+    steps_list = list(steps_csv) if many else [steps_csv]
+    req_list = list(requests_csv) if isinstance(requests_csv, list | tuple) else [requests_csv]
+    if len(req_list) != len(steps_list):
+        req_list = (req_list + [None] * len(steps_list))[:len(steps_list)]
+    parts, kv, rebuilt, decodes = [], 0, 0, 0
+    for i, (s_csv, r_csv) in enumerate(zip(steps_list, req_list, strict=True)):
+        steps = read_steps_log(s_csv)
+        requests = read_requests_log(r_csv) if r_csv else None
+        lengths = prefill_lengths(steps, requests)
+        longest = decode_max_ctx(steps, requests)
+        parts.append(step_rows(steps, lengths, model, profile, prefill_impl, decode_impl,
+                               longest, elementwise))
+        if i == 0:
+            kv = kv_blocks(steps, lengths)
+        rebuilt += int((longest > 0).sum())
+        decodes += int((steps.kind == "decode").sum())
+    return LogRows(concat(parts) if many else parts[0], kv, all(r is not None for r in req_list),
+                   (rebuilt, decodes), [Path(p).name + (f" + {Path(r).name}" if r else "")
+                                        for p, r in zip(steps_list, req_list, strict=True)])
+
+
+def fit_log(steps_csv, requests_csv, model: ModelSpec,
+            profile: GPUProfile, base: RuntimeSpec, name: str, prefill_impl: str = "flash",
+            decode_impl: str = "paged_reference", fit_steps: np.ndarray | None = None) -> LogFit:
+    """`steps_csv`, `requests_csv`: one log (paths) or several (lists; see read_logs), fitted
+    as one. `fit_steps`: a mask of the logs' steps to fit to (default all); the errors are
+    those of the same steps. New shapes are counted over each whole log in order."""
+    logs = read_logs(steps_csv, requests_csv, model, profile, prefill_impl, decode_impl,
+                     base.elementwise)
+    everything = logs.rows
+    rows = everything if fit_steps is None else subset(everything, np.asarray(fit_steps, bool))
+    rt, rows, warm = fit_rows(base, model.layers, rows, name)
     pred = predict_ms(rt, model.layers, rows)
-    jitter = fit_jitter(rows, pred, f"measured / modelled step time on {Path(steps_csv).name}")
+    names = "; ".join(logs.names)
+    steps_names = "; ".join(n.split(" + ")[0] for n in logs.names)
+    jitter = fit_jitter(rows, pred, f"measured / modelled step time on {steps_names}")
     rt = replace(rt, jitter=jitter, description=f"{base.description} (live: fitted to a serving log)",
                  source=(
-        f"fitted by llmsim fit-log to {Path(steps_csv).name}"
-        + (f" + {Path(requests_csv).name}" if requests_csv else "")
+        f"fitted by llmsim fit-log to {names}"
         + f" on {profile.name}, on top of {base.name} ({base.source})"))
     leveled = pred * level_factors(jitter, rows)
     bias = {}
@@ -279,9 +366,8 @@ def fit_log(steps_csv: str | Path, requests_csv: str | Path | None, model: Model
             bias[kind] = float(leveled[sel].mean() * mean / rows.measured_ms[sel].mean() - 1)
     return LogFit(rt, errors_by_kind(rows, predict_ms(base, model.layers, rows)),
                   errors_by_kind(rows, pred), errors_by_kind(rows, leveled), bias,
-                  kv_blocks(steps, lengths), requests is not None, int(warm.sum()),
-                  int(rows.new_shapes.sum() + warm.sum()), len(rows.kind),
-                  (int((longest > 0).sum()), int((steps.kind == "decode").sum())))
+                  logs.kv_blocks, logs.lengths_from_requests, int(warm.sum()),
+                  int(rows.new_shapes.sum() + warm.sum()), len(rows.kind), logs.rebuilt_decode)
 
 
 def format_fit(f: LogFit) -> str:
@@ -306,6 +392,8 @@ def format_fit(f: LogFit) -> str:
                  f"{rt.serial_ms_per_new_prefill_shape:g} ms per new prefill shape; host "
                  f"+{rt.host_ms_per_prefill_seq:g} ms/prefill seq, +{rt.host_ms_per_decode_seq:g} "
                  f"ms/decode seq; gpu scale {rt.gpu_scale:g} (prefill), {rt.gpu_scale_decode:g} (decode)")
+    lines.append("not fitted: per-TP-rank terms (a log at one TP degree cannot separate them "
+                 "from the per-step terms; they need logs at two or more TP degrees)")
     lines.append(f"new prefill shapes that ran warm (met before logging; counted as seen, not "
                  f"modelled): {f.warm_shapes} of {f.new_shapes}")
     lines.append("decode levels (batch up to: factor): " + (", ".join(

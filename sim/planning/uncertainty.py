@@ -39,8 +39,14 @@ def load_bands(path: str = str(BANDS_FILE)) -> dict[str, dict]:
             raise SpecError(path, f"classes.{name}.band", f"expected a number in [0, 1), got {band!r}")
         if not rec.get("source"):
             raise SpecError(path, f"classes.{name}.source", "missing (every band names its source)")
+        interval = rec.get("interval90", band)
+        if not isinstance(interval, int | float) or not 0 <= interval < 1:
+            raise SpecError(path, f"classes.{name}.interval90",
+                            f"expected a number in [0, 1), got {interval!r}")
         out[str(name)] = {"tags": list(rec.get("tags") or [name]), "band": float(band),
-                          "source": " ".join(str(rec["source"]).split())}
+                          "interval90": float(interval),
+                          "source": " ".join(str(rec["source"]).split()),
+                          "interval90_source": " ".join(str(rec.get("interval90_source", "")).split())}
     return out
 
 
@@ -58,6 +64,54 @@ def model_band(provenance: dict[str, float] | None) -> float:
     if total <= 0:
         return max(b["band"] for b in bands.values())
     return sum(shares[k] * bands[k]["band"] for k in bands) / total
+
+
+def interval_band(provenance: dict[str, float] | None) -> float:
+    """The half-width of a figure's 90 % prediction interval from the step model's error,
+    share-weighted over its lookup classes' `interval90` (measured from held-out data by
+    benchmarks/fidelity/accuracy.py; the widest class's if the provenance is unknown)."""
+    bands = load_bands()
+    shares = class_shares(provenance)
+    total = sum(shares.values())
+    if total <= 0:
+        return max(b["interval90"] for b in bands.values())
+    return sum(shares[k] * bands[k]["interval90"] for k in bands) / total
+
+
+def prediction_interval(value: float, provenance: dict[str, float] | None,
+                        seed_values: list[float] | None = None) -> tuple[float, float]:
+    """A figure's 90 % prediction interval: the spread of its seeds (lowest to highest; the
+    value alone with one seed) widened by the step model's 90 % error (`interval_band`).
+    To first order a step model off by e moves a latency by e and a capacity by e
+    (module docstring); near saturation a latency moves by more: the range is then a floor."""
+    vals = [v for v in (seed_values or [value]) if v is not None]
+    b = interval_band(provenance)
+    return min(vals) * (1 - b), max(vals) * (1 + b)
+
+
+RUN_FIGURES = {"TTFT p50 (s)": ("ttft_s", "p50"), "TTFT p99 (s)": ("ttft_s", "p99"),
+               "TPOT p50 (s)": ("tpot_s", "p50"), "TPOT p99 (s)": ("tpot_s", "p99"),
+               "E2E p50 (s)": ("e2e_s", "p50"), "output tok/s": ("output_token_throughput", None)}
+
+
+def run_intervals(summaries: list[dict]) -> dict[str, tuple[float, float, float]]:
+    """A run's headline figures with their 90 % intervals: figure -> (value of the first
+    summary, low, high), over one summary per seed (`summaries`, the first is the run's).
+    Throughput moves inversely to step time: its interval is value / (1 +- band)."""
+    out = {}
+    prov = summaries[0].get("lookup_provenance")
+    b = interval_band(prov)
+    for name, (key, q) in RUN_FIGURES.items():
+        vals = [s.get(key) if q is None else (s.get(key) or {}).get(q) for s in summaries]
+        vals = [float(v) for v in vals if v is not None]
+        if not vals:
+            continue
+        if q is None:
+            out[name] = (vals[0], min(vals) / (1 + b), max(vals) / (1 - b))
+        else:
+            lo, hi = prediction_interval(vals[0], prov, vals)
+            out[name] = (vals[0], lo, hi)
+    return out
 
 
 def measured_share(provenance: dict[str, float] | None) -> float:
