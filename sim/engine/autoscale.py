@@ -17,13 +17,15 @@ is the policy's (sim/policies/autoscale.py).
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sim.config.cluster import AutoscaleSpec
 from sim.io.specload import ROOT, SpecError, load_yaml
-from sim.policies.autoscale import HPAPolicy, SchedulePolicy
+from sim.policies.autoscale import HPAPolicy, SchedulePolicy, SLOPolicy
+from sim.policies.batch import FINISHED, REJECTED
 
 PROVISIONING_FILE = ROOT / "data" / "autoscale" / "provisioning.yaml"
 GB = 1e9
@@ -50,8 +52,59 @@ def provisioning_delay(spec: AutoscaleSpec, weight_bytes_per_gpu: float, *, file
 def make_policy(spec: AutoscaleSpec):
     if spec.policy == "schedule":
         return SchedulePolicy(spec.schedule, spec.min_replicas, spec.max_replicas)
+    if spec.policy == "slo":
+        return SLOPolicy(spec.target, spec.min_replicas, spec.max_replicas, high=spec.high,
+                         step=spec.step, down_utilization=spec.down_utilization,
+                         stabilization_s=spec.stabilization_s)
     return HPAPolicy(spec.target, spec.min_replicas, spec.max_replicas,
                      tolerance=spec.tolerance, stabilization_s=spec.stabilization_s)
+
+
+class Attainment:
+    """The SLO policy's metric as the scaler sees it at a scrape: of the requests that
+    ended in the last `window_s` (finished or rejected), and of those still waiting for a
+    first token past the TTFT bound (certain misses, counted at once so a growing queue
+    shows before its requests end), the share that met TTFT and TPOT. Incremental:
+    each scrape looks at the new arrivals and the requests still open."""
+
+    def __init__(self, seqs: list, ttft_s: float | None, tpot_s: float | None, window_s: float):
+        self.seqs, self.ttft, self.tpot, self.window = seqs, ttft_s, tpot_s, window_s
+        self.next = 0
+        self.open: list = []
+        self.ended: deque[tuple[float, bool]] = deque()
+        self.met = 0
+
+    def _ok(self, s) -> bool:
+        if s.state != FINISHED:
+            return False
+        ttft = s.first_token_t - s.arrival
+        if self.ttft is not None and ttft > self.ttft:
+            return False
+        if self.tpot is not None and s.output > 1:
+            return (s.finish_t - s.arrival - ttft) / (s.output - 1) <= self.tpot
+        return True
+
+    def at(self, now: float) -> float | None:
+        seqs = self.seqs
+        while self.next < len(seqs) and seqs[self.next].arrival <= now:
+            self.open.append(seqs[self.next])
+            self.next += 1
+        still, late, new = [], 0, []
+        for s in self.open:
+            if s.state in (FINISHED, REJECTED):
+                ok = self._ok(s)
+                new.append((s.finish_t if s.state == FINISHED else now, ok))
+                self.met += ok
+            else:
+                still.append(s)
+                if self.ttft is not None and s.first_token_t < 0 and now - s.arrival > self.ttft:
+                    late += 1
+        self.open = still
+        self.ended.extend(sorted(new))
+        while self.ended and self.ended[0][0] < now - self.window:
+            self.met -= self.ended.popleft()[1]
+        n = len(self.ended) + late
+        return self.met / n if n else None
 
 
 @dataclass
@@ -78,6 +131,7 @@ class Lifecycle:
     current: dict[int, Life] = field(default_factory=dict)
     ready_curve: list[tuple[float, int]] = field(default_factory=list)  # (time, ready count)
     routed: list[int] = field(default_factory=list)  # requests routed to each replica
+    slo: tuple[float | None, float | None] = (None, None)  # (TTFT, TPOT) bounds: policy slo
 
     def __post_init__(self) -> None:
         self.state = ["off"] * self.pool

@@ -40,6 +40,7 @@ from sim.engine.metrics import (
 from sim.engine.processes import simulate
 from sim.engine.replica import RunResult
 from sim.io.outputs import write_atomically
+from sim.io.specload import SpecError
 from sim.io.tablefile import frame, write_csv, write_parquet
 from sim.policies.prefix import combine_summaries
 from sim.policies.speculative import summarize_speculators
@@ -188,6 +189,11 @@ def _autoscaling(sc: Scenario, configs: list[ReplicaConfig]):
     prov = provisioning_delay(spec, first.budget.weight_bytes, file=sc.file or None)
     par = first.scenario.parallel
     lc = Lifecycle(spec, prov["delay_s"], par.tensor * par.pipeline, len(configs))
+    if spec.policy == "slo":
+        if sc.slo is None or (sc.slo.ttft_s is None and sc.slo.tpot_s is None):
+            raise SpecError(sc.file or None, "cluster.autoscale.policy",
+                            "'slo' needs the scenario's slo: ttft_s and/or tpot_s")
+        lc.slo = (sc.slo.ttft_s, sc.slo.tpot_s)
     lc.begin(sc.cluster.groups[0].count)
     return lc, make_policy(spec), prov
 
