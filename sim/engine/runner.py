@@ -24,7 +24,13 @@ import numpy as np
 
 from sim.config.scenario import Scenario, load_scenario
 from sim.costmodel.latency import StepLatency
-from sim.engine.autoscale import Lifecycle, autoscale_summary, make_policy, provisioning_delay
+from sim.engine.autoscale import (
+    Lifecycle,
+    autoscale_summary,
+    make_policy,
+    provisioning_delay,
+    window_power,
+)
 from sim.engine.build import POLICIES, ReplicaConfig, build_fleet, replica_configs
 from sim.engine.closedloop import client_summary
 from sim.engine.energy import energy_and_cost
@@ -164,7 +170,11 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         "simulate_wall_s": t_sim,  # the engine alone (wall_s adds loading, tables, summary)
     }
     if scaling:
-        summary["autoscale"] = autoscale_summary(scaling[0], scaling[2], req, sc.slo, res.end_time)
+        scaling[0].close(res.end_time)
+        watts = window_power(scaling[0], configs, [r.kernel_busy_s for r in res.replicas], steps,
+                             res.end_time)
+        summary["autoscale"] = autoscale_summary(scaling[0], scaling[2], req, sc.slo, res.end_time,
+                                                 watts)
     summary.update(energy_and_cost(configs, res, summary, t0=_measured(req)[1],
                                    powered_s=scaling[0].powered_s(len(configs)) if scaling else None))
     if wl.clients is not None:
