@@ -78,6 +78,15 @@ def cmd_plan(a) -> int:
     from sim.planning.traffic import label as arrival_label
 
     spec = load_plan(a.plan)
+    if spec.day is not None:  # a plan over a time-varying day (sim/planning/dayplan.py)
+        from sim.planning.dayplan import day_lines, run_day_plan, write_day_plan
+
+        result = run_day_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
+        out = write_day_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
+        print("\n".join(day_lines(result)))
+        _maybe_report(a, out)
+        print(f"wrote {out}/ (plan.json, fleets.csv, bound.csv)")
+        return 0
     result = run_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
     out = write_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
     if result.get("arrival"):
