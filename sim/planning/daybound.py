@@ -17,9 +17,9 @@ probes) and the day's rate profile `rate(t)` (sim/workload/profile.py):
   sum_k n_k (hi - lo) x GPUs per replica / 3600;
 - **static peak provisioning**: ceil(max_t rate(t) / r) replicas for the whole day;
 - a **schedule from the bound** (one autoscaled candidate): ceil(f x peak_k / r)
-  replicas from (k w - lead), the window's *peak* rate so the window's end is covered,
-  `f` a headroom factor, `lead` the provisioning delay plus one scrape so they are ready
-  when the window starts.
+  replicas for window k (its *peak* rate, so the window's end is covered; `f` a headroom
+  factor), asked for `lead` before it starts (the provisioning delay plus one scrape, so
+  they are ready in time) and let go when it ends.
 Every figure here is analytic arithmetic over the probed (measured-in-simulation) rate.
 """
 
@@ -78,17 +78,16 @@ def static_peak(profile: RateProfile, rates: list[dict], duration_s: float, sust
 
 def bound_schedule(rates: list[dict], sustained: float, factor: float,
                    lead_s: float) -> list[list[float]]:
-    """[[time_s, replicas], ...]: from lead_s before window k starts, enough replicas for
-    window k's peak rate x factor and for every window still running then (a scale-down
-    must not leave a window it is early for short)."""
+    """[[time_s, replicas], ...]: at every time t, the most any window needs among those
+    with start - lead_s <= t < end (window k's need: ceil(factor x its peak rate /
+    sustained), at least 1). So replicas are asked for lead_s before the window that needs
+    them starts, and let go when the last window that needs them ends."""
     need = [max(1, replicas_for(factor * w["peak_rate"], sustained)) for w in rates]
+    early = [max(0.0, w["start_s"] - lead_s) for w in rates]
+    times = sorted(set(early) | {w["end_s"] for w in rates[:-1]})
     out: list[list[float]] = []
-    for k, w in enumerate(rates):
-        t = max(0.0, w["start_s"] - lead_s)
-        j0 = next(j for j, v in enumerate(rates) if v["end_s"] > t or j == k)
-        n = max(need[j0:k + 1])
-        if out and out[-1][0] == t:
-            out[-1][1] = max(out[-1][1], n)
-        elif not out or out[-1][1] != n:
+    for t in times:
+        n = max(need[j] for j, w in enumerate(rates) if early[j] <= t < w["end_s"])
+        if not out or out[-1][1] != n:
             out.append([t, n])
     return out

@@ -41,7 +41,7 @@ class DaySpec:
                 if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
                     return f"policies.{k}", f"{v!r} is not a positive number"
                 if k in ("utilization", "slo") and v > 1:
-                    return f"policies.{k}", f"{v!r} is out of range (allowed: 0 < target <= 1)"
+                    return f"policies.{k}", f"{v:g} is out of range (allowed: 0 < target <= 1)"
         if not self.policies:
             return "policies", "empty (allowed: one or more of " + ", ".join(POLICIES) + ")"
         return None
