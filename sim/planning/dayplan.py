@@ -127,8 +127,8 @@ def simulate_day(scen: str, overrides: dict, seeds: list[int]) -> dict:
             "windows": days[0]["windows"], "stints": days[0]["timeline"]}
 
 
-def _fleets(spec: PlanSpec, sc: Scenario, cand: dict, cap: dict, rates: list[dict], duration: float,
-            auto: AutoscaleSpec, router: dict, delay_s: float, static: dict) -> list[tuple[dict, dict]]:
+def _fleets(spec: PlanSpec, cand: dict, cap: dict, rates: list[dict], auto: AutoscaleSpec,
+            router: dict, delay_s: float, static: dict) -> list[tuple[dict, dict]]:
     """(row, scenario overrides) of every fleet to simulate for one candidate."""
     day = spec.day
     r = cap["sustained_rate"]
@@ -192,8 +192,7 @@ def run_day_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers:
         entry["static"] = static_peak(profile, rates, duration, r, g, usd)
         delay = _delay(scen, {**_base(spec), **cand, "cluster": None}, auto, sc.file or None)
         entry["delay_s"] = delay
-        for row, over in _fleets(spec, sc, cand, cap, rates, duration, auto, router, delay,
-                                 entry["static"]):
+        for row, over in _fleets(spec, cand, cap, rates, auto, router, delay, entry["static"]):
             jobs.append((len(per_cand) - 1, row, over))
     seeds = [sc.seed + i for i in range(spec.day.seeds)]
     results = _pmap(simulate_day, [(scen, over, seeds) for _, _, over in jobs], workers, progress, "day")
