@@ -261,3 +261,26 @@ def test_perfetto_trace_shows_replicas_starting_serving_and_draining(tmp_path):
             assert mine["starting"]["dur"] == pytest.approx((t["ready_s"] - t["start_s"]) * 1e6)
         if t["draining_s"] is not None:
             assert mine["draining"]["ts"] + mine["draining"]["dur"] == pytest.approx(t["gone_s"] * 1e6)
+
+
+# ---- the command line -----------------------------------------------------------------
+
+
+def test_llmsim_plan_with_a_day_section_prints_the_bound_and_the_pick(tmp_path, llmsim):
+    f = tmp_path / "day.yaml"
+    f.write_text(
+        f"name: cli_day\nscenario: {DAY}\n"
+        "slo: {ttft_p99_s: 1.0, tpot_p99_s: 0.05}\nsearch: {seeds: 1}\n"
+        "candidates: {workload.duration_s: [120], workload.arrival.period_s: [120]}\n"
+        "day: {window_s: 30, policies: {schedule: [1.0]}}\n")
+    p = llmsim("plan", str(f), "--out", str(tmp_path / "out"), "--workers", "1")
+    assert p.returncode == 0, p.stderr
+    assert "lower bound" in p.stdout and "static peak" in p.stdout
+    assert "recommended:" in p.stdout and "bound schedule x1" in p.stdout
+    assert {"plan.json", "fleets.csv", "bound.csv"} <= {q.name for q in (tmp_path / "out").iterdir()}
+
+
+def test_llmsim_plan_with_a_day_on_a_constant_rate_is_refused(tmp_path, refused):
+    f = _day_plan(tmp_path)
+    f.write_text(f.read_text().replace(str(DAY), str(ROOT / "scenarios" / "quickstart.yaml")))
+    refused(["plan", str(f), "--out", str(tmp_path / "out")], tmp_path, "day: needs a scenario")
