@@ -259,7 +259,8 @@ def add_parsers(sub) -> None:
     _executor_args(c)
     c.set_defaults(fn=cmd_curve)
 
-    p = sub.add_parser("plan", help="cheapest fleet meeting SLOs at a target rate, validated by simulation")
+    p = sub.add_parser("plan", help="cheapest fleet meeting SLOs at a target rate, validated by simulation "
+                       "(or over a day of time-varying traffic: a plan with a day: section)")
     p.add_argument("plan", help="plan YAML (see sim/planning/plan.py)")
     p.add_argument("--prices", help="GPU prices YAML (default gpu_profiles/prices.yaml)")
     p.add_argument("--workers", type=whole_number, default=None, help="worker processes (default: CPU count)")

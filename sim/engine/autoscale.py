@@ -11,7 +11,8 @@ an empty KV and prefix cache). GPU-hours count every replica from its start to i
 (gone, or the run's end) times its GPUs.
 
 The SimPy process that drives this is `autoscaler` in sim/engine/processes.py; the decision
-is the policy's (sim/policies/autoscale.py).
+is the policy's (sim/policies/autoscale.py). `Attainment` is the SLO policy's windowed
+metric; `autoscale_summary` and `window_power` are the run's per-window figures.
 """
 
 from __future__ import annotations
