@@ -79,6 +79,21 @@ def test_slow_provisioning_costs_attainment_in_the_morning_ramp(days):
     fast, slow = ramp(days[0]), ramp(days[180])
     assert fast > 0.95
     assert slow < fast - 0.1
+    # the loss is the ramp's: its worst window is there and far under the fast fleet's
+    # worst, while after the peak (falling load: no replica is waited for) both hold
+    wf, ws = (days[k].summary["autoscale"]["windows"] for k in (0, 180))
+    worst = min((w for w in ws if w["requests"]), key=lambda w: w["slo_attainment"])
+    assert worst["start_s"] < PERIOD / 2 and worst["slo_attainment"] < 0.5
+    assert min(w["slo_attainment"] for w in wf if w["requests"]) > 0.95
+    for w in (*wf, *ws):
+        if w["start_s"] >= PERIOD / 2 and w["requests"]:
+            assert w["slo_attainment"] > 0.99
+    # and the slow fleet's first added replica is ready exactly 180 s later after its start
+    first = {k: next(t for t in days[k].summary["autoscale"]["timeline"] if t["start_s"] > 0)
+             for k in (0, 180)}
+    load = days[0].summary["autoscale"]["provisioning"]["weights_load_s"]
+    assert first[0]["ready_s"] - first[0]["start_s"] == pytest.approx(load)
+    assert first[180]["ready_s"] - first[180]["start_s"] == pytest.approx(180 + load)
 
 
 def test_requests_go_only_to_ready_replicas_and_draining_ones_finish_theirs(days):

@@ -21,6 +21,8 @@ SMOKE = {
     "speed/run_speed.py": ["--repeat", "1", "--scenario", str(ROOT / "scenarios" / "quickstart.yaml")],
     "speed/fleet_speed.py": ["--replicas", "2", "--hours", "0.005", "--write", "{tmp}/fleet"],
     "speed/autoscale_day_speed.py": ["--hours", "0.01", "--period-hours", "0.01", "--rate", "2"],
+    "speed/day_plan_speed.py": ["--hours", "0.02", "--rate", "2", "--gpus", "l40s", "--policies", "schedule",
+                                "--workers", "1"],
     "speed/overload.py": ["--requests", "2000"],
     "speed/plan_speed.py": ["--plan", "{tmp}/plan.yaml", "--workers", "1"],
     "speed/sweep_speed.py": ["--configs", "4", "--requests", "20", "--no-ray"],
@@ -102,6 +104,12 @@ def test_autoscale_day_speed_runs_a_short_autoscaled_day(tmp_path):
     out = ok("speed/autoscale_day_speed.py", tmp_path)
     assert re.search(r"^0.01 h at mean 2 req/s, up to 8 replicas: [\d,]+ requests", out, re.M), out
     assert "GPU-hours" in out and "SLO attainment" in out
+
+
+def test_day_plan_speed_plans_a_short_day(tmp_path):
+    out = ok("speed/day_plan_speed.py", tmp_path)
+    assert re.search(r"^day plan: 0.02 h day at mean 2 req/s, GPUs l40s: 2 days simulated", out, re.M), out
+    assert "lower bound" in out and "recommended:" in out
 
 
 def test_overload_rejects_the_prompts_over_the_context_window(tmp_path):

@@ -77,7 +77,8 @@ def cmd_run(a) -> int:
         reps = out.result.replicas
         names = [r.name for r in reps]  # as requests.csv and steps.csv name them
         write_trace(a.trace_out, replica_parts(out.steps, out.requests, names),
-                    [r.events for r in reps], names)
+                    [r.events for r in reps], names,
+                    (out.summary.get("autoscale") or {}).get("timeline"))
     print(table([out.scenario.name], [out.summary]))
     if out.summary.get("per_replica"):
         print("\n" + replica_table(out.summary["per_replica"]))

@@ -82,6 +82,15 @@ def cmd_plan(a) -> int:
     if done is not None:
         return done
     spec = load_plan(a.plan)
+    if spec.day is not None:  # a plan over a time-varying day (sim/planning/dayplan.py)
+        from sim.planning.dayplan import day_lines, run_day_plan, write_day_plan
+
+        result = run_day_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
+        out = write_day_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
+        print("\n".join(day_lines(result)))
+        _maybe_report(a, out)
+        print(f"wrote {out}/ (plan.json, fleets.csv, bound.csv)")
+        return 0
     result = run_plan(spec, a.prices, workers=a.workers, progress=sys.stderr.isatty())
     out = write_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
     if result.get("arrival"):
@@ -254,7 +263,8 @@ def add_parsers(sub) -> None:
     _executor_args(c)
     c.set_defaults(fn=cmd_curve)
 
-    p = sub.add_parser("plan", help="cheapest fleet meeting SLOs at a target rate, validated by simulation")
+    p = sub.add_parser("plan", help="cheapest fleet meeting SLOs at a target rate, validated by simulation "
+                       "(or over a day of time-varying traffic: a plan with a day: section)")
     p.add_argument("plan", help="plan YAML (see sim/planning/plan.py)")
     p.add_argument("--prices", help="GPU prices YAML (default gpu_profiles/prices.yaml)")
     p.add_argument("--workers", type=whole_number, default=None, help="worker processes (default: CPU count)")

@@ -72,10 +72,12 @@ class AutoscaleSpec:
 
     `policy`: `utilization` (HPA on batch-slot use: requests dispatched and unfinished per
     ready replica over max_num_seqs), `queue` (HPA on requests dispatched and unfinished
-    per ready replica), or `schedule` (`[[time_s, replicas], ...]`). The group's `count`
-    is the number ready at t = 0."""
+    per ready replica), `slo` (the share of requests meeting the scenario's TTFT and TPOT
+    SLOs over the last `window_s`, target 0-1: sim/policies/autoscale.py SLOPolicy, with
+    `high`, `step` and `down_utilization`), or `schedule` (`[[time_s, replicas], ...]`).
+    The group's `count` is the number ready at t = 0."""
 
-    policy: Literal["utilization", "queue", "schedule"] = "utilization"
+    policy: Literal["utilization", "queue", "slo", "schedule"] = "utilization"
     target: float | None = field(default=None, metadata={"gt": 0, "le": 1e6})
     schedule: tuple[tuple[float, int], ...] | None = None
     min_replicas: int = field(default=1, metadata={"ge": 1, "le": 4096})
@@ -86,6 +88,12 @@ class AutoscaleSpec:
     stabilization_s: float = field(default=300.0, metadata={"ge": 0, "le": 86400})
     provisioning: ProvisioningSpec = ProvisioningSpec()
     window_s: float = field(default=600.0, metadata={"gt": 0, "le": 86400})  # report windows
+    # policy slo: scale down at attainment >= high (default halfway from target to 1),
+    # up by max(1, ceil(step x replicas)), down only while the rest stay <= down_utilization
+    high: float | None = field(default=None, metadata={"gt": 0, "le": 1})
+    step: float = field(default=0.25, metadata={"gt": 0, "le": 10})
+    down_utilization: float = field(default=0.5, metadata={"gt": 0, "le": 1})
+    attainment_window_s: float = field(default=60.0, metadata={"gt": 0, "le": 86400})
 
     def check(self):
         if self.min_replicas > self.max_replicas:
@@ -97,11 +105,13 @@ class AutoscaleSpec:
             if times != sorted(times) or times[0] < 0:
                 return "schedule", "times must be >= 0 and increasing"
         elif self.target is None:
-            return "target", f"policy '{self.policy}' needs a target (utilization: 0-1, queue: requests per replica)"
+            return "target", f"policy '{self.policy}' needs a target (utilization: 0-1, queue: requests per replica, slo: attainment 0-1)"
         elif self.schedule is not None:
             return "schedule", f"not used by policy '{self.policy}'"
-        if self.policy == "utilization" and self.target > 1:
-            return "target", f"{self.target} is out of range (allowed: 0 < target <= 1 for utilization)"
+        if self.policy in ("utilization", "slo") and self.target > 1:
+            return "target", f"{self.target} is out of range (allowed: 0 < target <= 1 for {self.policy})"
+        if self.policy == "slo" and self.high is not None and self.high < self.target:
+            return "high", f"{self.high} is under target {self.target} (allowed: target <= high <= 1)"
         return None
 
 

@@ -11,19 +11,22 @@ an empty KV and prefix cache). GPU-hours count every replica from its start to i
 (gone, or the run's end) times its GPUs.
 
 The SimPy process that drives this is `autoscaler` in sim/engine/processes.py; the decision
-is the policy's (sim/policies/autoscale.py).
+is the policy's (sim/policies/autoscale.py). `Attainment` is the SLO policy's windowed
+metric; `autoscale_summary` and `window_power` are the run's per-window figures.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sim.config.cluster import AutoscaleSpec
 from sim.io.specload import ROOT, SpecError, load_yaml
-from sim.policies.autoscale import HPAPolicy, SchedulePolicy
+from sim.policies.autoscale import HPAPolicy, SchedulePolicy, SLOPolicy
+from sim.policies.batch import FINISHED, REJECTED
 
 PROVISIONING_FILE = ROOT / "data" / "autoscale" / "provisioning.yaml"
 GB = 1e9
@@ -50,8 +53,59 @@ def provisioning_delay(spec: AutoscaleSpec, weight_bytes_per_gpu: float, *, file
 def make_policy(spec: AutoscaleSpec):
     if spec.policy == "schedule":
         return SchedulePolicy(spec.schedule, spec.min_replicas, spec.max_replicas)
+    if spec.policy == "slo":
+        return SLOPolicy(spec.target, spec.min_replicas, spec.max_replicas, high=spec.high,
+                         step=spec.step, down_utilization=spec.down_utilization,
+                         stabilization_s=spec.stabilization_s)
     return HPAPolicy(spec.target, spec.min_replicas, spec.max_replicas,
                      tolerance=spec.tolerance, stabilization_s=spec.stabilization_s)
+
+
+class Attainment:
+    """The SLO policy's metric as the scaler sees it at a scrape: of the requests that
+    ended in the last `window_s` (finished or rejected), and of those still waiting for a
+    first token past the TTFT bound (certain misses, counted at once so a growing queue
+    shows before its requests end), the share that met TTFT and TPOT. Incremental:
+    each scrape looks at the new arrivals and the requests still open."""
+
+    def __init__(self, seqs: list, ttft_s: float | None, tpot_s: float | None, window_s: float):
+        self.seqs, self.ttft, self.tpot, self.window = seqs, ttft_s, tpot_s, window_s
+        self.next = 0
+        self.open: list = []
+        self.ended: deque[tuple[float, bool]] = deque()
+        self.met = 0
+
+    def _ok(self, s) -> bool:
+        if s.state != FINISHED:
+            return False
+        ttft = s.first_token_t - s.arrival
+        if self.ttft is not None and ttft > self.ttft:
+            return False
+        if self.tpot is not None and s.output > 1:
+            return (s.finish_t - s.arrival - ttft) / (s.output - 1) <= self.tpot
+        return True
+
+    def at(self, now: float) -> float | None:
+        seqs = self.seqs
+        while self.next < len(seqs) and seqs[self.next].arrival <= now:
+            self.open.append(seqs[self.next])
+            self.next += 1
+        still, late, new = [], 0, []
+        for s in self.open:
+            if s.state in (FINISHED, REJECTED):
+                ok = self._ok(s)
+                new.append((s.finish_t if s.state == FINISHED else now, ok))
+                self.met += ok
+            else:
+                still.append(s)
+                if self.ttft is not None and s.first_token_t < 0 and now - s.arrival > self.ttft:
+                    late += 1
+        self.open = still
+        self.ended.extend(sorted(new))
+        while self.ended and self.ended[0][0] < now - self.window:
+            self.met -= self.ended.popleft()[1]
+        n = len(self.ended) + late
+        return self.met / n if n else None
 
 
 @dataclass
@@ -78,6 +132,7 @@ class Lifecycle:
     current: dict[int, Life] = field(default_factory=dict)
     ready_curve: list[tuple[float, int]] = field(default_factory=list)  # (time, ready count)
     routed: list[int] = field(default_factory=list)  # requests routed to each replica
+    slo: tuple[float | None, float | None] = (None, None)  # (TTFT, TPOT) bounds: policy slo
 
     def __post_init__(self) -> None:
         self.state = ["off"] * self.pool
@@ -163,8 +218,11 @@ class Lifecycle:
             raise RuntimeError("autoscaler: a replica was left draining or starting at the end")
 
 
-def autoscale_summary(lc: Lifecycle, provisioning: dict, req, slo, end: float) -> dict:
-    """Timeline, ready replicas over time, GPU-hours, and per-window SLO attainment."""
+def autoscale_summary(lc: Lifecycle, provisioning: dict, req, slo, end: float,
+                      power: list[float | None] | None = None) -> dict:
+    """Timeline, ready replicas over time, GPU-hours, and per window: requests, SLO
+    attainment, mean ready replicas, p99 TTFT and TPOT (of the window's arrivals), and
+    `power_w` (`power`: per window, from `window_power`; None where no power model)."""
     lc.close(end)
     replica_s = sum(life.gone - life.start for life in lc.lives)
     gpu_hours = replica_s * lc.gpus_per_replica / 3600
@@ -182,12 +240,16 @@ def autoscale_summary(lc: Lifecycle, provisioning: dict, req, slo, end: float) -
     idx = np.minimum((arrival // win).astype(int), n_win - 1)
     offered = np.bincount(idx, minlength=n_win)
     met = np.bincount(idx, weights=ok.astype(float), minlength=n_win)
+    p99 = {name: _window_p99(idx, np.asarray(req[name], dtype=float), n_win)
+           for name in ("ttft_s", "tpot_s")}
     windows = []
     for k in range(n_win):
         lo, hi = k * win, min((k + 1) * win, end)
         windows.append({"start_s": lo, "requests": int(offered[k]),
                         "slo_attainment": float(met[k] / offered[k]) if offered[k] else None,
-                        "mean_ready": _mean_ready(lc.ready_curve, lo, hi)})
+                        "mean_ready": _mean_ready(lc.ready_curve, lo, hi),
+                        "ttft_p99_s": p99["ttft_s"][k], "tpot_p99_s": p99["tpot_s"][k],
+                        "power_w": power[k] if power is not None else None})
     return {
         "policy": lc.spec.policy, "target": lc.spec.target,
         "min_replicas": lc.spec.min_replicas, "max_replicas": lc.spec.max_replicas,
@@ -217,3 +279,62 @@ def _mean_ready(curve: list[tuple[float, int]], lo: float, hi: float) -> float:
         if b > a:
             total += n * (b - a)
     return total / (hi - lo)
+
+
+def _window_p99(idx: np.ndarray, v: np.ndarray, n_win: int) -> list[float | None]:
+    """The p99 of `v` (NaN left out) over each window's arrivals; None for none."""
+    keep = ~np.isnan(v)
+    idx, v = idx[keep], v[keep]
+    order = np.lexsort((v, idx))
+    idx, v = idx[order], v[order]
+    cuts = np.searchsorted(idx, np.arange(n_win + 1))
+    return [float(np.percentile(v[a:b], 99)) if b > a else None
+            for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+
+
+def window_power(lc: Lifecycle, configs: list, kernel_s: list[float], steps: list[dict],
+                 end: float) -> list[float | None] | None:
+    """The fleet's mean power (W) per report window, by the power model of
+    sim/costmodel/power.py: each GPU of a replica draws idle power while the replica is
+    up (start to gone) and board - idle more while its kernels run. A replica's kernel
+    seconds are known for the run as a whole; a window gets the share its steps' time
+    falls in (derived: kernel time assumed proportional to step time within a replica).
+    None when a GPU has no power model. Call after `close`."""
+    win = lc.spec.window_s
+    n_win = max(1, math.ceil(end / win))
+    edges = np.minimum(np.arange(n_win + 1) * win, end)
+    joules = np.zeros(n_win)
+    for i, cfg in enumerate(configs):
+        power = cfg.profile.facts.power
+        if power is None:
+            return None
+        par = cfg.scenario.parallel
+        gpus = par.tensor * par.pipeline
+        up = np.zeros(n_win)
+        for life in lc.lives:
+            if life.replica == i:
+                up += _overlap(edges, life.start, life.gone)
+        busy = np.zeros(n_win)
+        t0, t1 = steps[i]["t_start"], steps[i]["t_end"]
+        if len(t0):
+            cum = np.concatenate(([0.0], np.cumsum(t1 - t0)))  # busy seconds before each step
+            busy = np.diff(_busy_until(edges, t0, t1, cum))
+            total = cum[-1]
+            busy *= kernel_s[i] / total if total > 0 else 0.0
+        joules += gpus * (power.idle_w * up + (power.board_w - power.idle_w) * busy)
+    width = np.diff(edges)
+    return [float(j / w) if w > 0 else None for j, w in zip(joules, width, strict=True)]
+
+
+def _overlap(edges: np.ndarray, a: float, b: float) -> np.ndarray:
+    """Seconds of [a, b) inside each window [edges[k], edges[k+1])."""
+    return np.clip(np.minimum(edges[1:], b) - np.maximum(edges[:-1], a), 0.0, None)
+
+
+def _busy_until(edges: np.ndarray, t0: np.ndarray, t1: np.ndarray, cum: np.ndarray) -> np.ndarray:
+    """Step seconds before each time in `edges` (steps are back to back or apart, in order)."""
+    k = np.searchsorted(t0, edges, side="right") - 1  # the last step started at or before
+    out = np.where(k >= 0, cum[np.maximum(k, 0)], 0.0)
+    inside = np.where(k >= 0, np.clip(edges - t0[np.maximum(k, 0)], 0.0,
+                                      (t1 - t0)[np.maximum(k, 0)]), 0.0)
+    return out + inside

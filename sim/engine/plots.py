@@ -119,28 +119,40 @@ def _timeline_fleet(tables: list[dict], reps, axes) -> None:
 
 
 def autoscaling(out, axes) -> None:
-    """Offered rate and ready replicas over time, and SLO attainment per window."""
+    """Offered rate and ready replicas over time; per window p99 TTFT and TPOT (against
+    the scenario's SLOs), SLO attainment and the fleet's mean power."""
     a = out.summary["autoscale"]
     ws = a["windows"]
     win = ws[1]["start_s"] - ws[0]["start_s"] if len(ws) > 1 else max(out.result.end_time, 1.0)
     t = np.array([w["start_s"] for w in ws])
+
+    def col(key: str, scale: float = 1.0) -> list[float]:
+        return [w[key] * scale if w.get(key) is not None else np.nan for w in ws]
     ax = axes[0]
     ax.step(t, [w["requests"] / win for w in ws], where="post", label="offered (req/s)")
     curve = np.array(a["ready_over_time"] + [[out.result.end_time, a["ready_over_time"][-1][1]]])
     ax.twinx().step(curve[:, 0], curve[:, 1], where="post", color="C1", label="ready replicas")
-    ax.set_ylabel("requests/s (blue), ready replicas (orange)")
-    ax = axes[1]
-    ax.step(t, [w["slo_attainment"] if w["slo_attainment"] is not None else np.nan for w in ws],
-            where="post")
-    ax.set_ylabel("SLO attainment per window")
-    ax.set_xlabel("time (s)")
+    ax.set_ylabel("requests/s (blue),\nready replicas (orange)")
+    slo = out.scenario.slo
+    for ax, key, bound, name in ((axes[1], "ttft_p99_s", slo.ttft_s if slo else None, "p99 TTFT (s)"),
+                                 (axes[2], "tpot_p99_s", slo.tpot_s if slo else None, "p99 TPOT (s)")):
+        ax.step(t, col(key), where="post")
+        if bound is not None:
+            ax.axhline(bound, color="r", linestyle=":")
+        ax.set_ylabel(name)
+    axes[3].step(t, col("slo_attainment"), where="post")
+    axes[3].set_ylabel("SLO attainment\nper window")
+    axes[4].step(t, col("power_w", 1e-3), where="post")
+    axes[4].set_ylabel("fleet power (kW)")
+    axes[4].set_xlabel("time (s)")
 
 
 def plot_run(out, folder: Path) -> list[Path]:
     """Write latency_cdf.png and timeline.png (and autoscale.png) for one run into `folder`."""
     name = out.summary.get("scenario", "")
     paths = []
-    scaled = (("autoscale.png", "offered rate, ready replicas, SLO attainment", (2, 1), (10, 6),
+    scaled = (("autoscale.png", "offered rate, ready replicas, p99s, SLO attainment, power per window",
+               (5, 1), (10, 12),
                autoscaling),) if out.summary.get("autoscale") else ()
     for fname, title, shape, size, draw in (
         ("latency_cdf.png", "latency CDFs", (2, 2), (10, 7), latency_cdfs),
@@ -148,7 +160,7 @@ def plot_run(out, folder: Path) -> list[Path]:
         *scaled,
     ):
         fig = Figure(figsize=size)  # no pyplot: files are written whatever the backend
-        axes = fig.subplots(*shape, sharex=shape == (2, 1))
+        axes = fig.subplots(*shape, sharex=shape[1] == 1)
         draw(out, axes)
         fig.suptitle(f"{name}: {title}")
         fig.tight_layout()

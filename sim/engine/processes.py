@@ -25,7 +25,7 @@ import numpy as np
 import simpy
 
 from sim.config.cluster import Link
-from sim.engine.autoscale import Lifecycle
+from sim.engine.autoscale import Attainment, Lifecycle
 from sim.engine.closedloop import ClosedLoop, streamed
 from sim.engine.handoff import (
     hand_over,
@@ -207,14 +207,16 @@ def reporter(env: simpy.Environment, fleet: Fleet, every_s: float, until: list[b
         yield env.timeout(every_s)
 
 
-def autoscaler(env: simpy.Environment, fleet: Fleet, policy, total: int, finished: list[bool]):
+def autoscaler(env: simpy.Environment, fleet: Fleet, policy, seqs: list[Seq], finished: list[bool]):
     """Every scrape: retire drained replicas, ask the policy for a replica count, then
     start replicas (ready after the provisioning delay) or cancel starting ones and drain
     ready ones (sim/engine/autoscale.py). Ends once every request is accounted for."""
     lc = fleet.lifecycle
     reps = [n.rep for n in fleet.front]
     slots = reps[0].config.scenario.scheduler.max_num_seqs if reps[0].config else 1
-    per = slots if lc.spec.policy == "utilization" else 1
+    per = slots if lc.spec.policy in ("utilization", "slo") else 1
+    total = len(seqs)
+    seen = Attainment(seqs, *lc.slo, lc.spec.attainment_window_s) if lc.spec.policy == "slo" else None
 
     def ready_at(i: int):
         life = lc.current[i]
@@ -230,7 +232,8 @@ def autoscaler(env: simpy.Environment, fleet: Fleet, policy, total: int, finishe
         ready = fleet.ready
         metric = sum(reps[i].port.load.outstanding for i in ready) / len(ready) / per
         current = lc.count("ready", "starting")
-        target = policy.plan(now, FleetMetrics(current, len(ready), metric))
+        att = seen.at(now) if seen is not None else None
+        target = policy.plan(now, FleetMetrics(current, len(ready), metric, att))
         while current < target and (i := lc.start(now)) is not None:
             env.timeout(lc.delay_s).callbacks.append(ready_at(i))
             current += 1
@@ -457,7 +460,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
             finished[0] = True
         env.process(watch())
     if lifecycle is not None:
-        env.process(autoscaler(env, fleet.scaled(lifecycle), scaler, len(seqs), finished))
+        env.process(autoscaler(env, fleet.scaled(lifecycle), scaler, seqs, finished))
     loop = None
     if workload.clients is not None:
         loop = ClosedLoop(env, workload.clients, fleet)

@@ -25,7 +25,13 @@ import numpy as np
 
 from sim.config.scenario import Scenario, load_scenario
 from sim.costmodel.latency import StepLatency
-from sim.engine.autoscale import Lifecycle, autoscale_summary, make_policy, provisioning_delay
+from sim.engine.autoscale import (
+    Lifecycle,
+    autoscale_summary,
+    make_policy,
+    provisioning_delay,
+    window_power,
+)
 from sim.engine.build import POLICIES, ReplicaConfig, build_fleet
 from sim.engine.closedloop import client_summary
 from sim.engine.energy import energy_and_cost
@@ -44,6 +50,7 @@ from sim.engine.processes import simulate
 from sim.engine.recorder import spill_logs
 from sim.engine.replica import RunResult
 from sim.io.outputs import write_atomically
+from sim.io.specload import SpecError
 from sim.io.tablefile import frame, write_csv, write_parquet
 from sim.policies.prefix import combine_summaries
 from sim.policies.speculative import summarize_speculators
@@ -181,7 +188,11 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
         "simulate_wall_s": t_sim,  # the engine alone (wall_s adds loading, tables, summary)
     }
     if scaling:
-        summary["autoscale"] = autoscale_summary(scaling[0], scaling[2], req, sc.slo, res.end_time)
+        scaling[0].close(res.end_time)
+        watts = window_power(scaling[0], configs, [r.kernel_busy_s for r in res.replicas], steps,
+                             res.end_time)
+        summary["autoscale"] = autoscale_summary(scaling[0], scaling[2], req, sc.slo, res.end_time,
+                                                 watts)
     summary.update(energy_and_cost(configs, res, summary, t0=_measured(req)[1],
                                    powered_s=scaling[0].powered_s(len(configs)) if scaling else None))
     if replicas is not None and (
@@ -210,6 +221,11 @@ def _autoscaling(sc: Scenario, configs: list[ReplicaConfig]):
     prov = provisioning_delay(spec, first.budget.weight_bytes, file=sc.file or None)
     par = first.scenario.parallel
     lc = Lifecycle(spec, prov["delay_s"], par.gpus, len(configs))
+    if spec.policy == "slo":
+        if sc.slo is None or (sc.slo.ttft_s is None and sc.slo.tpot_s is None):
+            raise SpecError(sc.file or None, "cluster.autoscale.policy",
+                            "'slo' needs the scenario's slo: ttft_s and/or tpot_s")
+        lc.slo = (sc.slo.ttft_s, sc.slo.tpot_s)
     lc.begin(sc.cluster.groups[0].count)
     return lc, make_policy(spec), prov
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 from sim.io.specload import ROOT, SpecError, build, load_yaml
 from sim.planning.candidates import candidate_grid as _grid
 from sim.planning.capacity import SLO
+from sim.planning.dayspec import DaySpec
 from sim.planning.steady import SteadyRule
 from sim.policies.router import RouterSpec
 
@@ -69,8 +70,9 @@ class SearchSpec:
 @dataclass(frozen=True)
 class PlanSpec:
     scenario: str
-    target_rate: float = field(metadata={"gt": 0})
     slo: SLO
+    # requests/s a static fleet must serve; a day plan (`day:`) reads its scenario's rate profile
+    target_rate: float | None = field(default=None, metadata={"gt": 0})
     candidates: dict[str, tuple[Any, ...]] = field(default_factory=dict)
     name: str = "plan"
     prices: str | None = None
@@ -79,7 +81,15 @@ class PlanSpec:
     # the arrival process sized to: auto (a trace scenario replays its trace's, else its
     # kind), poisson, or trace (sim/planning/traffic.py)
     arrival: Literal["auto", "poisson", "trace"] = "auto"
+    day: DaySpec | None = None  # a plan over a time-varying day (sim/planning/dayplan.py)
     file: str = field(default="", init=False, compare=False)
+
+    def check(self):
+        if self.target_rate is None and self.day is None:
+            return "target_rate", "missing (allowed: a rate in requests/s, or a day: section)"
+        if self.target_rate is not None and self.day is not None:
+            return "target_rate", "not used by a day plan (its scenario's rate profile sets the rate)"
+        return None
 
 
 def load_plan(file: str | Path) -> PlanSpec:

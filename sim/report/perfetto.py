@@ -11,7 +11,12 @@ and steps.csv: `r0`, `decode-1`; "replica N" where no names are given), with:
 * an instant event (`ph: i`, scope thread) per preemption at its time: "preempted"
   (recompute), "swapped out", "swapped in";
 * thread 2 "KV link" of a disaggregated decode replica: one complete event per KV
-  transfer into it ("kv transfer", args request and source replica).
+  transfer into it ("kv transfer", args request and source replica);
+* thread 3 "lifecycle" of an autoscaled replica (the summary's `autoscale.timeline`):
+  per stint complete events "starting" (start -> ready: node start and weights),
+  "serving" (ready -> draining, or its leaving) and "draining" (-> gone: no new
+  request, finishing its own), cat "lifecycle"; a start cancelled before ready is
+  "starting (cancelled)".
 Timestamps are microseconds of simulated time. `replica_parts` splits a cluster run's
 tables into one (steps, requests) pair per replica for `write_trace`.
 """
@@ -32,9 +37,11 @@ _MOVES = {"preempt": "preempted", "swap_out": "swapped out", "swap_in": "swapped
 
 
 def trace_events(steps: pd.DataFrame, requests: pd.DataFrame, replica: int = 0,
-                 events: list | None = None, name: str | None = None) -> list[dict]:
+                 events: list | None = None, name: str | None = None,
+                 lives: list[dict] | None = None) -> list[dict]:
     """The trace events of one replica; `events` are its `sim.engine.results.Event`s,
-    `name` its name in the run's tables (default "replica N")."""
+    `name` its name in the run's tables (default "replica N"), `lives` its stints under
+    an autoscaler (timeline entries: start_s, ready_s, draining_s, gone_s)."""
     pid = replica + 1
     ev: list[dict] = [
         {"ph": "M", "pid": pid, "tid": 0, "name": "process_name",
@@ -82,6 +89,27 @@ def trace_events(steps: pd.DataFrame, requests: pd.DataFrame, replica: int = 0,
         else:
             ev.append({"ph": "i", "pid": pid, "tid": 1, "s": "t", "name": _MOVES[e.kind],
                        "ts": e.t * US, "args": {"request": e.rid}})
+    ev += lifecycle_events(pid, lives or [])
+    return ev
+
+
+def lifecycle_events(pid: int, lives: list[dict]) -> list[dict]:
+    """Thread 3 "lifecycle": starting, serving and draining spans of each stint."""
+    if not lives:
+        return []
+    ev: list[dict] = [{"ph": "M", "pid": pid, "tid": 3, "name": "thread_name",
+                       "args": {"name": "lifecycle"}}]
+    for life in lives:
+        start, ready, drain, gone = (life[k] for k in ("start_s", "ready_s", "draining_s", "gone_s"))
+        spans = [("starting (cancelled)", start, gone)] if ready is None else \
+            [("starting", start, ready), ("serving", ready, drain if drain is not None else gone)]
+        if ready is not None and drain is not None:
+            spans.append(("draining", drain, gone))
+        for what, t0, t1 in spans:
+            if what == "starting" and t1 <= t0:
+                continue  # ready at the run's start
+            ev.append({"ph": "X", "pid": pid, "tid": 3, "name": what, "cat": "lifecycle",
+                       "ts": t0 * US, "dur": max(t1 - t0, 0.0) * US})
     return ev
 
 
@@ -108,13 +136,18 @@ def replica_parts(steps: pd.DataFrame, requests: pd.DataFrame,
 
 
 def write_trace(path: str | Path, replicas: list[tuple[pd.DataFrame, pd.DataFrame]],
-                moves: list[list] | None = None, names: list[str] | None = None) -> Path:
+                moves: list[list] | None = None, names: list[str] | None = None,
+                timeline: list[dict] | None = None) -> Path:
     """Write the trace of one or more replicas' (steps, requests) tables; `moves`, one
     list per replica in the same order, are their preemption / swap / KV-transfer events,
-    `names` their names in the run's tables (the trace's process names)."""
+    `names` their names in the run's tables (the trace's process names), `timeline` an
+    autoscaled run's stints (`autoscale.timeline`, each naming its replica's index)."""
+    lives: dict[int, list[dict]] = {}
+    for life in timeline or ():
+        lives.setdefault(int(life["replica"]), []).append(life)
     events = [e for i, (steps, req) in enumerate(replicas)
               for e in trace_events(steps, req, i, moves[i] if moves else None,
-                                    names[i] if names else None)]
+                                    names[i] if names else None, lives.get(i))]
     doc = {"traceEvents": events, "displayTimeUnit": "ms",
            "otherData": {"producer": "llmsim", "time": "simulated seconds x 1e6"}}
     from sim.io.outfile import write_file_atomically

@@ -188,6 +188,10 @@ def _confidence(plan: dict, rows: pd.DataFrame) -> Section | None:
 
 
 def plan_sections(plan: dict) -> Report:
+    if plan.get("kind") == "day":  # a plan over a day (sim/planning/dayplan.py)
+        from sim.report.day_page import day_sections
+
+        return day_sections(plan)
     rows = pd.DataFrame(plan["candidates"])
     for c in CANDIDATE_COLUMNS:
         if c not in rows.columns:
