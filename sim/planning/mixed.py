@@ -45,69 +45,24 @@ import dataclasses
 import math
 import os
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from sim.io.specload import SpecError, build, load_yaml
-from sim.planning.capacity import SLO, max_rate
+from sim.io.specload import SpecError
+from sim.planning.capacity import max_rate
+from sim.planning.mixedspec import (  # noqa: F401  (the plan's spec, re-exported)
+    MixedPlanSpec,
+    MixedSpec,
+    _base,
+    _scenario_path,
+    describe,
+    is_mixed_plan,
+    load_mixed_plan,
+)
 from sim.planning.planspec import SearchSpec, load_prices
-
-Within = Literal["round_robin", "random", "least_outstanding", "least_kv", "power_of_two", "affinity"]
-
-
-@dataclass(frozen=True)
-class MixedSpec:
-    gpus: tuple[str, ...]
-    thresholds: tuple[int, ...]
-    length_by: Literal["prompt", "total"] = "prompt"
-    within: Within = "least_outstanding"
-    check_rounds: int = field(default=4, metadata={"ge": 0, "le": 64})
-
-    def check(self):
-        if not self.gpus:
-            return "gpus", "empty list (allowed: one or more GPU names)"
-        if not self.thresholds or any(t < 1 for t in self.thresholds):
-            return "thresholds", f"{list(self.thresholds)} (allowed: one or more whole tokens >= 1)"
-        return None
-
-
-@dataclass(frozen=True)
-class MixedPlanSpec:
-    scenario: str
-    target_rate: float = field(metadata={"gt": 0})
-    slo: SLO
-    mixed: MixedSpec
-    name: str = "mixed"
-    prices: str | None = None
-    search: SearchSpec = SearchSpec()
-    file: str = field(default="", init=False, compare=False)
-
-
-def is_mixed_plan(file: str | Path) -> bool:
-    """Whether a plan file is a mixed-fleet plan (it has a `mixed:` section)."""
-    data = load_yaml(Path(file))
-    return isinstance(data, dict) and "mixed" in data
-
-
-def load_mixed_plan(file: str | Path) -> MixedPlanSpec:
-    p = Path(file)
-    spec = build(MixedPlanSpec, load_yaml(p), file=p)
-    object.__setattr__(spec, "file", str(p))
-    return spec
-
-
-def _scenario_path(spec: MixedPlanSpec) -> str:
-    q = Path(spec.scenario)
-    return str(q if q.is_absolute() else Path(spec.file).resolve().parent / q)
-
-
-def _base(spec: MixedPlanSpec) -> dict:
-    return {"slo": spec.slo.as_scenario_slo(), "cluster": None}
-
 
 # ---- the length mix ------------------------------------------------------------------
 
@@ -232,15 +187,6 @@ def options(target: float, shares: dict[int, float], caps: dict, gpu_usd_h: dict
         o["label"] = describe(o)
     return sorted(out, key=lambda o: (o["usd_per_hour"], len(o["pools"]),
                                       sum(p["replicas"] for p in o["pools"])))
-
-
-def describe(o: dict) -> str:
-    """'3 x h100-sxm' or '2 x a100-80gb (<= 2048) + 1 x h200-sxm (> 2048)'."""
-    if o["kind"] == "single":
-        p = o["pools"][0]
-        return f"{p['replicas']} x {p['gpu']}"
-    s, lo = o["pools"]
-    return f"{s['replicas']} x {s['gpu']} (<= {o['threshold']}) + {lo['replicas']} x {lo['gpu']} (> {o['threshold']})"
 
 
 def gpu_prices(spec: MixedPlanSpec, prices: dict[str, float]) -> dict[str, float]:

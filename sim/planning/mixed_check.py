@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from sim.planning.capacity import SLO, violations
-from sim.planning.mixed import MixedPlanSpec, _base, _scenario_path, describe
+from sim.planning.mixedspec import MixedPlanSpec, _base, _scenario_path, describe
 from sim.planning.steady import window, windowed_summary
 
 
