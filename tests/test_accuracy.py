@@ -3,6 +3,7 @@ their stated limits, and the 90 % prediction intervals cover what they claim."""
 
 from __future__ import annotations
 
+import csv
 import sys
 from pathlib import Path
 
@@ -31,6 +32,31 @@ def test_the_published_rows_are_all_scored(errs):
     from benchmarks.fidelity.published_check import read_rows
     ids = {e.id for e in errs if e.dataset == "published"}
     assert ids == {r.id for r in read_rows()}
+
+
+FLAGS = {"up_to", "other_batch", "other_shapes", "other_setting"}
+
+
+def test_the_published_ratio_rows_are_all_scored_each_with_its_source_and_caveat(errs):
+    rows = accuracy.read_ratios()
+    assert {e.id for e in errs if e.dataset == "published-ratios"} == {r["id"] for r in rows}
+    for r in rows:
+        assert r["source"] and r["compared"] and r["scenario"] and r["overrides"], r["id"]
+        assert r["flag"] in FLAGS and r["flag_note"], r["id"]  # every row says how it differs
+        assert r["kind"] in {"ratio", "absolute"} and float(r["published"]) > 0
+
+
+def test_a_published_ratio_error_is_simulated_over_published_minus_one(errs, tmp_path):
+    """Doubling every published figure halves simulated / published: 1 + e becomes (1 + e) / 2."""
+    rows = accuracy.read_ratios()
+    doubled = tmp_path / "ratios.csv"
+    with doubled.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows({**r, "published": str(2 * float(r["published"]))} for r in rows)
+    before = {e.id: e.error for e in errs if e.dataset == "published-ratios"}
+    after = {e.id: e.error for e in accuracy.ratio_errors(doubled)}
+    assert after == pytest.approx({k: (1 + v) / 2 - 1 for k, v in before.items()})
 
 
 def test_90_percent_intervals_cover_about_90_percent_of_held_out_data(errs):

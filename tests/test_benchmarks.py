@@ -151,8 +151,10 @@ def test_published_check_costs_every_published_row(tmp_path):
 
 def test_accuracy_prints_every_dataset_and_the_intervals(tmp_path):
     out = ok("fidelity/accuracy.py", tmp_path, "--intervals")
-    for dataset in ("published", "live-heldout", "live-load", "grid-heldout", "all datasets"):
+    for dataset in ("published", "live-heldout", "live-load", "grid-heldout", "published-ratios",
+                    "all datasets"):
         assert dataset in out
+    assert "published-ratios, row by row" in out and "trtllm-405b-min-latency" in out
     assert "interval90 by provenance class" in out
 
 

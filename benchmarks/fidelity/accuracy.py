@@ -20,6 +20,14 @@ Datasets (docs/fidelity.md lists which were used to fit what):
                     iter_grid_eager_reference.csv, two models): the eager runtime's host
                     terms refitted on one model's steps, the other model's steps predicted
                     (the shipped runtime is fitted to both: in-sample there).
+    published-ratios
+                    data/published/published_ratios.csv: published ratio figures for expert
+                    parallel, MTP and pipeline parallel (and one per-GPU throughput) that
+                    README cites beside simulated ones, simulated by the README scripts'
+                    own functions (benchmarks/readme/readme_moe.py, readme_pipeline.py);
+                    check only, never fitted. Error = simulated / published - 1 (negative:
+                    llmsim shows less of the effect). Every row is flagged: "up to" figures,
+                    other batch sizes or request shapes (the file's flag_note says which).
 
 Per dataset and group: rows, median |error|, share within 10 % and 25 %, bias (mean
 signed error), the 90th percentile of |error|, and the prediction interval's coverage:
@@ -36,6 +44,7 @@ tables) does not.
 from __future__ import annotations
 
 import argparse
+import csv
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +56,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.fidelity import published_check as pc  # noqa: E402
+from benchmarks.readme import readme_moe, readme_pipeline  # noqa: E402
+from benchmarks.readme.readme_runs import Runs  # noqa: E402
 from sim.costmodel.latency import StepLatency  # noqa: E402
 from sim.costmodel.models import load_model  # noqa: E402
 from sim.costmodel.profiles import load_profile  # noqa: E402
@@ -67,15 +78,20 @@ from sim.planning.uncertainty import class_shares, interval_band, model_band  # 
 LIVE_STEPS = ROOT / "data" / "live" / "cb_r16_steps.csv"
 LIVE_REQUESTS = ROOT / "data" / "live" / "cb_r16_requests.csv"
 GRID = ROOT / "gpu_profiles" / "h200-sxm" / "iter_grid_eager_reference.csv"
+RATIOS = ROOT / "data" / "published" / "published_ratios.csv"
 LIVE_FIT = dict(model="llama-3-8b", gpu="h200-sxm", base="h200-eager-reference")
 
 # median |error| each dataset must stay under (--check, tests/test_accuracy.py); measured on
 # main at 1412c97 + this branch: published 8.4 %, live-heldout 3.4 %, live-load 11.1 %,
-# grid-heldout 7.0 %
-LIMITS = {"published": 0.12, "live-heldout": 0.06, "live-load": 0.12, "grid-heldout": 0.18}
+# grid-heldout 7.0 %; published-ratios 14.0 % at 8d1110f (5 rows, all flagged: its limit is
+# wide, a third-row median moves a lot when one row is re-costed)
+LIMITS = {"published": 0.12, "live-heldout": 0.06, "live-load": 0.12, "grid-heldout": 0.18,
+          "published-ratios": 0.22}
 ROLE = {"published": "check only", "live-heldout": "held out of fit-log's fit",
         "live-load": "held out (load extrapolation)",
-        "grid-heldout": "held out (other model) of the runtime fit"}
+        "grid-heldout": "held out (other model) of the runtime fit",
+        "published-ratios": "check only, never fitted"}
+PER_ROW = ("published-ratios",)  # datasets whose every row's error is printed
 
 
 @dataclass(frozen=True)
@@ -87,6 +103,7 @@ class Err:
     band: float  # the plans' step-model band for this row (typical error)
     interval: float  # the stated 90 % half-width for this row
     cls: str = ""  # the provenance class with the largest share of its step time
+    detail: str = ""  # published vs simulated, for datasets printed row by row
 
 
 def _bands(prov: dict[str, float]) -> tuple[float, float, str]:
@@ -101,6 +118,33 @@ def published_errors() -> list[Err]:
         simulated = pc.METRICS[row.metric](row, lat)
         out.append(Err("published", f"{row.gpu} {row.metric}", row.id,
                        pc.time_error(row.metric, simulated, row.value), *_bands(lat.provenance())))
+    return out
+
+
+def read_ratios(path: Path = RATIOS) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def ratio_errors(path: Path = RATIOS) -> list[Err]:
+    """Each published ratio against the README scripts' simulated value. A row's interval is
+    the single-figure interval of the runs it divides (their lookups' provenance pooled);
+    a ratio's step-model errors partly cancel, so it is a loose statement."""
+    runs = Runs()
+    sims = {f"readme_moe.{k}": v for k, v in readme_moe.simulated_figures(runs).items()}
+    sims |= {f"readme_pipeline.{k}": v for k, v in readme_pipeline.simulated_ratios().items()}
+    out = []
+    for row in read_ratios(path):
+        value, summaries = sims[row["simulated_by"]]
+        prov: dict[str, float] = {}
+        for s in summaries:
+            for k, v in (s.get("lookup_provenance") or {}).items():
+                prov[k] = prov.get(k, 0.0) + v / len(summaries)
+        published = float(row["published"])
+        sim = f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+        out.append(Err("published-ratios", row["group"], row["id"], value / published - 1,
+                       *_bands(prov), detail=f"published {published:,g}, simulated {sim} "
+                       f"({row['kind']}; {row['flag']})"))
     return out
 
 
@@ -165,7 +209,7 @@ def grid_errors() -> list[Err]:
 
 
 def collect(folds: int = 5) -> list[Err]:
-    return published_errors() + live_errors(folds) + grid_errors()
+    return published_errors() + live_errors(folds) + grid_errors() + ratio_errors()
 
 
 def stats(errs: list[Err]) -> dict[str, float]:
@@ -206,7 +250,15 @@ def render(errs: list[Err], markdown: bool = False) -> str:
                  f"{everything['bias']:+.1%}", f"{everything['p90_abs']:.1%}",
                  f"{everything['interval']:.1%}", f"{everything['coverage']:.0%}",
                  f"{everything['band_coverage']:.0%}"])
-    return "\n".join(pc._table(head, body, markdown))
+    lines = pc._table(head, body, markdown)
+    for ds in PER_ROW:
+        mine = [x for x in errs if x.dataset == ds]
+        if mine:
+            lines += ["", f"{ds}, row by row (error = simulated / published - 1):"]
+            lines += pc._table(["id", "group", "error", "published vs simulated"],
+                               [[x.id, x.group, f"{x.error:+.1%}", x.detail] for x in mine],
+                               markdown)
+    return "\n".join(lines)
 
 
 CALIBRATION = ("published", "live-heldout", "grid-heldout")  # what interval90 is sized on

@@ -15,6 +15,7 @@ MTP = {"speculative.method": "mtp", "speculative.k": 1,
 
 EP16 = {"parallel.data": 16, "parallel.expert": 16, "workload.num_requests": 800}
 H200_IB = {"gpu": "h200-sxm", "parallel.network": "infiniband-ndr400"}
+DECODE_GPUS = 32  # deepseek_r1_disaggregated.yaml's decode replica
 
 
 def _usd(s: dict) -> str:
@@ -63,7 +64,7 @@ def moe_scenarios(runs: Runs) -> str:
     dis = runs.summary("deepseek_r1_disaggregated")
     dec = [r for r in dis["per_replica"] if r["role"] == "decode"][0]
     pre = [r for r in dis["per_replica"] if r["role"] == "prefill"]
-    dec_gpus = 32
+    dec_gpus = DECODE_GPUS
     rows.append(["`deepseek_r1_disaggregated.yaml`",
                  f"{len(pre)} prefill replicas of 8 + a decode replica of {dec_gpus} (EP 32): "
                  f"decode {sig3(dec['output_token_throughput'] / dec_gpus)} output tokens/s "
@@ -81,3 +82,17 @@ def moe_scenarios(runs: Runs) -> str:
                  f"{dense['kv']['capacity_tokens'] / 1e3:.0f} k tokens, {_usd(moe)} vs {_usd(dense)} "
                  "per M output tokens (both keep up: equal traffic, near-equal cost)", "-"])
     return table(["scenario", "simulated (cuda-graph kernels)", "published"], rows)
+
+
+def simulated_figures(runs: Runs) -> dict[str, tuple[float, list[dict]]]:
+    """The simulated side of the block's published figures, from the same runs: name ->
+    (value, the summaries it comes from); scored by the accuracy suite
+    (benchmarks/fidelity/accuracy.py, published-ratios)."""
+    ep, tp = runs.summary("deepseek_r1_h200"), runs.summary("deepseek_r1_h200", **TP8)
+    mtp = runs.summary("deepseek_r1_h200", **MTP)
+    dis = runs.summary("deepseek_r1_disaggregated")
+    dec = [r for r in dis["per_replica"] if r["role"] == "decode"][0]
+    return {"dp_attention_throughput_ratio": (ep["output_token_throughput"]
+                                              / tp["output_token_throughput"], [ep, tp]),
+            "mtp_speedup_vs_decode": (mtp["speculative"]["speedup_vs_decode"], [mtp]),
+            "gb200_decode_tok_s_per_gpu": (dec["output_token_throughput"] / DECODE_GPUS, [dis])}

@@ -44,15 +44,26 @@ FLOOD = {"workload.num_requests": 1024, "workload.arrival": {"kind": "constant",
          "scheduler.max_num_seqs": 256, "scheduler.max_num_batched_tokens": 8192}
 
 
-def pipeline_published(runs: Runs) -> str:
+def simulated_ratios() -> dict[str, tuple[float, list[dict]]]:
+    """PUBLISHED's two ratios as llmsim runs them: name -> (ratio, the summaries it divides);
+    also scored by the accuracy suite (benchmarks/fidelity/accuracy.py, published-ratios)."""
     from sim import run  # lengths as mappings: not the memo's hashable overrides
 
     def layout(tp: int, pp: int, work: dict) -> dict:
         return run(SCENARIOS / f"{SCENARIO}.yaml", {"parallel.tensor": tp, "parallel.pipeline": pp,
                                                     **FP8_TRTLLM, **work}).summary
-    lat = layout(1, 8, LONE)["tpot_s"]["p50"] / layout(8, 1, LONE)["tpot_s"]["p50"]
-    thr = (layout(1, 8, FLOOD)["output_token_throughput"]
-           / layout(8, 1, FLOOD)["output_token_throughput"])
+    lone_pp, lone_tp = layout(1, 8, LONE), layout(8, 1, LONE)
+    flood_pp, flood_tp = layout(1, 8, FLOOD), layout(8, 1, FLOOD)
+    return {"min_latency_tp_over_pp": (lone_pp["tpot_s"]["p50"] / lone_tp["tpot_s"]["p50"],
+                                       [lone_pp, lone_tp]),
+            "max_throughput_pp_over_tp": (flood_pp["output_token_throughput"]
+                                          / flood_tp["output_token_throughput"],
+                                          [flood_pp, flood_tp])}
+
+
+def pipeline_published(runs: Runs) -> str:
+    sim = simulated_ratios()
+    lat, thr = sim["min_latency_tp_over_pp"][0], sim["max_throughput_pp_over_tp"][0]
     rows = [["minimum latency (one request, 2,048 in / 128 out): TP 8 faster than PP 8 by",
              f"{PUBLISHED['min_latency_tp_over_pp']:.1f}x", f"{lat:.1f}x"],
             ["maximum throughput (1,024 requests at once, 1,024 in / 256 out): PP 8 over TP 8",
