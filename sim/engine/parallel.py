@@ -26,7 +26,6 @@ shared generator, in the order the replicas step).
 
 from __future__ import annotations
 
-import gc
 import logging
 import sys
 
@@ -37,7 +36,16 @@ from sim.config.scenario import Scenario
 from sim.engine.build import build_fleet
 from sim.engine.closedloop import streamed
 from sim.engine.prepare import prepare
-from sim.engine.processes import Clock, Fleet, leaping, make_seqs, prefix_views, replica
+from sim.engine.processes import (
+    Clock,
+    Fleet,
+    check_accounted,
+    leaping,
+    make_seqs,
+    prefix_views,
+    replica,
+    run_clock,
+)
 from sim.engine.recorder import StepRecorder, pooled_gaps, spill_logs
 from sim.engine.replica import ReplicaResult, RunResult
 from sim.io.spill import SpillDir
@@ -149,19 +157,8 @@ def simulate_part(sc: Scenario, part: list[int], choice: np.ndarray,
                           mine.tolist(), own))
     for node in fleet.nodes:
         env.process(replica(env, node, leap=leaping()))
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        env.run()
-    finally:
-        if collecting:
-            gc.enable()
-    done = sum(r.done for r in reps)
-    if done != len(own):
-        raise RuntimeError(f"simulation ended with {len(own) - done} requests unaccounted for")
-    for r in reps:
-        r.check_conserved()
-        r.rec.check_limits(r.name, r.policy.max_seqs, r.policy.step_tokens)
+    run_clock(env)
+    check_accounted(reps, len(own))
     nodes: list = [_NoNode()] * len(everyone)
     for node in fleet.nodes:
         nodes[node.rep.index] = node

@@ -425,6 +425,30 @@ def prefix_views(workload: Workload, replicas: list[Replica]) -> None:
         r.port.prefix_view = views[cache.hash_tokens]
 
 
+def run_clock(env: Clock) -> None:
+    """Run the simulation to its end. The run makes no cyclic garbage (SimPy drops a
+    processed event's callbacks; a run of the Azure hour leaves 14 unreachable objects), so
+    the cyclic collector would only re-walk the live requests again and again: off while
+    the clock runs, as it was after."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        env.run()
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def check_accounted(replicas: list[Replica], requests: int) -> None:
+    """Every request ended finished or rejected, every block and slot given back."""
+    done = sum(r.done for r in replicas)
+    if done != requests:
+        raise RuntimeError(f"simulation ended with {requests - done} requests unaccounted for")
+    for r in replicas:
+        r.check_conserved()
+        r.rec.check_limits(r.name, r.policy.max_seqs, r.policy.step_tokens)
+
+
 def start_replicas(env: Clock, fleet: Fleet, progress, leap: bool) -> None:
     """A process per replica (a pipelined replica brings its own, sim/engine/pipeline.py)."""
     for i, node in enumerate(fleet.nodes):
@@ -473,16 +497,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     start_replicas(env, fleet, progress, leaping() if leap is None else leap)
     for node in fleet.back:
         env.process(kv_link(env, fleet, node))
-    # The run makes no cyclic garbage (SimPy drops a processed event's callbacks; a run of
-    # the Azure hour leaves 14 unreachable objects), so the cyclic collector would only
-    # re-walk the live requests again and again: off while the clock runs, as it was after.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        env.run()
-    finally:
-        if collecting:
-            gc.enable()
+    run_clock(env)
     warmup, marks = None, [0] * len(replicas)
     if loop is not None:  # requests never sent (the window closed) leave no row
         sent = sorted(loop.sent)
@@ -490,12 +505,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         marks = loop.gap_marks or marks
         for r, k in zip(replicas, loop.kernel_marks or [0.0] * len(replicas), strict=True):
             r.rec.kernel_busy_s -= k  # the measured window's (the step under way at its start in)
-    done = sum(r.done for r in replicas)
-    if done != len(seqs):
-        raise RuntimeError(f"simulation ended with {len(seqs) - done} requests unaccounted for")
-    for r in replicas:
-        r.check_conserved()
-        r.rec.check_limits(r.name, r.policy.max_seqs, r.policy.step_tokens)
+    check_accounted(replicas, len(seqs))
     streamed(seqs, fleet.nodes)
     gaps, weights = pooled_gaps([r.rec for r in replicas], marks)
     results = [ReplicaResult.of(r) for r in replicas]
