@@ -56,26 +56,26 @@ def class_shares(provenance: dict[str, float] | None) -> dict[str, float]:
     return {name: float(sum(p.get(t, 0.0) for t in rec["tags"])) for name, rec in load_bands().items()}
 
 
-def model_band(provenance: dict[str, float] | None) -> float:
-    """The share-weighted step-model error band of a run (the widest band if unknown)."""
+def _weighted(provenance: dict[str, float] | None, field: str) -> float:
+    """A band field share-weighted over a run's lookup classes (the widest if unknown)."""
     bands = load_bands()
     shares = class_shares(provenance)
     total = sum(shares.values())
     if total <= 0:
-        return max(b["band"] for b in bands.values())
-    return sum(shares[k] * bands[k]["band"] for k in bands) / total
+        return max(b[field] for b in bands.values())
+    return sum(shares[k] * bands[k][field] for k in bands) / total
+
+
+def model_band(provenance: dict[str, float] | None) -> float:
+    """The share-weighted step-model error band of a run (the widest band if unknown)."""
+    return _weighted(provenance, "band")
 
 
 def interval_band(provenance: dict[str, float] | None) -> float:
     """The half-width of a figure's 90 % prediction interval from the step model's error,
     share-weighted over its lookup classes' `interval90` (measured from held-out data by
     benchmarks/fidelity/accuracy.py; the widest class's if the provenance is unknown)."""
-    bands = load_bands()
-    shares = class_shares(provenance)
-    total = sum(shares.values())
-    if total <= 0:
-        return max(b["interval90"] for b in bands.values())
-    return sum(shares[k] * bands[k]["interval90"] for k in bands) / total
+    return _weighted(provenance, "interval90")
 
 
 def prediction_interval(value: float, provenance: dict[str, float] | None,
