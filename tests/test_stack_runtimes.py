@@ -174,3 +174,10 @@ def test_runtimes_command_lists_every_runtime_with_its_stack(llmsim):
         assert f"\n{name} " in out.stdout, name
     one = llmsim("runtimes", "vllm-0.10")
     assert one.returncode == 0 and "stack vllm 0.10" in one.stdout and "arg_utils.py" in one.stdout
+
+
+def test_an_unknown_runtime_name_is_one_line_naming_the_argument(llmsim):
+    out = llmsim("runtimes", "nope")
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "llmsim runtimes: NAME: unknown 'nope'" in out.stderr and "vllm-0.10" in out.stderr

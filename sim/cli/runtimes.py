@@ -22,7 +22,7 @@ def cmd_runtimes(a) -> int:
     from sim.io.specload import known_names
 
     if a.name:
-        return _one(load_runtime(a.name))
+        return _one(load_runtime(a.name, file="llmsim runtimes", path="NAME"))
     print(f"{'runtime':22} {'stack':14} {'host ms':>7} {'serial ms':>9} {'/seq us':>7} "
           f"{'/TP rank ms':>11}  defaults")
     for name in known_names(RUNTIMES_DIR):
