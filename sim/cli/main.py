@@ -57,6 +57,7 @@ def _is_llmsim_trace(path: Path) -> bool:
 
 def cmd_run(a) -> int:
     from sim.config.scenario import load_scenario
+    from sim.costmodel.stepcache import default_folder
     from sim.io.foldernames import safe_folder_name
     from sim.io.outfile import check_out_file
     from sim.io.outputs import check_out_dir
@@ -69,7 +70,7 @@ def cmd_run(a) -> int:
     if a.trace_out:
         check_out_file(a.trace_out, flag="--trace-out", ours=_is_llmsim_trace)
     out = _run_naming_sets(sc, sets, progress=not a.no_progress and sys.stderr.isatty(),
-                           workers=a.workers, executor=a.executor)
+                           workers=a.workers, executor=a.executor, step_cache=default_folder())
     out.write(dest, plots=a.plots, fmt=a.format)
     if a.trace_out:
         from sim.report.perfetto import replica_parts, write_trace
