@@ -25,11 +25,13 @@ recently used removed first.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
 import stat
 import tempfile
+from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -43,10 +45,12 @@ OFF = ("off", "0", "no", "false")
 KEEP_FILES = 32  # cache files kept in the folder (least recently used removed)
 MAX_ENTRIES = 1 << 21  # memo entries written per configuration, at most
 _CODE = ("costmodel", "io")  # packages under sim/ whose source is part of the key
-# memo key kinds (sim/costmodel/latency.py): a key is (kind, up to 4 ints)
-KINDS = ("dense", "lm", "pa", "da", "mtp", "va", "decode", "verify")
+# memo key kinds (sim/costmodel/latency.py) and their ints: a key is (kind, *ints)
+ARITY = {"dense": 1, "lm": 1, "pa": 2, "da": 3, "mtp": 3, "va": 2, "decode": 3, "verify": 4}
+KINDS = tuple(ARITY)
+STEPS = ("decode", "verify")  # whole steps: their entries also hold seconds, kernel seconds
 _KIND = {k: i for i, k in enumerate(KINDS)}
-_INTS = 4
+_INTS = max(ARITY.values())
 _VALUES = 3 + 5  # ms, breakdown per tag (len(TAGS)), seconds, kernel seconds
 
 
@@ -111,13 +115,16 @@ def config_key(lat: StepLatency, code: bytes | None = None) -> str | None:
 
 
 def _encode(memo: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The memo as (keys: kind index, ints padded with -1; values: ms, breakdown per tag,
+    seconds, kernel seconds (NaN for a piece)); entries of another shape left out."""
     keys, values = [], []
     for k, e in memo.items():
-        kind = _KIND.get(k[0])
-        if kind is None or len(k) - 1 > _INTS or not all(type(x) is int for x in k[1:]):
+        kind = k[0]
+        if (ARITY.get(kind) != len(k) - 1 or not all(type(x) is int for x in k[1:])
+                or len(e) != (5 if kind in STEPS else 3) or len(e[1]) != 5):
             continue
-        keys.append((kind, *k[1:], *(-1,) * (_INTS + 1 - len(k))))
-        values.append((e[0], *e[1], *(e[3:5] if len(e) >= 5 else (np.nan, np.nan))))
+        keys.append((_KIND[kind], *k[1:], *(-1,) * (_INTS + 1 - len(k))))
+        values.append((e[0], *e[1], *(e[3:5] if kind in STEPS else (np.nan, np.nan))))
         if len(keys) >= MAX_ENTRIES:
             break
     return (np.array(keys, dtype=np.int64).reshape(-1, 1 + _INTS),
@@ -125,16 +132,18 @@ def _encode(memo: dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _decode(keys: np.ndarray, values: np.ndarray) -> dict:
-    memo = {}
-    for k, v in zip(keys.tolist(), values.tolist(), strict=True):
-        n = len(k)
-        while n > 1 and k[n - 1] == -1:
-            n -= 1
-        key = (KINDS[k[0]], *k[1:n])
-        e = [v[0], v[1:6], 0]
-        if v[6] == v[6]:  # not NaN: a whole step (seconds, kernel seconds)
-            e += v[6:8]
-        memo[key] = e
+    """The memo entries of `_encode`'s arrays, uses 0, one kind at a time."""
+    memo: dict = {}
+    for i, kind in enumerate(KINDS):
+        rows = np.flatnonzero(keys[:, 0] == i)
+        if not len(rows):
+            continue
+        k, v = keys[rows], values[rows]
+        ks = zip(repeat(kind), *(k[:, j].tolist() for j in range(1, 1 + ARITY[kind])))
+        cols = [v[:, 0].tolist(), v[:, 1:6].tolist(), repeat(0)]
+        if kind in STEPS:
+            cols += [v[:, 6].tolist(), v[:, 7].tolist()]
+        memo.update(zip(ks, map(list, zip(*cols, strict=False)), strict=True))  # repeat(0)
     return memo
 
 
@@ -192,7 +201,13 @@ def _load(file: Path, key: str) -> dict | None:
         return None
     if len(keys) and not (0 <= keys[:, 0].min() and keys[:, 0].max() < len(KINDS)):
         return None
-    return _decode(keys, values)
+    collecting = gc.isenabled()
+    gc.disable()  # tens of thousands of small lists that hold no cycles: no collection passes
+    try:
+        return _decode(keys, values)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 def warm(folder: Path | None, latencies: list) -> StepCache:
@@ -208,7 +223,7 @@ def warm(folder: Path | None, latencies: list) -> StepCache:
             continue
         memo = _load(folder / f"{key}.npz", key)
         if memo:
-            for k, e in memo.items():
-                lat._memo.setdefault(k, e)
+            memo.update(lat._memo)  # what it already holds stays
+            lat._memo = memo
         entries.append((lat, key, len(lat._memo)))
     return StepCache(folder, entries)
