@@ -231,3 +231,9 @@ def test_the_oldest_files_are_removed_past_the_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(stepcache, "KEEP_FILES", 3)
     stepcache._trim(cache)
     assert sorted(p.name[-5:] for p in cache.iterdir()) == ["2.npz", "3.npz", "4.npz"]
+    for i in (2, 3, 4):
+        (cache / f"{i:064x}.npz").write_bytes(b"x" * 100)
+        os.utime(cache / f"{i:064x}.npz", ns=(i * 10**9, i * 10**9))
+    monkeypatch.setattr(stepcache, "KEEP_BYTES", 250)  # the two newest fit
+    stepcache._trim(cache)
+    assert sorted(p.name[-5:] for p in cache.iterdir()) == ["3.npz", "4.npz"]

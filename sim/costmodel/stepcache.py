@@ -19,8 +19,8 @@ so a stale file is never read; files are safe to delete at any time.
 The folder is `$LLMSIM_STEP_CACHE`, or `llmsim-steptimes-<uid>` in the system temp
 folder (never a user's folder); `LLMSIM_STEP_CACHE=off` turns the cache off. A folder
 that is not ours (another owner, writable by others, a link) is not used. Files are
-numbers only (`np.load(allow_pickle=False)`); at most `KEEP_FILES` are kept, the least
-recently used removed first.
+numbers only (`np.load(allow_pickle=False)`); at most `KEEP_FILES` files and `KEEP_BYTES`
+are kept, the least recently used removed first.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ from sim.costmodel.profiles import profile_sources
 NOTICES = logging.getLogger("llmsim")
 ENV = "LLMSIM_STEP_CACHE"
 OFF = ("off", "0", "no", "false")
-KEEP_FILES = 32  # cache files kept in the folder (least recently used removed)
-MAX_ENTRIES = 1 << 21  # memo entries written per configuration, at most
+KEEP_FILES = 32  # cache files kept in the folder (least recently used removed first)
+KEEP_BYTES = 256 * 2**20  # and at most this many bytes of them
+MAX_ENTRIES = 1 << 18  # memo entries written per configuration (104 B each), at most
 _CODE = ("costmodel", "io")  # packages under sim/ whose source is part of the key
 # memo key kinds (sim/costmodel/latency.py) and their ints: a key is (kind, *ints)
 ARITY = {"dense": 1, "lm": 1, "pa": 2, "da": 3, "mtp": 3, "va": 2, "decode": 3, "verify": 4}
@@ -180,10 +181,15 @@ class StepCache:
 
 
 def _trim(folder: Path) -> None:
+    """Keep the KEEP_FILES most recently used files, within KEEP_BYTES."""
     try:
-        files = sorted(folder.glob("*.npz"), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-        for old in files[KEEP_FILES:]:
-            old.unlink()
+        stats = sorted(((p.stat(), p) for p in folder.glob("*.npz")),
+                       key=lambda sp: sp[0].st_mtime_ns, reverse=True)
+        total = 0
+        for i, (st, p) in enumerate(stats):
+            total += st.st_size
+            if i >= KEEP_FILES or total > KEEP_BYTES:
+                p.unlink()
     except OSError:
         pass
 
