@@ -3,19 +3,24 @@
 
     python benchmarks/speed/run_speed.py [--repeat 3] [--scenario FILE] [--plots] [--format csv]
                                    [--checkout DIR [--extra ARGS]] [--cache cold|warm|both]
+                                   [--pyc]
 
 End to end: `python -m sim run SCENARIO --out TMP --no-progress` in a child process,
 timed by wall clock and by the child's CPU time (user + system, from getrusage: steadier
 than wall time on a shared machine); median of the repeats. `--cache`: with the step-time
 cache off (cold: every step shape priced afresh, as a first run), warm (a private cache
 folder filled by one untimed run first: a rerun of the same configuration), or both
-(sim/costmodel/stepcache.py; LLMSIM_STEP_CACHE). Phases: the same run in this process, each
-phase timed by `time.process_time()`: importing the CLI's modules (in a child), loading the
-scenario and its workload, reading the step-time cache, simulate() (cold, and warm from the
-cache), building the tables and the summary, writing the tables and summary.json (and the
-plots, with --plots). Prints the peak resident memory of the end-to-end child (ru_maxrss).
-With --checkout, only the end to end time of another checkout's `python -m sim run` (an
-older commit, say: before and after), with --extra passed to it (e.g. --extra=--no-plots).
+(sim/costmodel/stepcache.py; LLMSIM_STEP_CACHE). `--pyc`: the children may cache their
+bytecode (in a private temp folder, PYTHONPYCACHEPREFIX, filled by the untimed first
+run), as an installed llmsim has it; without it they run as the environment says (where
+PYTHONDONTWRITEBYTECODE is set, every module is compiled at every start). Phases: the same
+run in this process, each phase timed by `time.process_time()`: importing the CLI's
+modules (in a child), loading the scenario and its workload, reading the step-time cache,
+simulate() (cold, and warm from the cache), building the tables and the summary, writing
+the tables and summary.json (and the plots, with --plots). Prints the peak resident memory
+of the end-to-end child (ru_maxrss). With --checkout, only the end to end time of another
+checkout's `python -m sim run` (an older commit, say: before and after), with --extra
+passed to it (e.g. --extra=--no-plots).
 """
 
 from __future__ import annotations
@@ -49,11 +54,13 @@ def child(args: list[str], cwd: Path = ROOT, env: dict | None = None) -> tuple[f
 
 
 def end_to_end(scenario: Path, extra: list[str], repeat: int, checkout: Path = ROOT,
-               cache: str = "cold") -> None:
+               cache: str = "cold", pyc: bool = False) -> None:
     """`cache` "cold": LLMSIM_STEP_CACHE=off; "warm": a private cache folder, filled by one
-    untimed run first."""
+    untimed run first. `pyc`: bytecode cached in a private folder (filled by that run)."""
     folder = Path(tempfile.mkdtemp(prefix="llmsim-speed-cache-"))
     env = {"LLMSIM_STEP_CACHE": "off" if cache == "cold" else str(folder / "c")}
+    if pyc:
+        env |= {"PYTHONPYCACHEPREFIX": str(folder / "pyc"), "PYTHONDONTWRITEBYTECODE": ""}
 
     def once() -> tuple[float, float, float]:
         out = Path(tempfile.mkdtemp(prefix="llmsim-speed-")) / "run"
@@ -63,7 +70,7 @@ def end_to_end(scenario: Path, extra: list[str], repeat: int, checkout: Path = R
         finally:
             shutil.rmtree(out.parent)
     try:
-        if cache == "warm":
+        if cache == "warm" or pyc:
             once()
         runs = [once() for _ in range(repeat)]
     finally:
@@ -71,7 +78,8 @@ def end_to_end(scenario: Path, extra: list[str], repeat: int, checkout: Path = R
     wall = statistics.median(r[0] for r in runs)
     cpu = statistics.median(r[1] for r in runs)
     where = "" if checkout == ROOT else f" [{checkout}]"
-    print(f"llmsim run {scenario.name} {' '.join(extra)}{where} (step-time cache {cache}): "
+    print(f"llmsim run {scenario.name} {' '.join(extra)}{where} (step-time cache {cache}"
+          f"{', bytecode cached' if pyc else ''}): "
           f"{wall:.2f} s wall, {cpu:.2f} s CPU (median of {repeat}: "
           f"{', '.join(f'{r[1]:.2f}' for r in runs)}); peak RSS {max(r[2] for r in runs):.0f} MiB")
 
@@ -138,16 +146,18 @@ def main() -> None:
     ap.add_argument("--extra", default="", help="arguments for --checkout's llmsim run")
     ap.add_argument("--cache", choices=("cold", "warm", "both"), default="both",
                     help="the step-time cache off, warm, or each in turn (end to end)")
+    ap.add_argument("--pyc", action="store_true",
+                    help="let the children cache their bytecode (in a private temp folder)")
     a = ap.parse_args()
     caches = ("cold", "warm") if a.cache == "both" else (a.cache,)
     if a.checkout:
         for cache in caches:
             end_to_end(a.scenario.resolve(), a.extra.split(), a.repeat, a.checkout.resolve(),
-                       cache)
+                       cache, a.pyc)
         return
     extra = (["--plots"] if a.plots else []) + ["--format", a.format]
     for cache in caches:
-        end_to_end(a.scenario.resolve(), extra, a.repeat, cache=cache)
+        end_to_end(a.scenario.resolve(), extra, a.repeat, cache=cache, pyc=a.pyc)
     phases(a.scenario.resolve(), a.plots, a.format)
 
 
