@@ -117,19 +117,37 @@ def config_key(lat: StepLatency, code: bytes | None = None) -> str | None:
 
 def _encode(memo: dict) -> tuple[np.ndarray, np.ndarray]:
     """The memo as (keys: kind index, ints padded with -1; values: ms, breakdown per tag,
-    seconds, kernel seconds (NaN for a piece)); entries of another shape left out."""
+    seconds, kernel seconds (NaN for a piece)), one kind at a time; a kind whose entries
+    are not all of its shape (ints of its arity; 3 or 5 values) is left out."""
+    by_kind: dict[str, list] = {kind: [] for kind in ARITY}
+    for item in memo.items():
+        group = by_kind.get(item[0][0])
+        if group is not None:
+            group.append(item)
     keys, values = [], []
-    for k, e in memo.items():
-        kind = k[0]
-        if (ARITY.get(kind) != len(k) - 1 or not all(type(x) is int for x in k[1:])
-                or len(e) != (5 if kind in STEPS else 3) or len(e[1]) != 5):
+    for kind, items in by_kind.items():
+        items = items[:MAX_ENTRIES - sum(len(k) for k in keys)]
+        if not items:
             continue
-        keys.append((_KIND[kind], *k[1:], *(-1,) * (_INTS + 1 - len(k))))
-        values.append((e[0], *e[1], *(e[3:5] if kind in STEPS else (np.nan, np.nan))))
-        if len(keys) >= MAX_ENTRIES:
-            break
-    return (np.array(keys, dtype=np.int64).reshape(-1, 1 + _INTS),
-            np.array(values, dtype=np.float64).reshape(-1, _VALUES))
+        whole = kind in STEPS
+        try:
+            ints = np.array([k[1:] for k, _ in items])
+            vals = np.array([(e[0], *e[1], *(e[3:5] if whole else (np.nan, np.nan)))
+                             for _, e in items], dtype=np.float64)
+        except (ValueError, TypeError):
+            continue
+        if (ints.dtype.kind != "i" or ints.shape != (len(items), ARITY[kind])
+                or vals.shape != (len(items), _VALUES)
+                or any(len(e) != (5 if whole else 3) for _, e in items)):
+            continue
+        k = np.full((len(items), 1 + _INTS), -1, dtype=np.int64)
+        k[:, 0] = _KIND[kind]
+        k[:, 1:1 + ARITY[kind]] = ints
+        keys.append(k)
+        values.append(vals)
+    if not keys:
+        return np.empty((0, 1 + _INTS), np.int64), np.empty((0, _VALUES))
+    return np.concatenate(keys), np.concatenate(values)
 
 
 def _decode(keys: np.ndarray, values: np.ndarray) -> dict:
