@@ -31,6 +31,8 @@ import logging
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from itertools import repeat
 from pathlib import Path
 
@@ -137,8 +139,7 @@ def _encode(memo: dict) -> tuple[np.ndarray, np.ndarray]:
         except (ValueError, TypeError):
             continue
         if (ints.dtype.kind != "i" or ints.shape != (len(items), ARITY[kind])
-                or vals.shape != (len(items), _VALUES)
-                or any(len(e) != (5 if whole else 3) for _, e in items)):
+                or vals.shape != (len(items), _VALUES)):  # a step's entry short of 5 values
             continue
         k = np.full((len(items), 1 + _INTS), -1, dtype=np.int64)
         k[:, 0] = _KIND[kind]
@@ -181,7 +182,8 @@ class StepCache:
         for lat, key, loaded in self.entries:
             if len(lat._memo) <= loaded:
                 continue
-            keys, values = _encode(lat._memo)
+            with _no_collection():
+                keys, values = _encode(lat._memo)
             try:
                 fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=self.folder)
                 with os.fdopen(fd, "wb") as f:
@@ -225,10 +227,18 @@ def _load(file: Path, key: str) -> dict | None:
         return None
     if len(keys) and not (0 <= keys[:, 0].min() and keys[:, 0].max() < len(KINDS)):
         return None
-    collecting = gc.isenabled()
-    gc.disable()  # tens of thousands of small lists that hold no cycles: no collection passes
-    try:
+    with _no_collection():
         return _decode(keys, values)
+
+
+@contextmanager
+def _no_collection() -> Iterator[None]:
+    """Cyclic GC held off: tens of thousands of small containers, no cycles among them, made
+    beside a run's live objects (each pass would walk those too)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             gc.enable()
