@@ -97,7 +97,7 @@ def config_key(lat: StepLatency, code: bytes | None = None) -> str | None:
     if sources is None:
         return None
     h = hashlib.sha256(code if code is not None else code_digest())
-    args = (lat.m, lat.rt, lat.prefill_impl, lat.decode_impl, lat.verify_impl, lat.tensor,
+    args = (lat.model, lat.rt, lat.prefill_impl, lat.decode_impl, lat.verify_impl, lat.tensor,
             lat.fp8_weights, lat.expert, lat.data, lat.network, lat.p.name)
     h.update(repr(args).encode())
     for path, was in sorted(sources.items()):
