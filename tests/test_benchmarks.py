@@ -86,7 +86,9 @@ def test_engine_speed_times_each_runtime_on_the_same_requests(tmp_path):
 def test_run_speed_times_the_run_and_its_phases(tmp_path):
     out = ok("speed/run_speed.py", tmp_path)
     n = yaml.safe_load((ROOT / "scenarios" / "quickstart.yaml").read_text())["workload"]["num_requests"]
-    assert re.search(r"^llmsim run quickstart\.yaml .*s wall, .*s CPU \(median of 1\)", out, re.M), out
+    for cache in ("cold", "warm"):
+        assert re.search(rf"^llmsim run quickstart\.yaml .*\(step-time cache {cache}\): .*s wall, "
+                         r".*s CPU \(median of 1", out, re.M), out
     assert "phases (CPU s): python start" in out and f"({n:,} requests" in out, out
     assert re.search(r"iterations, [\d,]+ iterations/s\)", out), out
 

@@ -57,6 +57,7 @@ def _is_llmsim_trace(path: Path) -> bool:
 
 def cmd_run(a) -> int:
     from sim.config.scenario import load_scenario
+    from sim.costmodel.stepcache import default_folder
     from sim.io.foldernames import safe_folder_name
     from sim.io.outfile import check_out_file
     from sim.io.outputs import check_out_dir
@@ -69,7 +70,7 @@ def cmd_run(a) -> int:
     if a.trace_out:
         check_out_file(a.trace_out, flag="--trace-out", ours=_is_llmsim_trace)
     out = _run_naming_sets(sc, sets, progress=not a.no_progress and sys.stderr.isatty(),
-                           workers=a.workers, executor=a.executor)
+                           workers=a.workers, executor=a.executor, step_cache=default_folder())
     out.write(dest, plots=a.plots, fmt=a.format)
     if a.trace_out:
         from sim.report.perfetto import replica_parts, write_trace
@@ -194,7 +195,12 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"llmsim: error: {where}{' '.join(message.split())}\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+_OWN = ("run", "compare")  # subcommands made here; the others' modules load only when named
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line, or with `command` one of `_OWN`, only the parsers made here
+    (so `llmsim run` does not import the planning, calibrate and models commands)."""
     ap = OneLineParser(prog="llmsim", description="Simulate LLM inference serving.")
     # every parser made from `sub` (here and in the add_parsers of other modules) is one
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=OneLineParser)
@@ -228,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("scenarios", nargs="+")
     common(c, "also write each run's outputs under this folder")
     c.set_defaults(fn=cmd_compare)
+    if command in _OWN:
+        return ap
     from sim.cli.planning import add_parsers as add_planning_parsers
 
     add_planning_parsers(sub)  # sweep, curve, plan, report
@@ -282,7 +290,8 @@ def _notices_on_stderr() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _notices_on_stderr()
-    args = build_parser().parse_args(_attach_negative_lists(sys.argv[1:] if argv is None else argv))
+    argv = _attach_negative_lists(sys.argv[1:] if argv is None else argv)
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:

@@ -109,6 +109,7 @@ class StepLatency:
         runs `model.shard(tensor)`, the operations of `model.ops(tensor)`. `fp8_weights`:
         the ops marked fp8 (the projections) at the FP8 rate."""
         self.m, self.p, self.rt = model.shard(tensor, expert), profile, runtime
+        self.model = model  # the whole model, as given (a step-time cache keys on it)
         self.prefill_impl, self.decode_impl = prefill_impl, decode_impl
         self.verify_impl = verify_impl
         self.tensor, self.fp8_weights = tensor, fp8_weights

@@ -41,7 +41,7 @@ from sim.costmodel.gpu_facts import Efficiency, GPUFacts
 from sim.costmodel.l2flush import describe, remove_write_back
 from sim.costmodel.mixed_decode import blend, fit_mix_weights
 from sim.costmodel.profile_sanity import cap_tables
-from sim.io.filecache import FileCache
+from sim.io.filecache import FileCache, Stamp
 from sim.io.specload import ROOT, SpecError, build, is_file, known_names, load_yaml, show
 from sim.io.tables import (
     ANALYTIC,
@@ -58,7 +58,7 @@ from sim.io.tables import (
 
 __all__ = ["ANALYTIC", "BF16", "DERIVED", "ELEMENTWISE_BYTES", "EXACT", "EXTRAPOLATED", "IMPLS",
            "INTERPOLATED", "PROFILES_DIR", "TABLES", "Efficiency", "GPUFacts", "GPUProfile",
-           "known_profiles", "load_profile"]
+           "known_profiles", "load_profile", "profile_sources"]
 
 _RANK = {EXACT: 0, INTERPOLATED: 1, DERIVED: 2, EXTRAPOLATED: 3, ANALYTIC: 4}
 
@@ -373,6 +373,12 @@ def load_profile(name: str, *, file: str | Path | None = None, path: str = "gpu"
     `GPUProfile` (and its memoised lookups)."""
     folder = profile_folder(name, file=file, path=path)
     return _LOADED.get(folder, lambda watch: _read_profile(folder, watch))
+
+
+def profile_sources(profile: GPUProfile) -> dict[Path, Stamp] | None:
+    """The files `profile` was read from, each with its stamp when read (None: absent),
+    or None for a profile not loaded by `load_profile` or replaced since (its files changed)."""
+    return _LOADED.sources(profile)
 
 
 def profile_folder(name: str, *, file: str | Path | None = None, path: str = "gpu") -> Path:

@@ -25,6 +25,7 @@ import numpy as np
 
 from sim.config.scenario import Scenario, load_scenario
 from sim.costmodel.latency import StepLatency
+from sim.costmodel.stepcache import warm
 from sim.engine.autoscale import (
     Lifecycle,
     autoscale_summary,
@@ -112,18 +113,24 @@ class RunOutput:
 
 
 def run(scenario: Scenario | str | Path, overrides: dict | None = None,
-        progress: bool = False, workers: int = 1, executor: str = "process") -> RunOutput:
+        progress: bool = False, workers: int = 1, executor: str = "process",
+        step_cache: Path | None = None) -> RunOutput:
     """Simulate a scenario (object or YAML path) and return its tables and summary.
     `workers` > 1: a fleet behind a router that needs no feedback is simulated that many
     processes at a time (`executor` "process" or "ray"), with the same results; any other
-    run stays single-process, saying why (sim/engine/parallel.py)."""
+    run stays single-process, saying why (sim/engine/parallel.py). `step_cache`: a folder of
+    step times remembered between runs (sim/costmodel/stepcache.py; `llmsim run` passes
+    its default); the same results, faster when warm."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     t0 = time.perf_counter()
     configs, wl, rng = prepare(sc)
+    cache = warm(step_cache, [c.latency for c in configs])  # saved by cache.save() below
     if workers > 1:
         reason = refusal(sc, configs, wl)
         if reason is None:
-            return _finish(sc, configs, wl, t0, None, workers=workers, executor=executor)
+            out = _finish(sc, configs, wl, t0, None, workers=workers, executor=executor)
+            cache.save()
+            return out
         NOTICES.warning("single process (--workers %d not used): %s", workers, reason)
     engine = "single process" + (f" ({reason})" if workers > 1 else "")
     fleet = build_fleet(sc, configs, rng, acceptance=wl.acceptance, prefix_tokens=wl.block_tokens
@@ -143,6 +150,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         bar.close()
     out = _finish(sc, configs, wl, t0, (res, t_sim, scaling), replicas=fleet.replicas)
     out.engine = engine
+    cache.save()
     return out
 
 

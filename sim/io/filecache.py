@@ -56,6 +56,14 @@ class FileCache(Generic[V]):
         self._entries[key] = (stamps, value)
         return value
 
+    def sources(self, value: V) -> dict[Path, Stamp] | None:
+        """The files `value` (this very object) was made from, with their stamps when read;
+        None when no entry holds it (never made here, or replaced since)."""
+        for stamps, v in self._entries.values():
+            if v is value:
+                return dict(stamps)
+        return None
+
     def clear(self) -> None:
         self._entries.clear()
 
