@@ -41,7 +41,7 @@ def comparison_plot(plan: dict) -> Figure:
         o = plan.get(key)
         if not o:
             continue
-        names.append((i, str(o.get("label", key))))
+        names.append((i, ("best mix" if key == "best_mix" else "best single type") + f"\n{o.get('label')}"))
         for dx, src, color, what in ((-0.15, o, "C0", "estimate"), (0.15, checks.get(key), "C2", "fleet check")):
             if not src:
                 continue
