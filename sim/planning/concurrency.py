@@ -33,6 +33,9 @@ replica sees is the number of users it holds, not a clock. Per candidate:
    sending on fresh seeds; the count moves until N holds on every seed and N - 1 does not
    (down one at a time from the estimate while it holds, else up). $/M output tokens
    divides the fleet's $/hour by its checked output-token throughput.
+
+The plan keeps every probe as users vs latency (`probe_curves`: users, the worst seed's
+p99s, the verdict) for its report's plot (sim/report/concurrency_page.py).
 """
 
 from __future__ import annotations
