@@ -142,6 +142,22 @@ def test_a_trace_scenario_is_replayed_on_the_traces_own_times(tmp_path):
     assert (whole.prompt_tokens.to_numpy() == wl.prompt_tokens).all()
 
 
+def test_a_time_varying_workload_is_replayed_over_the_scenarios_own_day(tmp_path):
+    # diurnal, mean 4 req/s, peak/trough 4, over one 900 s period: 3,600 requests expected
+    # (Poisson count: sd 60); the profile's mean (p + t) / 2 = 4 with p = 4t gives a trough
+    # of 1.6 and a peak of 6.4 req/s, so the busiest sixth of the day holds well over twice
+    # the quietest
+    scen = _scenario(tmp_path, "  duration_s: 900\n  arrival: {kind: diurnal, rate: 4, peak_to_trough: 4, "
+                               "period_s: 900}\n  lengths: {path: %s}\n"
+                     % (ROOT / "data/traces/chat_docs_mix_lengths.csv"))
+    mix = length_mix(load_mixed_plan(_plan(tmp_path, scen)), tmp_path)
+    assert mix["process"] == "replay" and "diurnal" in mix["arrival"]["label"]
+    assert abs(mix["requests"] - 3600) < 4 * 60
+    t = pd.read_csv(mix["files"]["all"]).arrival_s
+    counts = t.groupby(t // 150).size()
+    assert t.iloc[-1] < 900 and counts.max() > 2 * counts.min()
+
+
 def test_forcing_poisson_on_a_bursty_workload_takes_the_poisson_path(tmp_path):
     scen = _scenario(tmp_path, "  num_requests: 200\n  arrival: {kind: gamma, rate: 8, cv: 3}\n"
                                "  lengths: {path: %s}\n" % (ROOT / "data/traces/chat_docs_mix_lengths.csv"))
