@@ -102,6 +102,28 @@ def test_hostile_values_in_mixed_and_concurrency_plan_reports_show_as_text(brows
     assert HOSTILE in got["text"] and HOSTILE in got["title"]
 
 
+def test_names_that_look_like_mathtext_draw_as_text_in_both_plots():
+    from sim.report.concurrency_page import users_plot
+    from sim.report.document import png
+    from sim.report.mixed_page import comparison_plot
+
+    bad = "a $\\bad{x$ b"  # an unknown TeX command: fails if parsed as mathtext
+    plan = json.loads(MIXED.read_text())
+    plan["best_mix"]["label"] = plan["best_single"]["label"] = bad
+    users = json.loads(USERS.read_text())
+    for c in users["probe_curves"]:
+        c["candidate"] = bad + c["candidate"]
+    assert png(comparison_plot(plan)).startswith(b"\x89PNG")
+    assert png(users_plot(users)).startswith(b"\x89PNG")
+
+
+def test_a_mixed_plan_written_before_its_kind_was_recorded_still_renders(tmp_path):
+    plan = json.loads(MIXED.read_text())
+    del plan["kind"]
+    rep = build_report(_mixed_folder(tmp_path, plan))
+    assert rep.title.startswith("llmsim plan (mixed fleet)")
+
+
 def _rewrite(folder: Path, plan: dict) -> None:
     """Replace a written folder's plan.json (its manifest's size and digest kept true)."""
     import hashlib

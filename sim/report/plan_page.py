@@ -207,8 +207,9 @@ def plan_sections(plan: dict) -> Report:
         from sim.report.day_page import day_sections
 
         return day_sections(plan)
-    if plan.get("kind") in OTHER_KINDS:  # a mixed-fleet or closed-loop plan: its own page
-        return OTHER_KINDS[plan["kind"]](plan)
+    kind = plan.get("kind") or ("mixed" if "options" in plan and "checks" in plan else None)  # older mixed
+    if kind in OTHER_KINDS:  # a mixed-fleet or closed-loop plan: its own page
+        return OTHER_KINDS[kind](plan)
     rows = pd.DataFrame(plan["candidates"])
     for c in CANDIDATE_COLUMNS:
         if c not in rows.columns:
