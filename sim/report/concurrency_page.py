@@ -55,6 +55,9 @@ def users_plot(plan: dict) -> Figure:
     for ax, key, name in ((axes[0], "ttft_p99_s", "p99 TTFT (s)"), (axes[1], "tpot_p99_s", "p99 TPOT (s)")):
         if slo.get(key) is not None:
             ax.axhline(_num(slo[key]), color="r", linestyle=":", label="SLO")
+        ys = [v for line in ax.lines for v in line.get_ydata() if v == v and v > 0]
+        if ys and max(ys) > 20 * min(ys):  # a knee that runs away: log scale keeps the SLO in view
+            ax.set_yscale("log")
         ax.set_xlabel("concurrent users per replica")
         ax.set_ylabel(name)
         ax.grid(alpha=0.3)
