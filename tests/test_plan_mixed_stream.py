@@ -241,3 +241,36 @@ def test_the_day_plan_reads_the_public_rate_profile():
     prof = rate_profile(ArrivalSpec("diurnal", rate=12.5, peak_to_trough=4, period_s=900), 900, None,
                         "x.yaml", "workload")
     assert float(prof.integral(900)) == pytest.approx(12.5 * 900, rel=1e-6)
+
+
+# ---- the fleet check's search ------------------------------------------------------------
+
+@pytest.mark.parametrize("start,need,rounds", [({"short": 16, "long": 3}, {"short": 5, "long": 3}, 4),
+                                               ({"short": 1, "long": 2}, {"short": 9, "long": 2}, 4),
+                                               ({"short": 2, "long": 2}, {"short": 2, "long": 2}, 4)])
+def test_the_fleet_check_finds_the_fewest_replicas_per_pool_from_an_estimate_far_off(monkeypatch, start,
+                                                                                    need, rounds):
+    # a stand-in fleet that holds exactly when every pool has at least `need` replicas (each
+    # pool's own requests break below it): from 16 the bisection reaches 5 in 4 fleets
+    # (8 holds, 4 breaks, 6 holds, 5 holds); from 1 the doubling steps reach 1+1+2+4+8 = 16
+    # (holds), then the bisection between 8 (broke) and 16 finds 9
+    from sim.planning import mixed_check
+    from sim.planning.capacity import SLO
+    from sim.planning.mixedspec import MixedPlanSpec, MixedSpec
+
+    def fake_run(spec, opt, seed, mix=None):
+        short = {p["name"]: p["replicas"] < need[p["name"]] for p in opt["pools"]}
+        whole = {"ok": not any(short.values()), "lookup_provenance": None,
+                 **{f"{k}_s": {"p99": 0.1} for k in ("ttft", "tpot", "e2e")}}
+        return whole, {n: {"broke": ["x"] if b else [], "requests": 10} for n, b in short.items()}
+
+    monkeypatch.setattr(mixed_check, "run_option", fake_run)
+    monkeypatch.setattr(mixed_check, "violations", lambda w, slo: [] if w["ok"] else ["breaks"])
+    monkeypatch.setattr(mixed_check, "_seed", lambda spec: 1)
+    spec = MixedPlanSpec("s", 4, SLO(ttft_p99_s=1), MixedSpec(("a", "b"), (10,), check_rounds=rounds),
+                         search=SearchSpec(seeds=1))
+    option = {"kind": "mix", "threshold": 10, "thresholds": [10], "label": "x",
+              "pools": [{"name": n, "gpu": g, "replicas": start[n]} for n, g in (("short", "a"), ("long", "b"))]}
+    got = mixed_check.check_option(spec, option, {"a": 1.0, "b": 2.0})
+    assert got["holds"] and {p["name"]: p["replicas"] for p in got["pools"]} == need
+    assert got["usd_per_hour"] == need["short"] * 1.0 + need["long"] * 2.0

@@ -82,11 +82,14 @@ def _pool_broke(w: dict, slo: SLO) -> list[str]:
 
 
 def check_option(spec: MixedPlanSpec, option: dict, gpu_usd_h: dict[str, float], mix: dict | None = None) -> dict:
-    """Simulate the option's fleet (every fresh seed). While it breaks the SLOs, add a
-    replica to each pool whose own requests break them (to every pool when none alone
-    does); once it holds (and without `n+1` spares), take one replica from a pool at a
-    time, dearest GPU first, while the fleet still holds. At most `mixed.check_rounds`
-    fleets up and as many down; the fleet reported is the last that held."""
+    """Simulate the option's fleet (every fresh seed). While it breaks the SLOs, add
+    replicas to each pool whose own requests break them (to every pool when none alone
+    does): 1, then 2, 4, ... (at most `mixed.check_rounds` fleets up). Once it holds (and
+    without `n+1` spares), each pool in turn, dearest GPU first, is bisected between the
+    most replicas known to break (min_replicas - 1 at first) and its count, for the fewest
+    with which the fleet still holds (at most `mixed.check_rounds` fleets per pool): a
+    per-replica estimate can be far over what a fleet needs (a bursty stream: one replica
+    takes each burst alone, a fleet shares it). The fleet reported is the last that held."""
     sc_seed = _seed(spec)
     seeds = [sc_seed + max(1000, spec.search.seeds) + i for i in range(spec.search.seeds)]
     opt = {**option, "pools": [dict(p) for p in option["pools"]]}
@@ -107,20 +110,28 @@ def check_option(spec: MixedPlanSpec, option: dict, gpu_usd_h: dict[str, float],
         return not broke, pool_broke
 
     held, pool_broke = attempt()
+    s = spec.search
+    failed = {p["name"]: s.min_replicas - 1 for p in opt["pools"]}  # the most replicas known to break
+    step = 1
     for _ in range(spec.mixed.check_rounds):
         if held:
             break
         for p in [p for p in opt["pools"] if pool_broke[p["name"]]] or opt["pools"]:
-            p["replicas"] += 1
+            failed[p["name"]] = max(failed[p["name"]], p["replicas"])
+            p["replicas"] += step
+        step *= 2  # 1, 2, 4, ... more: an estimate far under what the stream needs is reached
         held, pool_broke = attempt()
-    downs = spec.mixed.check_rounds if held and spec.search.redundancy == "none" else 0
-    for p in sorted(opt["pools"], key=lambda p: -gpu_usd_h[p["gpu"]]):
-        while downs > 0 and p["replicas"] > spec.search.min_replicas:
-            downs -= 1
-            p["replicas"] -= 1
-            if not attempt()[0]:
-                p["replicas"] += 1
-                break
+    if held and s.redundancy == "none":
+        for p in sorted(opt["pools"], key=lambda p: -gpu_usd_h[p["gpu"]]):
+            lo, hi, left = failed[p["name"]], p["replicas"], spec.mixed.check_rounds
+            while hi - lo > 1 and left > 0:  # bisection: the fewest of this pool that still holds
+                left -= 1
+                p["replicas"] = (lo + hi) // 2
+                if attempt()[0]:
+                    hi = p["replicas"]
+                else:
+                    lo = p["replicas"]
+            p["replicas"] = hi
     last = [t for t in tries if t["holds"]][-1] if any(t["holds"] for t in tries) else tries[-1]
     opt["pools"] = last["pools_at"]
     return {"option": option["label"], "fleet": last["fleet"], "pools": opt["pools"], "holds": last["holds"],
