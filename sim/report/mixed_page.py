@@ -41,7 +41,9 @@ def comparison_plot(plan: dict) -> Figure:
         o = plan.get(key)
         if not o:
             continue
-        names.append((i, ("best mix" if key == "best_mix" else "best single type") + f"\n{o.get('label')}"))
+        checked = (checks.get(key) or {}).get("fleet")
+        names.append((i, ("best mix" if key == "best_mix" else "best single type") + f"\nestimate {o.get('label')}"
+                      + (f"\nchecked {checked}" if checked and checked != o.get("label") else "")))
         for dx, src, color, what in ((-0.15, o, "C0", "estimate"), (0.15, checks.get(key), "C2", "fleet check")):
             if not src:
                 continue
