@@ -93,6 +93,14 @@ def test_a_concurrency_plan_sizes_by_users_and_checks_the_fleet_with_them(tmp_pa
         assert not next(c for c in check["checks"] if c["replicas"] == rec["replicas"] - 1)["passed"]
     # a closed loop's throughput obeys the response-time law: X <= N / Z (Z = 1 s think)
     assert at["request_throughput"] <= 27 / 1.0
+    # users vs latency (the report's plot): every probe, fewest users first; the most users
+    # that passed is the count one replica sustains, the fewest that failed the first failing
+    curve = [c for c in r["probe_curves"] if c["candidate"] == row["candidate"]]
+    assert len(curve) == row["probes"] and [c["users"] for c in curve] == sorted(c["users"] for c in curve)
+    assert max(c["users"] for c in curve if c["passed"]) == row["users_per_replica"]
+    if row["fail_users"] is not None:
+        assert min(c["users"] for c in curve if not c["passed"]) == row["fail_users"]
+    assert "probe_curve" not in row  # kept out of candidates.csv
 
 
 def test_a_plan_with_both_target_users_and_target_rate_is_refused_in_one_line(tmp_path):

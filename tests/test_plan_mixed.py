@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_cheapest_option_is_a_mix_of_types_when_each_side_suits_another_type():
     # hand-worked: target 10 req/s + 10 % margin = 11; 60 % of requests at or under 1000 tokens.
     # a ($1/h): whole 1.5, short 5, long 0.5 req/s;  b ($2.5/h): whole 4, short 8, long 4
-    caps = {("a", "all"): 1.5, ("a", (1000, "short")): 5.0, ("a", (1000, "long")): 0.5,
-            ("b", "all"): 4.0, ("b", (1000, "short")): 8.0, ("b", (1000, "long")): 4.0}
-    opts = options(10, {1000: 0.6}, caps, {"a": 1.0, "b": 2.5}, SearchSpec())
+    caps = {("a", "all"): 1.5, ("a", (0, 1000)): 5.0, ("a", (1000, None)): 0.5,
+            ("b", "all"): 4.0, ("b", (0, 1000)): 8.0, ("b", (1000, None)): 4.0}
+    opts = options(10, {(0, 1000): 0.6, (1000, None): 0.4}, caps, {"a": 1.0, "b": 2.5}, SearchSpec())
     cost = {o["label"]: o["usd_per_hour"] for o in opts}
     # single a: ceil(11/1.5) = 8 -> $8; single b: ceil(11/4) = 3 -> $7.5
     assert cost["8 x a"] == 8 and cost["3 x b"] == 7.5
@@ -52,14 +52,16 @@ def test_a_mix_never_costs_more_than_the_best_single_type_and_every_pool_covers_
         target, shares, gpus, redundancy):
     s = SearchSpec(redundancy=redundancy)
     ts = {1000 * (i + 1): f for i, f in enumerate(shares)}
-    caps, usd = {}, {}
+    caps, usd, split = {}, {}, {}
+    for t, f in ts.items():
+        split[(0, t)], split[(t, None)] = f, 1 - f
     for i, (whole, short, long_, price) in enumerate(gpus):
         g = f"g{i}"
         usd[g] = price
         caps[(g, "all")] = whole
         for t in ts:
-            caps[(g, (t, "short"))], caps[(g, (t, "long"))] = short, long_
-    opts = options(target, ts, caps, usd, s)
+            caps[(g, (0, t))], caps[(g, (t, None))] = short, long_
+    opts = options(target, split, caps, usd, s)
     best_single = min(o["usd_per_hour"] for o in opts if o["kind"] == "single")
     assert opts[0]["usd_per_hour"] <= best_single
     assert [o["usd_per_hour"] for o in opts] == sorted(o["usd_per_hour"] for o in opts)
@@ -97,10 +99,11 @@ def test_a_uniform_length_mix_splits_at_the_threshold_share(tmp_path):
     object.__setattr__(spec, "file", str(tmp_path / "plan.yaml"))
     mix = length_mix(spec, tmp_path)
     # 2,000 requests drawn uniformly on 1..4000: P(<= 2048) = 2048 / 4000 = 0.512 (sd 0.011)
-    assert abs(mix["short_share"][2048] - 0.512) < 0.04
+    assert abs(mix["shares"][(0, 2048)] - 0.512) < 0.04
+    assert mix["shares"][(0, 2048)] + mix["shares"][(2048, None)] == pytest.approx(1)
     import pandas as pd
-    assert pd.read_csv(mix["files"][(2048, "short")]).num_prefill_tokens.max() <= 2048
-    assert pd.read_csv(mix["files"][(2048, "long")]).num_prefill_tokens.min() > 2048
+    assert pd.read_csv(mix["files"][(0, 2048)]).num_prefill_tokens.max() <= 2048
+    assert pd.read_csv(mix["files"][(2048, None)]).num_prefill_tokens.min() > 2048
 
 
 def test_a_mixed_plan_checks_its_fleets_and_recommends_no_dearer_than_the_best_single(tmp_path):

@@ -15,11 +15,14 @@ def other_plan(a) -> int | None:
     run = _mixed if is_mixed_plan(a.plan) else _concurrency if is_concurrency_plan(a.plan) else None
     if run is None:
         return None
-    if getattr(a, "report", False):
-        from sim.io.specload import SpecError
-
-        raise SpecError("--report", "", "the report covers rate plans only (allowed here: plan.json and the CSVs)")
     return run(a)
+
+
+def _maybe_report(a, out: Path) -> None:
+    if getattr(a, "report", False):
+        from sim.report.pages import build_report, write_report
+
+        print(f"report: {write_report(build_report(out), out)}")
 
 
 def _mixed(a) -> int:
@@ -29,6 +32,7 @@ def _mixed(a) -> int:
     result = run_mixed_plan(spec, a.prices, workers=a.workers)
     out = write_mixed_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
     print("\n".join(mixed_lines(result)))
+    _maybe_report(a, out)
     print(f"wrote {out}/ (plan.json, options.csv)")
     return 0
 
@@ -45,5 +49,6 @@ def _concurrency(a) -> int:
     result = run_concurrency_plan(spec, a.prices, workers=a.workers)
     out = write_plan(result, Path(a.out) if a.out else Path("runs") / f"plan_{spec.name}")
     print("\n".join(concurrency_lines(result)))
+    _maybe_report(a, out)
     print(f"wrote {out}/ (plan.json, candidates.csv, fleet_check.csv)")
     return 0

@@ -33,6 +33,9 @@ replica sees is the number of users it holds, not a clock. Per candidate:
    sending on fresh seeds; the count moves until N holds on every seed and N - 1 does not
    (down one at a time from the estimate while it holds, else up). $/M output tokens
    divides the fleet's $/hour by its checked output-token throughput.
+
+The plan keeps every probe as users vs latency (`probe_curves`: users, the worst seed's
+p99s, the verdict) for its report's plot (sim/report/concurrency_page.py).
 """
 
 from __future__ import annotations
@@ -165,6 +168,19 @@ def max_users(run_at, slo: SLO, seeds: list[int], search: SearchSpec) -> tuple[i
     return lo, hi, probes
 
 
+def probe_curve(probes: list[Probe]) -> list[dict]:
+    """Users vs latency of one replica, from the user search's probes (fewest users
+    first): the worst seed's p99s, the slowest seed's request rate, and the verdict."""
+    out = []
+    for p in sorted(probes, key=lambda p: p.rate):
+        ss = p.summaries
+        out.append({"users": int(p.rate), "passed": p.passed,
+                    **{f"{k}_p99_s": max((x[f"{k}_s"]["p99"] for x in ss if x[f"{k}_s"]["p99"] is not None),
+                                         default=None) for k in ("ttft", "tpot")},
+                    "request_rate": min(x["request_throughput"] for x in ss)})
+    return out
+
+
 def replicas_for_users(users: int, per_replica: int, search: SearchSpec) -> int:
     """ceil(users x (1 + margin) / users per replica) (+1 with n+1), never under min_replicas."""
     extra = 1 if search.redundancy == "n+1" else 0
@@ -194,7 +210,7 @@ def evaluate(spec: ConcurrencyPlanSpec, cand: dict, prices: dict[str, float]) ->
     lo, hi, probes = max_users(run_at, spec.slo, seeds, s)
     fail = next((p for p in probes if p.rate == hi), None)
     row.update({"users_per_replica": lo, "fail_users": hi, "probes": len(probes),
-                "broke": "; ".join(fail.broke) if fail else ""})
+                "broke": "; ".join(fail.broke) if fail else "", "probe_curve": probe_curve(probes)})
     if lo <= 0:
         return {**row, "status": "infeasible", "note": "SLOs broken even with one user"}
     replicas = replicas_for_users(spec.target_users, lo, s)
@@ -282,8 +298,10 @@ def run_concurrency_plan(spec: ConcurrencyPlanSpec, prices_path: str | None = No
         i, c = min(held, key=lambda ic: (ic[1]["usd_per_hour"], -ic[1]["replicas"], ic[1]["ttft_p99_s"]))
         rec = {**c, **cands[i], "estimate": {k: rows[i][k] for k in ("replicas", "usd_per_hour",
                                                                       "users_per_replica")}}
+    curves = [{"candidate": r["candidate"], **pt} for r in rows for pt in r.pop("probe_curve", [])]
     return {"name": spec.name, "kind": "concurrency", "target_users": spec.target_users,
             "slo": dataclasses.asdict(spec.slo), "probe_s": spec.probe_s, "candidates": rows,
+            "probe_curves": curves,
             "fleet_checks": [c for _, c in done], "fleet_check": done[0][1] if done else None,
             "recommended": rec}
 

@@ -51,7 +51,7 @@ TIME_VARYING = ("diurnal", "profile")
 
 def day_profile(sc: Scenario, plan_file: Any = None):
     """(rate profile, duration) of a day plan's scenario; a one-line error otherwise."""
-    from sim.workload.requests import _profile as rate_profile
+    from sim.workload.requests import rate_profile
 
     a = sc.workload.arrival
     if a is None or a.kind not in TIME_VARYING:

@@ -3,57 +3,67 @@ the length-aware router, against the best single type.
 
 ```yaml
 name: mixed_chat_docs
-scenario: ../scenarios/mixed_fleet.yaml   # model, runtime, settings, the workload's lengths
+scenario: ../scenarios/mixed_fleet.yaml   # model, runtime, settings, the workload (lengths, arrivals)
 target_rate: 8
 slo: {ttft_p99_s: 2.0, tpot_p99_s: 0.06}
 search: {seeds: 2}                        # SearchSpec: steady rule, margin, redundancy, ...
+arrival: auto                             # the workload's own process; or poisson
 mixed:
   gpus: [a100-80gb, h100-sxm, h200-sxm]   # the GPU types each pool may use
-  thresholds: [1024, 2048, 3072]          # the length split searched (tokens)
+  thresholds: [1024, 2048, 3072]          # the length cuts searched (tokens)
+  classes: 2                              # most pools (length classes) in a mix: 2 to 4
   length_by: prompt                       # or total (prompt + output; the oracle case)
   within: least_outstanding               # each pool's own router
 ```
 
 The scenario's own `cluster:` (if any) is replaced: the plan builds the fleets itself.
 
-1. **The length mix** (`length_mix`): `search.requests` x 20 requests drawn from the
-   scenario's workload with its seed; for each threshold T the share of requests of
-   length <= T (the short pool's), and each side's requests written as a lengths CSV.
+1. **The length mix** (`sim/planning/mixed_stream.py`): the scenario's workload drawn
+   once with its seed (at least `search.requests` x 20 requests); each length class's
+   share and its requests written apart — on the Poisson path their lengths, on any
+   other arrival process (trace, gamma, time-varying) the class's own sub-stream of
+   arrivals, replayed at each probed rate (that module says how).
 2. **Per-pool capacity** (`sim/planning/capacity.py`, `sim/planning/steady.py`): for each
-   GPU type, the highest Poisson rate one replica sustains within the SLOs in steady state
-   on each side's sub-workload (a length-independent split of Poisson arrivals is Poisson
-   at the side's share of the rate), and on the whole workload (the single-type option).
+   GPU type, the highest rate one replica sustains within the SLOs in steady state on
+   each class's sub-workload, and on the whole workload (the single-type option).
 3. **Sizing**: a pool serving share f of the target needs ceil(target x f x (1 + margin)
    / its sustained rate) replicas (+1 with `search.redundancy: n+1`, per pool); a single
-   type ceil(target x (1 + margin) / rate) (+1). Every (T, short GPU, long GPU) mix and
-   every single type is an option; its $/hour is the sum of its pools'. The single types
-   are options too, so the cheapest option never costs more than the best single type.
-4. **The check**: the cheapest mix and the best single type are simulated as whole
-   fleets (the cluster engine, the length router with the pool's own router within) at
-   the target plus the margin for `search.fleet_traffic_s` (600 s) of traffic on fresh
-   seeds, measured over the steady window. A fleet that breaks the SLOs gets one more
-   replica in each pool whose own requests break them (the single type: one more), up to
-   `mixed.check_rounds` times; a fleet that holds gives up one replica at a time, dearest
-   pool first, while it still holds (not with `n+1`: its spare is kept), so the count
-   moves either way as in the rate plans' check; the fleet's cost is that of the last
-   count that held. The recommendation is the cheaper of the two checked fleets.
+   type ceil(target x (1 + margin) / rate) (+1). Every split of 2 to `classes` classes
+   (a strictly increasing choice of thresholds) with every GPU type on each class, and
+   every single type, is an option; its $/hour is the sum of its pools'. The search costs
+   G x (S + 1) capacity searches (G GPU types, S classes: 2 per threshold with 2
+   classes, every (Ti, Tj] with more) and sum over k of C(thresholds, k - 1) x G^k
+   options, priced by arithmetic. The single types are options too, so the cheapest
+   option never costs more than the best single type.
+4. **Ranges** (`sim/planning/uncertainty.py`): each pool's sustained rate moves within
+   [rate x (1 - band), fail rate x (1 + band)] (the bisection's bracket widened by the
+   step model's error band over the lookups behind it), so its replicas and dollars have
+   a range; a checked fleet's p99s range over its seeds widened by its band, and carry
+   the 90 % prediction interval; its replicas per pool range as (n - spare) / (1 +- band).
+5. **The check** (`sim/planning/mixed_check.py`): the cheapest mix and the best single
+   type simulated as whole fleets (the length router with the pool's own router within)
+   on the same traffic at the target plus the margin for `search.fleet_traffic_s` (600 s)
+   on fresh seeds, measured over the steady window; the replica count moves until the
+   fleet holds with as few as it can. The recommendation is the cheaper of the two.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from sim.io.specload import SpecError
 from sim.planning.capacity import max_rate
+from sim.planning.mixed_stream import length_mix, stream_overrides
 from sim.planning.mixedspec import (  # noqa: F401  (the plan's spec, re-exported)
+    POOL_NAMES,
     MixedPlanSpec,
     MixedSpec,
     _base,
@@ -61,65 +71,36 @@ from sim.planning.mixedspec import (  # noqa: F401  (the plan's spec, re-exporte
     describe,
     is_mixed_plan,
     load_mixed_plan,
+    span_label,
+    spans,
 )
 from sim.planning.planspec import SearchSpec, load_prices
-
-# ---- the length mix ------------------------------------------------------------------
-
-def length_mix(spec: MixedPlanSpec, folder: Path) -> dict:
-    """The drawn workload's share at or under each threshold, and per threshold the two
-    sides' lengths CSVs in `folder` (the whole mix too, as `all`)."""
-    from sim.config.scenario import load_scenario
-    from sim.workload.requests import generate
-
-    sc = load_scenario(_scenario_path(spec), _base(spec))
-    n = spec.search.requests * 20
-    wl = generate(dataclasses.replace(sc.workload, num_requests=n, duration_s=None),
-                  np.random.default_rng(sc.seed), file=sc.file or None, path="workload",
-                  base_dir=sc.base_dir or None)
-    prompt, output = np.asarray(wl.prompt_tokens), np.asarray(wl.output_tokens)
-    length = prompt + output if spec.mixed.length_by == "total" else prompt
-    frame = pd.DataFrame({"num_prefill_tokens": prompt, "num_decode_tokens": output})
-    files = {"all": folder / "all.csv"}
-    frame.to_csv(files["all"], index=False)
-    shares = {}
-    for t in spec.mixed.thresholds:
-        short = length <= t
-        shares[t] = float(short.mean())
-        if 0 < short.sum() < len(short):
-            for side, rows in (("short", short), ("long", ~short)):
-                files[(t, side)] = folder / f"{side}_{t}.csv"
-                frame[rows].to_csv(files[(t, side)], index=False)
-    return {"requests": n, "seed": sc.seed, "short_share": shares, "files": files,
-            "mean_output_tokens": float(output.mean())}
-
-
-def _lengths_overrides(path: Path) -> dict:
-    return {"workload.lengths": {"path": str(path)}, "workload.prompt": None,
-            "workload.output": None, "workload.trace": None}
-
+from sim.planning.uncertainty import model_band, stands_on
 
 # ---- per-pool capacity -----------------------------------------------------------------
 
-def pool_capacity(spec: MixedPlanSpec, gpu: str, lengths: Path) -> dict:
-    """One replica of `gpu` on the sub-workload in `lengths`: its sustained Poisson rate."""
+def pool_capacity(spec: MixedPlanSpec, gpu: str, path: Path, kind: str) -> dict:
+    """One replica of `gpu` on the (sub-)workload in `path`: its sustained rate, the
+    lowest failing rate, and the step model's band over the lookups at the sustained rate."""
     from sim.config.scenario import load_scenario
+    from sim.planning.mixed_stream import steady_for
     from sim.planning.plan import _runner
-    from sim.planning.traffic import steady_rule
 
     scen = _scenario_path(spec)
-    base = {**_base(spec), "gpu": gpu, **_lengths_overrides(lengths)}
+    base = {**_base(spec), "gpu": gpu, **stream_overrides(path, kind)}
     try:
         sc = load_scenario(scen, base)
     except SpecError as e:
         return {"gpu": gpu, "rate": 0.0, "note": f"refused by the scenario: {e.path}: {e.message}"}
     s = spec.search
-    rule = steady_rule(s.rule(), sc, "poisson")
-    run_at = _runner(scen, base, sc, rule, spec.slo.bounds(), "poisson")
+    choice = "trace" if kind == "replay" else "poisson"
+    run_at = _runner(scen, base, sc, steady_for(s.rule(), sc, kind), spec.slo.bounds(), choice)
     cap = max_rate(run_at, spec.slo, [sc.seed + i for i in range(s.seeds)], s.need, s.rate_start,
                    s.rate_min, s.rate_max, s.rel_tol, s.max_probes)
+    prov = cap.at_rate.summaries[0].get("lookup_provenance") if cap.at_rate else None
     return {"gpu": gpu, "rate": cap.rate, "fail_rate": cap.fail_rate, "probes": len(cap.probes),
-            "broke": "; ".join(cap.at_fail.broke) if cap.at_fail else "", "note": ""}
+            "broke": "; ".join(cap.at_fail.broke) if cap.at_fail else "", "note": "",
+            "model_band": model_band(prov), "stands_on": stands_on(prov)}
 
 
 def _jobs(spec: MixedPlanSpec, mix: dict) -> list[tuple]:
@@ -128,10 +109,11 @@ def _jobs(spec: MixedPlanSpec, mix: dict) -> list[tuple]:
 
 
 def capacities(spec: MixedPlanSpec, mix: dict, workers: int) -> dict:
-    """(gpu, 'all' | (threshold, side)) -> pool_capacity row, in worker processes."""
+    """(gpu, 'all' | (lo, hi)) -> pool_capacity row, in worker processes."""
     jobs = _jobs(spec, mix)
+    kind = mix["process"]
     if workers <= 1:
-        return {(g, k): pool_capacity(spec, g, mix["files"][k]) for g, k in jobs}
+        return {(g, k): pool_capacity(spec, g, mix["files"][k], kind) for g, k in jobs}
     import concurrent.futures as cf
     import multiprocessing as mp
 
@@ -140,7 +122,7 @@ def capacities(spec: MixedPlanSpec, mix: dict, workers: int) -> dict:
 
     with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(_START_METHOD),
                                 initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-        futs = {(g, k): pool.submit(pool_capacity, spec, g, mix["files"][k]) for g, k in jobs}
+        futs = {(g, k): pool.submit(pool_capacity, spec, g, mix["files"][k], kind) for g, k in jobs}
         return {k: f.result() for k, f in futs.items()}
 
 
@@ -155,34 +137,46 @@ def replicas_for(rate: float, share: float, capacity: float, search: SearchSpec)
     return max(search.min_replicas, n + (1 if search.redundancy == "n+1" else 0))
 
 
-def options(target: float, shares: dict[int, float], caps: dict, gpu_usd_h: dict[str, float],
-            search: SearchSpec) -> list[dict]:
-    """Every single type and every (threshold, short GPU, long GPU) mix, sized and priced,
-    cheapest first (ties: fewer pools, then fewer replicas). `caps`: (gpu, 'all' |
-    (threshold, side)) -> sustained rate of one replica."""
+def options(target: float, shares: dict[tuple, float], caps: dict, gpu_usd_h: dict[str, float],
+            search: SearchSpec, classes: int = 2, rate_ranges: dict | None = None) -> list[dict]:
+    """Every single type and every split into 2 to `classes` length classes (a strictly
+    increasing choice of the thresholds that `shares`' classes (lo, hi] are cut at) with
+    every GPU type on each class, sized and priced, cheapest first (ties: fewer pools,
+    then fewer replicas). `caps`: (gpu, 'all' | (lo, hi)) -> sustained rate of one
+    replica; `rate_ranges`: the same keys -> (low, high) rate, for replica and $ ranges."""
     out = []
     gpus = sorted({g for g, _ in caps})
-    for g in gpus:
-        n = replicas_for(target, 1.0, caps[(g, "all")], search)
-        if n is not None:
-            out.append({"kind": "single", "threshold": None, "pools": [
-                {"name": "all", "gpu": g, "replicas": n, "share": 1.0, "sustained_rate": caps[(g, "all")]}],
-                "usd_per_hour": n * gpu_usd_h[g]})
-    for t, share in shares.items():
-        if (gpus[0], (t, "short")) not in caps:
-            continue  # one side is empty at this threshold
-        for gs in gpus:
-            for gl in gpus:
-                ns = replicas_for(target, share, caps[(gs, (t, "short"))], search)
-                nl = replicas_for(target, 1 - share, caps[(gl, (t, "long"))], search)
-                if ns is None or nl is None:
-                    continue
-                out.append({"kind": "mix", "threshold": t, "pools": [
-                    {"name": "short", "gpu": gs, "replicas": ns, "share": share,
-                     "sustained_rate": caps[(gs, (t, "short"))]},
-                    {"name": "long", "gpu": gl, "replicas": nl, "share": 1 - share,
-                     "sustained_rate": caps[(gl, (t, "long"))]}],
-                    "usd_per_hour": ns * gpu_usd_h[gs] + nl * gpu_usd_h[gl]})
+    rr = rate_ranges or {}
+
+    def pool(name: str, g: str, key, share: float) -> dict:
+        p = {"name": name, "gpu": g, "replicas": replicas_for(target, share, caps[(g, key)], search),
+             "share": share, "sustained_rate": caps[(g, key)]}
+        if (g, key) in rr:
+            lo, hi = rr[(g, key)]
+            p["replicas_range"] = (replicas_for(target, share, hi, search), replicas_for(target, share, lo, search))
+        return p
+
+    splits = [()] + [c for k in range(2, classes + 1)
+                     for c in itertools.combinations(sorted({t for lo, hi in shares for t in (lo, hi)
+                                                             if t not in (0, None)}), k - 1)]
+    for cuts in splits:
+        keys = ["all"] if not cuts else spans(cuts)
+        if any((gpus[0], k) not in caps for k in keys):
+            continue  # a class is empty at this split
+        names = ("all",) if not cuts else POOL_NAMES[len(keys)]
+        for assign in ([(g,) for g in gpus] if not cuts else itertools.product(gpus, repeat=len(keys))):
+            pools = [pool(n, g, k, 1.0 if k == "all" else shares[k])
+                     for n, g, k in zip(names, assign, keys, strict=True)]
+            if any(p["replicas"] is None for p in pools):
+                continue
+            o = {"kind": "mix" if cuts else "single", "threshold": cuts[0] if len(cuts) == 1 else None,
+                 "thresholds": list(cuts), "pools": pools,
+                 "usd_per_hour": sum(p["replicas"] * gpu_usd_h[p["gpu"]] for p in pools)}
+            if all("replicas_range" in p for p in pools) and all(p["replicas_range"][1] is not None
+                                                                 for p in pools):
+                o["usd_per_hour_range"] = tuple(sum(p["replicas_range"][i] * gpu_usd_h[p["gpu"]] for p in pools)
+                                                for i in (0, 1))
+            out.append(o)
     for o in out:
         o["label"] = describe(o)
     return sorted(out, key=lambda o: (o["usd_per_hour"], len(o["pools"]),
@@ -209,7 +203,17 @@ def gpu_prices(spec: MixedPlanSpec, prices: dict[str, float]) -> dict[str, float
 
 # ---- the plan --------------------------------------------------------------------------
 
+def rate_ranges(caps: dict) -> dict:
+    """(gpu, class) -> the sustained rate's range [rate x (1 - band), fail rate x (1 + band)]:
+    the bisection's bracket widened by the step model's band (sim/planning/uncertainty.py)."""
+    return {k: (v["rate"] * (1 - v.get("model_band", 0.0)),
+                (v.get("fail_rate") or v["rate"]) * (1 + v.get("model_band", 0.0)))
+            for k, v in caps.items()}
+
+
 def run_mixed_plan(spec: MixedPlanSpec, prices_path: str | None = None, workers: int | None = None) -> dict:
+    from sim.planning.mixed_check import check_option
+
     prices = load_prices(prices_path or (str(Path(spec.file).resolve().parent / spec.prices)
                                          if spec.prices else None))
     usd = gpu_prices(spec, prices)
@@ -217,33 +221,36 @@ def run_mixed_plan(spec: MixedPlanSpec, prices_path: str | None = None, workers:
     with tempfile.TemporaryDirectory(prefix="llmsim-mixed-") as tmp:
         mix = length_mix(spec, Path(tmp))
         caps = capacities(spec, mix, workers)
-    rates = {k: v["rate"] for k, v in caps.items()}
-    opts = options(spec.target_rate, {t: s for t, s in mix["short_share"].items()
-                                      if (spec.mixed.gpus[0], (t, "short")) in caps}, rates, usd, spec.search)
-    singles = [o for o in opts if o["kind"] == "single"]
-    mixes = [o for o in opts if o["kind"] == "mix"]
-    result: dict[str, Any] = {
-        "name": spec.name, "target_rate": spec.target_rate, "slo": dataclasses.asdict(spec.slo),
-        "length_by": spec.mixed.length_by, "within": spec.mixed.within,
-        "mix": {"requests": mix["requests"], "seed": mix["seed"],
-                "short_share": {str(t): s for t, s in mix["short_share"].items()},
-                "mean_output_tokens": mix["mean_output_tokens"]},
-        "capacity": [{"gpu": g, "workload": "all" if k == "all" else f"{k[1]} (threshold {k[0]})", **v}
-                     for (g, k), v in caps.items()],
-        "options": opts, "best_single": singles[0] if singles else None,
-        "best_mix": mixes[0] if mixes else None}
-    from sim.planning.mixed_check import check_option
-
-    checks = {}
-    for key in ("best_mix", "best_single"):
-        if result[key] is not None:
-            checks[key] = check_option(spec, result[key], usd)
+        rates = {k: v["rate"] for k, v in caps.items()}
+        opts = options(spec.target_rate, mix["shares"], rates, usd, spec.search, spec.mixed.classes,
+                       rate_ranges(caps))
+        singles = [o for o in opts if o["kind"] == "single"]
+        mixes = [o for o in opts if o["kind"] == "mix"]
+        result: dict[str, Any] = {
+            "name": spec.name, "kind": "mixed", "target_rate": spec.target_rate,
+            "slo": dataclasses.asdict(spec.slo), "length_by": spec.mixed.length_by,
+            "within": spec.mixed.within, "classes": spec.mixed.classes, "arrival": mix["arrival"],
+            "mix": {"requests": mix["requests"], "seed": mix["seed"],
+                    "class_share": {span_label(*k): v for k, v in mix["shares"].items()},
+                    "interarrival_cv": {k if k == "all" else span_label(*k): v
+                                        for k, v in mix["interarrival_cv"].items()},
+                    "mean_output_tokens": mix["mean_output_tokens"]},
+            "capacity": [{"gpu": g, "workload": k if k == "all" else span_label(*k), **v,
+                          "sustained_rate_range": rate_ranges({0: v})[0]} for (g, k), v in caps.items()],
+            "search_cost": {"capacity_searches": len(caps), "options": len(opts)},
+            "options": opts, "best_single": singles[0] if singles else None,
+            "best_mix": mixes[0] if mixes else None}
+        checks = {}
+        for key in ("best_mix", "best_single"):
+            if result[key] is not None:
+                checks[key] = check_option(spec, result[key], usd, mix)
     result["checks"] = checks
     held = [c for c in checks.values() if c["holds"]]
     rec = min(held, key=lambda c: (c["usd_per_hour"], len(c["pools"]))) if held else None
     if rec is not None:
-        out_tok = mix["mean_output_tokens"]
-        rec = {**rec, "usd_per_m_output_tokens": rec["usd_per_hour"] / (spec.target_rate * out_tok * 3600) * 1e6,
+        per_usd = 1e6 / (spec.target_rate * mix["mean_output_tokens"] * 3600)
+        rec = {**rec, "usd_per_m_output_tokens": rec["usd_per_hour"] * per_usd,
+               "usd_per_m_output_tokens_range": tuple(u * per_usd for u in rec["usd_per_hour_range"]),
                "kind": "mix" if len(rec["pools"]) > 1 else "single"}
     result["recommended"] = rec
     return result
@@ -258,7 +265,8 @@ def write_mixed_plan(result: dict, out_dir: str | Path) -> Path:
     def write(folder: Path) -> None:
         (folder / "plan.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         pd.DataFrame([{"option": o["label"], "kind": o["kind"], "threshold": o["threshold"],
-                       "usd_per_hour": o["usd_per_hour"],
+                       "thresholds": " ".join(map(str, o["thresholds"])), "usd_per_hour": o["usd_per_hour"],
+                       "usd_per_hour_range": _range_text(o.get("usd_per_hour_range"), "{:.2f}"),
                        **{f"{p['name']}_{k}": p[k] for p in o["pools"] for k in ("gpu", "replicas",
                                                                                  "share", "sustained_rate")}}
                       for o in result["options"]]).to_csv(folder / "options.csv", index=False)
@@ -266,20 +274,37 @@ def write_mixed_plan(result: dict, out_dir: str | Path) -> Path:
     return write_output(out_dir, "plan", write, {"name": result["name"]})
 
 
+def _range_text(r, fmt: str = "{:.3g}") -> str:
+    from sim.planning.uncertainty import fmt_range
+
+    return fmt_range(r, fmt)
+
+
 def mixed_lines(result: dict) -> list[str]:
     """The plan's answer in lines (the CLI prints them)."""
-    lines = [f"length mix ({result['mix']['requests']:,} requests drawn, seed {result['mix']['seed']}), "
-             f"by {result['length_by']} tokens: "
-             + ", ".join(f"{float(s):.0%} <= {t}" for t, s in result["mix"]["short_share"].items()),
-             "one replica's sustained rate (req/s, steady probes on the sub-workload it receives):"]
+    m = result["mix"]
+    cv = m["interarrival_cv"].get("all")
+    lines = [f"arrivals: {result['arrival']['label']}"
+             + (f"; inter-arrival CV {cv:.3g}" if cv is not None else ""),
+             f"length mix ({m['requests']:,} requests drawn, seed {m['seed']}), by {result['length_by']} "
+             "tokens: " + ", ".join(f"{float(s):.0%} {k}" for k, s in m["class_share"].items()),
+             "one replica's sustained rate (req/s, steady probes on the sub-workload it receives; "
+             "range: seed bracket + step-model band):"]
     by_gpu: dict[str, list[str]] = {}
     for c in result["capacity"]:
-        by_gpu.setdefault(c["gpu"], []).append(f"{c['workload']} {c['rate']:.2f}")
+        by_gpu.setdefault(c["gpu"], []).append(
+            f"{c['workload']} {c['rate']:.2f} ({_range_text(c.get('sustained_rate_range'), '{:.2f}')})")
     lines += [f"  {g}: " + ", ".join(v) for g, v in by_gpu.items()]
+    cost = result.get("search_cost")
+    if cost:
+        lines.append(f"searched: {cost['options']} options (up to {result.get('classes', 2)} length classes) "
+                     f"from {cost['capacity_searches']} capacity searches")
     for key, name in (("best_single", "best single type"), ("best_mix", "best mix")):
         o = result[key]
         if o is not None:
-            lines.append(f"{name} (estimate): {o['label']}, ${o['usd_per_hour']:.2f}/hour")
+            lines.append(f"{name} (estimate): {o['label']}, ${o['usd_per_hour']:.2f}/hour"
+                         + (f" (range ${_range_text(o['usd_per_hour_range'], '{:.2f}')})"
+                            if o.get("usd_per_hour_range") else ""))
     for key, c in result["checks"].items():
         lines.append(f"fleet check of the {key.replace('_', ' ')}: {c['fleet']} at {c['rate']:g} req/s for "
                      f"{c['traffic_s']:g} s, seeds {c['seeds']}: SLOs {'hold' if c['holds'] else 'DO NOT hold'}, "
@@ -292,6 +317,10 @@ def mixed_lines(result: dict) -> list[str]:
     else:
         lines.append(f"recommended: {rec['fleet']} ({rec['kind']}), ${rec['usd_per_hour']:.2f}/hour, "
                      f"${rec['usd_per_m_output_tokens']:.3f}/M output tokens (its fleet check)")
+        lines.append(f"  how sure: ${_range_text(rec['usd_per_hour_range'], '{:.2f}')}/hour, "
+                     f"TTFT99 {_range_text(rec['ttft_p99_range_s'], '{:.3f}')} s, "
+                     f"TPOT99 {_range_text(rec['tpot_p99_range_s'], '{:.3f}')} s (seed spread + the step "
+                     f"model's ±{rec['model_band']:.0%} band; lookups {rec['stands_on_lookups']})")
         single = result["checks"].get("best_single")
         if single and single["holds"] and rec["kind"] == "mix":
             lines.append(f"  saves {1 - rec['usd_per_hour'] / single['usd_per_hour']:.0%} against the best "

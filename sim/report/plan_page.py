@@ -187,11 +187,29 @@ def _confidence(plan: dict, rows: pd.DataFrame) -> Section | None:
     return Section("how sure", text, [("ranges", table)] if len(table) else [])
 
 
+def _mixed(plan: dict) -> Report:
+    from sim.report.mixed_page import mixed_sections
+
+    return mixed_sections(plan)
+
+
+def _users(plan: dict) -> Report:
+    from sim.report.concurrency_page import concurrency_sections
+
+    return concurrency_sections(plan)
+
+
+OTHER_KINDS = {"mixed": _mixed, "concurrency": _users}
+
+
 def plan_sections(plan: dict) -> Report:
     if plan.get("kind") == "day":  # a plan over a day (sim/planning/dayplan.py)
         from sim.report.day_page import day_sections
 
         return day_sections(plan)
+    kind = plan.get("kind") or ("mixed" if "options" in plan and "checks" in plan else None)  # older mixed
+    if kind in OTHER_KINDS:  # a mixed-fleet or closed-loop plan: its own page
+        return OTHER_KINDS[kind](plan)
     rows = pd.DataFrame(plan["candidates"])
     for c in CANDIDATE_COLUMNS:
         if c not in rows.columns:

@@ -252,7 +252,7 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
     else:
         with np.errstate(over="ignore", invalid="ignore"):  # checked just below
             arrival = _arrivals(spec.arrival, spec.num_requests, spec.duration_s, rng,
-                                lambda: _profile(spec.arrival, spec.duration_s, base, file, path))
+                                lambda: rate_profile(spec.arrival, spec.duration_s, base, file, path))
         _check_times(arrival, file, f"{path}.arrival.rate")
         n = len(arrival)
         rows = np.arange(n) % len(tr.t) if tr is not None else None
@@ -318,9 +318,11 @@ def _check_times(arrival: np.ndarray, file: Any, field_path: str) -> None:
         raise SpecError(file, field_path, f"arrivals reach {last:.3g} s (allowed: arrival times <= {MAX_TIME_S:.0e} s)")
 
 
-def _profile(a: ArrivalSpec, duration: float | None, base: Path | None, file: Any,
-             path: str) -> RateProfile:
-    """The rate profile of a `profile` or `diurnal` arrival, its expected count checked."""
+def rate_profile(a: ArrivalSpec, duration: float | None, base: Path | None, file: Any,
+                 path: str) -> RateProfile:
+    """The rate profile of a `profile` or `diurnal` arrival, its expected count over
+    `duration` checked (relative paths resolve against `base`; errors name `file` and
+    `path`). Public: a day plan reads the profile its scenario's arrivals follow."""
     if a.kind == "diurnal":
         prof = diurnal(a.rate, a.peak_to_trough, a.period_s, a.peak_s)
     else:
