@@ -237,3 +237,20 @@ def test_the_oldest_files_are_removed_past_the_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(stepcache, "KEEP_BYTES", 250)  # the two newest fit
     stepcache._trim(cache)
     assert sorted(p.name[-5:] for p in cache.iterdir()) == ["3.npz", "4.npz"]
+
+
+def test_trimming_never_removes_files_it_did_not_name(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"  # e.g. LLMSIM_STEP_CACHE pointed at a user's own folder
+    cache.mkdir(mode=0o700)
+    mine = [cache / "weights.npz", cache / f"{0:063x}.npz", cache / f"{0:064x}.npz.bak"]
+    for i, f in enumerate(mine):
+        f.write_bytes(b"user")
+        os.utime(f, ns=(i, i))
+    for i in range(3):
+        f = cache / f"{i + 1:064x}.npz"
+        f.write_bytes(b"")
+        os.utime(f, ns=((i + 10) * 10**9,) * 2)
+    monkeypatch.setattr(stepcache, "KEEP_FILES", 1)
+    stepcache._trim(cache)
+    assert all(f.read_bytes() == b"user" for f in mine)
+    assert sorted(p.name for p in cache.glob("0*.npz") if len(p.name) == 68) == [f"{3:064x}.npz"]

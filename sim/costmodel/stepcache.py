@@ -29,6 +29,7 @@ import gc
 import hashlib
 import logging
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -46,6 +47,7 @@ ENV = "LLMSIM_STEP_CACHE"
 OFF = ("off", "0", "no", "false")
 KEEP_FILES = 32  # cache files kept in the folder (least recently used removed first)
 KEEP_BYTES = 256 * 2**20  # and at most this many bytes of them
+_OURS = re.compile(r"[0-9a-f]{64}\.npz")  # the only files _trim may remove
 MAX_ENTRIES = 1 << 18  # memo entries written per configuration (104 B each), at most
 _CODE = ("costmodel", "io")  # packages under sim/ whose source is part of the key
 # memo key kinds (sim/costmodel/latency.py) and their ints: a key is (kind, *ints)
@@ -201,9 +203,11 @@ class StepCache:
 
 
 def _trim(folder: Path) -> None:
-    """Keep the KEEP_FILES most recently used files, within KEEP_BYTES."""
+    """Keep the KEEP_FILES most recently used files, within KEEP_BYTES. Only files named as
+    this module names them (a sha256 key and .npz) are counted or removed: a folder given
+    in $LLMSIM_STEP_CACHE may hold a user's own .npz files, which are never touched."""
     try:
-        stats = sorted(((p.stat(), p) for p in folder.glob("*.npz")),
+        stats = sorted(((p.stat(), p) for p in folder.glob("*.npz") if _OURS.fullmatch(p.name)),
                        key=lambda sp: sp[0].st_mtime_ns, reverse=True)
         total = 0
         for i, (st, p) in enumerate(stats):
