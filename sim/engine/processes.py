@@ -27,6 +27,7 @@ import simpy
 from sim.config.cluster import Link
 from sim.engine.autoscale import Attainment, Lifecycle
 from sim.engine.closedloop import ClosedLoop, streamed
+from sim.engine.decoderun import decode_run
 from sim.engine.handoff import (
     hand_over,
     join_arrived,
@@ -344,6 +345,10 @@ def replica(env: Clock, node: Node, progress=None, leap: bool = True):
     batch = st.batch
     # the end of any step wakes no one here: open loop, no hand-off to a decode pool
     quiet = node.ended is None and port.handoff is None
+    # runs of plain decode steps in one loop (sim/engine/decoderun.py), where the policy
+    # says how long its plan holds and the step is the plain one (no speculation, own log)
+    steady = getattr(policy, "steady", None) if (
+        leap and rep.speculator is None and not rep.own_record) else None
     now = env.now
     while True:
         if port.arrived:
@@ -353,7 +358,15 @@ def replica(env: Clock, node: Node, progress=None, leap: bool = True):
             if now != env.now:
                 yield env.timeout_at(now)
             node.ended([r.seq for r in plan.reject])
-        step = rep.start(plan, now)
+        if steady is not None and node.room is None and (repeats := steady(st, plan)):
+            rows = len(log.t_end)  # plain decoding: the steps before the next event at once
+            now, step = decode_run(rep, plan, now, env.peek(), repeats, quiet)
+            if progress is not None and len(log.t_end) // 2000 != rows // 2000:
+                progress(now)
+            if step is None:
+                continue
+        else:
+            step = rep.start(plan, now)
         if step is not None:
             t_end = now + step.seconds
             if not (leap and t_end < env.peek() and node.room is None and (
