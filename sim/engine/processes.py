@@ -358,9 +358,12 @@ def replica(env: Clock, node: Node, progress=None, leap: bool = True):
             if now != env.now:
                 yield env.timeout_at(now)
             node.ended([r.seq for r in plan.reject])
-        if steady is not None and node.room is None and (repeats := steady(st, plan)):
-            rows = len(log.t_end)  # plain decoding: the steps before the next event at once
-            now, step = decode_run(rep, plan, now, env.peek(), repeats, quiet)
+        # plain decoding, and a step as long as the last one would end before the next event
+        # (else a run would stop at once, as in a busy fleet): the steps before it at once
+        if steady is not None and node.room is None and (repeats := steady(st, plan)) and (
+                now + rep.step.seconds < (bound := env.peek())):
+            rows = len(log.t_end)
+            now, step = decode_run(rep, plan, now, bound, repeats, quiet)
             if progress is not None and len(log.t_end) // 2000 != rows // 2000:
                 progress(now)
             if step is None:
