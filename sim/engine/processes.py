@@ -339,6 +339,9 @@ def replica(env: Clock, node: Node, progress=None, leap: bool = True):
     scheduled event, which then sees the state it would have seen stepping (events at the
     same instant fire in the order they were scheduled, and a leap's one timeout is
     scheduled after every event already waiting, as the last step's own would have been).
+    Where the policy says its plain decode plan holds (`BatchPolicy.steady`), the steps
+    before the next event run in one loop, without asking the policy at each
+    (`sim/engine/decoderun.py`: the same rows, draws and state, in the same order).
     """
     rep = node.rep
     st, log, policy, port = rep.st, rep.rec.log, rep.policy, rep.port
