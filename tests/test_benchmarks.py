@@ -80,7 +80,8 @@ def test_engine_speed_times_each_runtime_on_the_same_requests(tmp_path):
     assert [r[0] for r in rows] == ["h200-eager-reference", "h200-eager-live", "cuda-graph"]
     assert len({r[1] for r in rows}) == 1 and int(rows[0][1]) > 0  # the same requests
     assert all(int(r[2]) > 0 for r in rows)  # iterations
-    assert all(float(r[-1]) > 0 and float(r[-2]) > 0 for r in rows)  # iter/cpu-s, peak MiB
+    assert all(float(r[-3]) > 0 and float(r[-2]) > 0 for r in rows)  # iter/cpu-s, peak MiB
+    assert all(0 < int(r[-1]) < int(r[2]) for r in rows)  # leaping: fewer events than steps
 
 
 def test_run_speed_times_the_run_and_its_phases(tmp_path):

@@ -27,6 +27,7 @@ import simpy
 from sim.config.cluster import Link
 from sim.engine.autoscale import Attainment, Lifecycle
 from sim.engine.closedloop import ClosedLoop, streamed
+from sim.engine.decoderun import decode_run
 from sim.engine.handoff import (
     hand_over,
     join_arrived,
@@ -338,12 +339,19 @@ def replica(env: Clock, node: Node, progress=None, leap: bool = True):
     scheduled event, which then sees the state it would have seen stepping (events at the
     same instant fire in the order they were scheduled, and a leap's one timeout is
     scheduled after every event already waiting, as the last step's own would have been).
+    Where the policy says its plain decode plan holds (`BatchPolicy.steady`), the steps
+    before the next event run in one loop, without asking the policy at each
+    (`sim/engine/decoderun.py`: the same rows, draws and state, in the same order).
     """
     rep = node.rep
     st, log, policy, port = rep.st, rep.rec.log, rep.policy, rep.port
     batch = st.batch
     # the end of any step wakes no one here: open loop, no hand-off to a decode pool
     quiet = node.ended is None and port.handoff is None
+    # runs of plain decode steps in one loop (sim/engine/decoderun.py), where the policy
+    # says how long its plan holds and the step is the plain one (no speculation, own log)
+    steady = getattr(policy, "steady", None) if (
+        leap and rep.speculator is None and not rep.own_record) else None
     now = env.now
     while True:
         if port.arrived:
@@ -353,7 +361,18 @@ def replica(env: Clock, node: Node, progress=None, leap: bool = True):
             if now != env.now:
                 yield env.timeout_at(now)
             node.ended([r.seq for r in plan.reject])
-        step = rep.start(plan, now)
+        # plain decoding, and a step as long as the last one would end before the next event
+        # (else a run would stop at once, as in a busy fleet): the steps before it at once
+        if steady is not None and node.room is None and (repeats := steady(st, plan)) and (
+                now + rep.step.seconds < (bound := env.peek())):
+            rows = len(log.t_end)
+            now, step = decode_run(rep, plan, now, bound, repeats, quiet)
+            if progress is not None and len(log.t_end) // 2000 != rows // 2000:
+                progress(now)
+            if step is None:
+                continue
+        else:
+            step = rep.start(plan, now)
         if step is not None:
             t_end = now + step.seconds
             if not (leap and t_end < env.peek() and node.room is None and (

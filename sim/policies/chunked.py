@@ -10,7 +10,17 @@ prompt. Decode growth that cannot get a block preempts the newest request
 from __future__ import annotations
 
 from sim.policies.batch import Seq
-from sim.policies.plan import IDLE, Admission, Chunk, Rejection, StepKind, StepPlan
+from sim.policies.plan import (
+    CHANGES,
+    IDLE,
+    THROUGH_FINISH,
+    UNTIL_FINISH,
+    Admission,
+    Chunk,
+    Rejection,
+    StepKind,
+    StepPlan,
+)
 from sim.policies.protocols import KVManager
 from sim.policies.scheduler import ReplicaState, SchedulerSpec, never_fits, resumed
 
@@ -85,6 +95,20 @@ class ChunkedPolicy:
             plan.kind = StepKind.REJECT if plan.reject else (
                 StepKind.PREEMPT if plan.preempt else StepKind.IDLE)
         return plan
+
+    @staticmethod
+    def steady(st: ReplicaState, plan: StepPlan) -> int:
+        """A plan that only decodes (no chunk, preemption or rejection, no prefill under way)
+        holds through finishes while nothing waits. With requests waiting, none admitted, it
+        holds until a request finishes: what stops admission (places, the token budget left
+        by the decodes, free blocks less the step's own) changes only when one finishes
+        (decode steps only take blocks); with a prefix cache, a decode step's evictions
+        change what the waiting request would reuse: ask at each step."""
+        if plan.kind is not _MIXED or plan.chunks or plan.preempt or plan.reject or st.prefilling:
+            return CHANGES
+        if not st.waiting:
+            return THROUGH_FINISH
+        return UNTIL_FINISH if st.prefix is None else CHANGES
 
     def first_chunk_never_fits(self, st: ReplicaState, s: Seq) -> str:
         """Why the first chunk of `s` cannot be admitted even into an empty replica, whose

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from sim.policies.batch import Seq
 from sim.policies.stepkind import LOGGED_KINDS, StepKind
 
-__all__ = ["DECODE", "IDLE", "LOGGED_KINDS", "Admission", "Chunk", "Rejection", "StepKind",
+__all__ = ["CHANGES", "DECODE", "IDLE", "LOGGED_KINDS", "THROUGH_FINISH", "UNTIL_FINISH", "Admission", "Chunk", "Rejection", "StepKind",
            "StepPlan"]
 
 
@@ -59,3 +59,10 @@ class StepPlan:
 
 IDLE = StepPlan(StepKind.IDLE)      # shared plans for the common cases: nobody mutates a plan
 DECODE = StepPlan(StepKind.DECODE)
+
+# How long a plain decode plan (one that only decodes the running batch: nothing admitted,
+# chunked, preempted, swapped or rejected) holds while the replica only decodes, as a policy's
+# `steady` says: CHANGES, it may change at any step (ask at each); UNTIL_FINISH, until a request
+# finishes (then a waiting one may fit); THROUGH_FINISH, through finishes. Either way until a
+# step needs more new KV blocks than are free, or an event from outside changes the state.
+CHANGES, UNTIL_FINISH, THROUGH_FINISH = 0, 1, 2

@@ -27,7 +27,17 @@ from typing import Literal, Protocol
 
 from sim.io.specload import MAX_TIME_S
 from sim.policies.batch import Seq
-from sim.policies.plan import DECODE, IDLE, Admission, Rejection, StepKind, StepPlan
+from sim.policies.plan import (
+    CHANGES,
+    DECODE,
+    IDLE,
+    THROUGH_FINISH,
+    UNTIL_FINISH,
+    Admission,
+    Rejection,
+    StepKind,
+    StepPlan,
+)
 from sim.policies.prefix import PrefixCache
 from sim.policies.protocols import DecodeBatch, KVManager
 
@@ -106,6 +116,10 @@ class BatchPolicy(Protocol):
 
     def schedule(self, st: ReplicaState, now: float) -> StepPlan: ...
     def row_reservation(self, st: ReplicaState, seqs: Sequence[Seq]) -> int: ...
+    def steady(self, st: ReplicaState, plan: StepPlan) -> int:
+        """How long `plan`, just returned by `schedule`, holds while the replica only decodes
+        (sim/policies/plan.py: CHANGES, UNTIL_FINISH, THROUGH_FINISH)."""
+        ...
 
 
 def drop_from_head(queue: deque[Seq], gone: set[Seq]) -> None:
@@ -171,6 +185,19 @@ class ContinuousPolicy:
         if len(st.batch) == 0 and not st.swapped:
             return IDLE
         return self._decode(st)
+
+    @staticmethod
+    def steady(st: ReplicaState, plan: StepPlan) -> int:
+        """A plain DECODE holds through finishes while nothing waits (or is swapped out).
+        With requests waiting, none admitted, it holds until a request finishes: a waiting
+        request is admitted once places or free blocks allow, and only a finish gives either
+        back (decode steps only take blocks); with a prefix cache, a decode step's evictions
+        change what the waiting request would reuse: ask at each step."""
+        if plan is not DECODE or st.swapped:
+            return CHANGES
+        if not st.waiting:
+            return THROUGH_FINISH
+        return UNTIL_FINISH if st.prefix is None else CHANGES
 
     def admit(self, st: ReplicaState) -> StepPlan:
         spec, kv = self.spec, st.kv
@@ -273,6 +300,11 @@ class StaticPolicy:
         if not chosen:
             plan.kind = StepKind.REJECT if plan.reject else StepKind.IDLE
         return plan
+
+    @staticmethod
+    def steady(st: ReplicaState, plan: StepPlan) -> int:
+        """A static batch decodes until its last request finishes, whatever waits."""
+        return THROUGH_FINISH if plan is DECODE else CHANGES
 
     @staticmethod
     def row_reservation(st: ReplicaState, seqs: list[Seq]) -> int:

@@ -1,0 +1,153 @@
+"""A run of plain decode steps, finished in one tight loop between the events others see.
+
+Between the events that change a replica's batch from outside (an arrival, a KV hand-off,
+a router report, a client told of an end), a batch that only decodes changes in ways known
+in advance: each step every row gains one token (the batch's decode counter `D` moves on),
+a row's new KV block falls due when `D` reaches its phase, a request finishes at the step
+its entry in the finish heap names. `decode_run` runs such steps one after another on the
+replica's own clock, as `Replica.start` and `Replica.finish` would for the plan the policy
+returned, but without asking the policy again at each step (it said how long its plan
+holds: `BatchPolicy.steady`), without a SimPy event and without the per-step method calls:
+step times from the same `StepLatency` calls (so the same memo uses and the same jitter
+draws, in the same order), the step log's rows, the inter-token gaps and the KV blocks
+written and taken exactly as stepping writes and takes them.
+
+A run stops at the first step that
+* ends at or after `bound` (the engine's next event, `env.peek()`): started, it is
+  returned for the engine to finish at its end (`Clock.timeout_at`);
+* finishes a request someone must be told of (a closed loop; `quiet` false): the same;
+* would need more KV blocks than are free (the policy preempts), or follows a finish the
+  plan does not outlive (`UNTIL_FINISH`: a waiting request might be admitted now), or
+  finds the batch empty: nothing started, the policy plans the next step.
+Every state change, row and random draw therefore comes in the same order, with the same
+values, as one step at a time (`tests/test_leap.py`, `tests/test_decoderun.py`).
+"""
+
+from __future__ import annotations
+
+from sim.costmodel.jitter import BLOCK, FactorStream, JitteredLatency
+from sim.engine.replica import Replica, Step
+from sim.policies.plan import THROUGH_FINISH, StepKind, StepPlan
+
+_DECODE = StepKind.DECODE
+_NO_CHUNKS: list = []  # a plain mixed step's prefill chunks (never mutated)
+_NEVER = 1 << 62
+_ONES = [1.0] * BLOCK  # an unjittered step's factors: x * 1.0 is x, exactly
+
+
+def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: PLR0915
+               repeats: int, quiet: bool) -> tuple[float, Step | None]:
+    """Run `plan`, a plain decode plan the policy just returned at `now` (`repeats`: how
+    long it holds, `BatchPolicy.steady`), step after step while each ends before `bound`.
+    Returns the replica's clock after the steps it finished, and the step it started but
+    did not finish (ends at or after `bound`, or finishes a request to tell of when not
+    `quiet`), or None where the policy must plan the next step. (One function on purpose:
+    the hot loop of a run, its per-step calls inlined.)"""
+    st, rec, kva, lat, kernels = rep.st, rep.rec, rep.kv, rep.lat, rep.kernels
+    batch, kv, prefix, log = st.batch, st.kv, kva.prefix, rec.log
+    members, heap, phase, bs = batch.members, batch.finish_heap, batch.phase, batch.bs
+    paged, holds, mixed = batch.paged, rep.holds_batch, plan.kind is not _DECODE
+    seen, num_blocks = rep.prefill_shapes, kv.num_blocks
+    add_start, add_end, add_kind, add_seqs, add_tokens, add_used, add_held, add_gap, add_weight = (
+        log.t_start.append, log.t_end.append, log.kind.append, log.num_seqs.append,
+        log.num_tokens.append, log.kv_blocks_used.append, log.kv_tokens.append,
+        rec.gaps.append, rec.weights.append)
+    # a jittered decode step: the model's seconds * the stream's next factor * the batch
+    # size's level (JitteredLatency.decode, inlined); without jitter factors of exactly 1
+    jitter = lat if type(lat) is JitteredLatency and not mixed else None
+    price = jitter.base.decode if jitter is not None else lat.decode
+    stream = jitter.decode_f if jitter is not None else None
+    factors, fi = (stream.block, stream.i) if stream is not None else (_ONES, 0)
+    left = log.limit - len(log.t_end)  # rows before the log spills (StepLog.add)
+    D = first = batch.D  # (the first step's blocks fit: the policy just planned it)
+    n, s0, live, rows, longest, outside = _shape(rep, D)  # (what changes when one finishes)
+    level = _level(jitter, n)
+    finish_at = heap[0][0] if heap else _NEVER  # the decode count of the next finish (or stale)
+    busy, last, decode = rec.kernel_busy_s, batch.last_decode_end, _DECODE
+    try:
+        while True:
+            # ---- start (Replica.start, or mixed_step, for a plain plan) ----
+            need = phase[D % bs] if paged else 0
+            if need:
+                if need > kv.free_blocks and D != first:  # the policy preempts: another plan
+                    return now, None
+                if prefix is None and need <= kv.free_blocks:
+                    kv.free_blocks -= need
+                else:
+                    kva.take(need)
+            if fi == len(factors):
+                factors, fi = _refill(stream, fi)
+            secs = (lat.mixed(n, s0 + n * D, D + longest, _NO_CHUNKS, seen) if mixed
+                    else price(n, s0 + n * D, D + longest)) * factors[fi] * level
+            fi += 1
+            busy += kernels.kernel_s
+            t_end = now + secs
+            if t_end >= bound or (not quiet and finish_at <= D + 1):
+                return now, _started(rep.step, plan, secs, n)
+            # ---- finish (Replica.finish: RunningBatch.advance, release, the log's row) ----
+            if finish_at <= D + 1 or batch.fresh:
+                batch.D, batch.last_decode_end = D, last
+                done = batch.advance(t_end, rec.gaps, rec.weights)
+                for s in done:
+                    rep.release(s)
+                finish_at = heap[0][0] if heap else _NEVER
+            else:
+                done = None
+                if rows:
+                    add_gap(t_end - last)
+                    add_weight(rows)
+            D, left, last = D + 1, left - 1, t_end
+            add_start(now)
+            add_end(t_end)
+            add_kind(decode)
+            add_seqs(n)
+            add_tokens(n)
+            if done:
+                n, s0, live, rows, longest, outside = _shape(rep, D)
+                level = _level(jitter, n)
+            add_used(num_blocks - kv.free_blocks)
+            add_held(live + rows * (D - 1) + outside)
+            now = t_end
+            if left <= 0:
+                log.flush()
+                left = log.limit - len(log.t_end)
+            if holds:
+                batch.D, batch.last_decode_end = D, last
+                rep.end_of_step()
+            if done and (repeats != THROUGH_FINISH or not len(members)):
+                return now, None
+    finally:  # what the loop kept in locals
+        rec.kernel_busy_s, batch.D, batch.last_decode_end = busy, D, last
+        if stream is not None:
+            stream.i = fi
+
+
+def _shape(rep: Replica, D: int) -> tuple[int, int, int, int, int, int]:
+    """What a step's time and row stand on that changes only when a request leaves: rows
+    computed, their lengths less D (all rows; members only), members, the longest member's
+    length less D, tokens held outside the batch less those counted twice (shared)."""
+    batch = rep.st.batch
+    return (batch.n_compute, batch.s0, batch.s0_live, len(batch.members),
+            batch.max_ctx() - D, rep.port.outside_tokens - rep.kv.shared_tokens())
+
+
+def _level(jitter: JitteredLatency | None, n: int) -> float:
+    """The decode level factor of a step of `n` rows (1 without jitter)."""
+    if jitter is None:
+        return 1.0
+    return jitter.levels[n if n < jitter.top else jitter.top]
+
+
+def _refill(stream: FactorStream | None, i: int) -> tuple[list[float], int]:
+    """The next block of factors, and where to read it from."""
+    if stream is None:
+        return _ONES, 0
+    stream.i = i
+    stream.refill()
+    return stream.block, stream.i
+
+
+def _started(step: Step, plan: StepPlan, seconds: float, n: int) -> Step:
+    """The replica's step under way, as `Replica.start` leaves it for a plain plan."""
+    step.plan, step.seconds, step.seqs, step.tokens, step.kind = plan, seconds, n, n, _DECODE
+    return step
