@@ -132,3 +132,71 @@ def test_worse_provenance_gives_a_wider_interval(prov, moved, src):
     worse = {**prov, src: prov[src] * (1 - moved), "analytic": prov["analytic"] + prov[src] * moved}
     assert interval_band(worse) >= interval_band(prov) - 1e-12
     assert latency_interval([1.0], interval_band(worse))[1] >= latency_interval([1.0], interval_band(prov))[1] - 1e-12
+
+
+def test_a_plan_shows_its_90_percent_intervals_in_output_json_csv_and_report(tmp_path, capsys):
+    """End to end: a small plan on two seeds; every planner-facing figure carries its interval,
+    the recommendation says how robust it is, and the report escapes every value."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from sim.cli.main import main
+    from sim.report.document import to_html
+    from sim.report.plan_page import plan_sections
+
+    root = Path(__file__).resolve().parent.parent
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"name: iv\nscenario: {root / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 4\n"
+                    "slo: {ttft_p99_s: 1.0, tpot_p99_s: 0.06}\n"
+                    "search: {seeds: 2, requests: 40, max_probes: 4, fleet_checks: 1, fleet_traffic_s: 30, "
+                    "headroom_probes: 0}\n"
+                    "candidates: {gpu: [h200-sxm], tensor: [1], policy: [continuous]}\n")
+    out = tmp_path / "o"
+    assert main(["plan", str(plan), "--out", str(out), "--workers", "1", "--report"]) == 0
+    text = capsys.readouterr().out
+    assert "90 % intervals: replicas needed " in text and "robust? " in text
+    assert "90 % interval of replicas needed" in text and "(seed spread over 2 seed(s)" in text
+    result = json.loads((out / "plan.json").read_text())
+    rec = result["recommended"]
+    lo, hi = rec["replicas_interval90"]
+    assert lo <= rec["replicas"] <= max(hi, rec["replicas"]) and rec["robust"]["replicas_for_interval"] == hi
+    for k in ("usd_per_hour_interval90", "usd_per_m_output_tokens_interval90", "ttft_p99_interval90_s",
+              "tpot_p99_interval90_s"):
+        assert rec[k][0] <= rec[k][1], k
+    assert rec["ttft_p99_interval90_s"][0] <= rec["ttft_p99_s"] <= rec["ttft_p99_interval90_s"][1]
+    row = next(r for r in result["candidates"] if r["status"] == "ok")
+    a, b = row["sustained_rate_interval90"]
+    assert a <= row["sustained_rate"] <= b
+    assert "sustained_rate_interval90" in pd.read_csv(out / "candidates.csv").columns
+    page = (out / "report.html").read_text()
+    assert "How robust:" in page and "90 % interval of replicas needed" in page
+    rec["candidate"] = "<script>alert(1)</script>"
+    rec["stands_on_lookups"] = "<img src=x>"
+    hostile = to_html(plan_sections(result))
+    assert "<script>alert" not in hostile and "<img src=x>" not in hostile
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hostile
+
+
+def test_a_curve_point_carries_the_step_models_interval_and_the_plot_shades_the_p99s():
+    """One seed a point: each latency's interval is value / (1 +- b), b by the point's lookups."""
+    from pathlib import Path
+
+    from matplotlib.collections import PolyCollection
+
+    from sim.planning.curve import LATENCIES, plot_curves, run_curve
+
+    root = Path(__file__).resolve().parent.parent
+    table, knees = run_curve([str(root / "scenarios" / "quickstart.yaml")], [2.0, 6.0], requests=40,
+                             executor="sequential")
+    for _, row in table.iterrows():
+        b = row["interval90_model"]
+        assert min(v["interval90"] for v in load_bands().values()) <= b <= max(
+            v["interval90"] for v in load_bands().values())
+        for c in LATENCIES:
+            assert row[f"{c}.low90"] == pytest.approx(row[c] / (1 + b))
+            assert row[f"{c}.high90"] == pytest.approx(row[c] / (1 - b))
+    fig = plot_curves(table, knees)
+    shaded = [a for a in fig.axes[:3] if any(isinstance(c, PolyCollection) for c in a.collections)]
+    assert len(shaded) == 3  # TTFT, TPOT and E2E panels shade their p99's interval

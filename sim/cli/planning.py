@@ -63,8 +63,9 @@ def cmd_curve(a) -> int:
     table, knees = run_curve(a.scenarios, rates, out, requests=a.requests, seed=a.seed,
                              ttft_bound=a.ttft_bound, executor=a.executor, workers=a.workers,
                              concurrency=users)
-    print(frame_text(table, ["scenario", "concurrency" if users else "rate", "seed"]))
-    print()
+    print(frame_text(curve_display(table), ["scenario", "concurrency" if users else "rate", "seed"]))
+    print("(90 % intervals: the step model's 90 % error by what each point stands on; one seed a "
+          "point, no seed spread; every bound in curve.csv)\n")
     print(frame_text(knees, ["scenario"]))
     _maybe_report(a, out)
     print(f"\nwrote {out}/ (curve.csv, knees.csv, curve.png)")
@@ -104,6 +105,19 @@ def cmd_plan(a) -> int:
     _maybe_report(a, out)
     print(f"wrote {out}/ (plan.json, candidates.csv, fleet_check.csv)")
     return 0
+
+
+def curve_display(table):
+    """The curve table as printed: each p99's 90 % interval as one 'low-high' column in place
+    of its low90 / high90 columns (curve.csv keeps them apart)."""
+    from sim.planning.uncertainty import fmt_range
+
+    show = table[[c for c in table.columns if not c.endswith(("low90", "high90"))]].copy()
+    for c in ("ttft_s.p99", "tpot_s.p99"):
+        show.insert(show.columns.get_loc(c) + 1, f"{c} 90%",
+                    [fmt_range((lo, hi), "{:.3g}") if lo is not None and lo == lo else "-"
+                     for lo, hi in zip(table[f"{c}.low90"], table[f"{c}.high90"], strict=True)])
+    return show
 
 
 def plan_verdict(result: dict) -> list[str]:

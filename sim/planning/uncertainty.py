@@ -232,7 +232,9 @@ def robustness(replicas: int, iv: dict, bounds: dict[str, float | None], usd_per
     seeds = iv.get("seeds", 0)
     if over:
         words += (f"; at {replicas} the 90 % interval of {', '.join(over)} reaches past its SLO "
-                  "(the fleet check met it on every seed)")
+                  "(the fleet check met it on every seed"
+                  + (f"; {seeds} seeds leave the seed term wide: more (search.seeds) narrow it)"
+                     if 1 < seeds < 5 else ")"))
     elif any(bounds.get(k) is not None for k in SLO_NAMES):
         words += f"; at {replicas} every p99 interval stays within its SLO"
     if seeds == 1:
