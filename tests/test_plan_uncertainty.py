@@ -22,12 +22,13 @@ from sim.planning.uncertainty import (
 )
 
 
-def test_every_class_names_its_source_and_derived_takes_the_extrapolated_width():
+def test_every_class_names_its_source_and_a_worse_provenance_is_never_surer():
     bands = load_bands()
-    assert set(bands) == {"measured", "derived", "extrapolated", "analytic"}
+    assert list(bands) == ["measured", "derived", "extrapolated", "analytic"]  # surest first
     assert all(b["source"] for b in bands.values())
     assert all(0 < b["interval90"] < 1 for b in bands.values())
-    assert bands["derived"]["interval90"] == bands["extrapolated"]["interval90"]
+    widths = [b["interval90"] for b in bands.values()]
+    assert widths == sorted(widths)
     assert all("band" not in b for b in bands.values())  # one word, one thing: interval90 only
 
 
@@ -123,13 +124,17 @@ def test_fewer_seeds_give_a_wider_interval(n, more, mean, sd):
     assert few[0] < many[0] and few[1] > many[1]
 
 
-@settings(max_examples=60, deadline=None)
-@given(SHARES, st.floats(0.01, 1), st.sampled_from(["exact", "interpolated"]))
-def test_worse_provenance_gives_a_wider_interval(prov, moved, src):
-    """Moving step time from measured lookups to analytic ones (the widest class) widens."""
-    if prov[src] <= 0:
+ORDER = ["exact", "interpolated", "derived", "extrapolated", "analytic"]  # tags, surest first
+
+
+@settings(max_examples=80, deadline=None)
+@given(SHARES, st.floats(0.01, 1), st.integers(0, 3), st.integers(1, 4))
+def test_worse_provenance_gives_a_wider_interval(prov, moved, i, step):
+    """Moving step time from any lookup class to a less sure one widens (or keeps) it."""
+    src, dst = ORDER[i], ORDER[min(i + step, 4)]
+    if prov[src] <= 0 or src == dst:
         return
-    worse = {**prov, src: prov[src] * (1 - moved), "analytic": prov["analytic"] + prov[src] * moved}
+    worse = {**prov, src: prov[src] * (1 - moved), dst: prov[dst] + prov[src] * moved}
     assert interval_band(worse) >= interval_band(prov) - 1e-12
     assert latency_interval([1.0], interval_band(worse))[1] >= latency_interval([1.0], interval_band(prov))[1] - 1e-12
 

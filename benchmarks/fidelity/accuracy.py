@@ -103,12 +103,13 @@ class Err:
     error: float  # modelled / measured time - 1
     interval: float  # the stated 90 % half-width for this row
     cls: str = ""  # the provenance class with the largest share of its step time
+    shares: tuple[tuple[str, float], ...] = ()  # (class, share of its step time)
     detail: str = ""  # published vs simulated, for datasets printed row by row
 
 
-def _bands(prov: dict[str, float]) -> tuple[float, str]:
+def _bands(prov: dict[str, float]) -> tuple[float, str, tuple[tuple[str, float], ...]]:
     shares = class_shares(prov)
-    return interval_band(prov), max(shares, key=shares.get)
+    return interval_band(prov), max(shares, key=shares.get), tuple(shares.items())
 
 
 def published_errors() -> list[Err]:

@@ -12,16 +12,18 @@ of |e| (the ceil(0.9 (n + 1))-th smallest of n rows, which covers a fresh row fr
 same population with probability >= 90 %), taken per dataset over the rows where that
 class has the largest share of step time, and the **widest over the datasets** with at
 least MIN_ROWS such rows (every situation sized must be covered, not their average: a
-plan's model is usually one no runtime was fitted to, as in the grid held out by model);
-a class with no such dataset takes the largest |e| of its rows; `derived` (no rows of
-its own beyond two) takes the extrapolated class's.
+plan's model is usually one no runtime was fitted to, as in the grid held out by model).
+Then **a worse provenance is never surer** (ORDER: measured, derived, extrapolated,
+analytic): a class narrower than the one before it takes that one's width; `derived`,
+with two rows of its own, is set by this alone.
 
 The split (FOLDS parts): the live log's rows by time block (block k is part k; the suite
 already scores each block with a fit that did not see it), every other dataset's rows in
 turn within each group (row i of a group is part i mod FOLDS). For each part, widths are
 sized on the other parts and the part's rows are scored against them; the coverage
 printed for a calibration dataset is over every row so scored, each row by widths that
-never saw it. The widths shipped in data/step_error_bands.yaml are the same rule on all
+never saw it, each row's half-width its classes' widths share-weighted over its step
+time, as the simulator weighs them (`width`). The widths shipped in data/step_error_bands.yaml are the same rule on all
 rows (`--check` fails if the file differs from it by more than rounding). Datasets not
 used to size (the live log's load split, the published ratios) are scored with the
 shipped widths: wholly out of sample.
@@ -50,7 +52,7 @@ from sim.planning.uncertainty import load_bands  # noqa: E402
 FOLDS = 5  # parts of the split; the live log's 5 time blocks are its parts
 MIN_ROWS = 9  # fewest rows a conformal 90 % quantile needs: ceil(0.9 (n + 1)) <= n
 CLAIM = 0.90
-BORROWS = {"derived": "extrapolated"}  # a class with no rows of its own takes another's
+ORDER = ("measured", "derived", "extrapolated", "analytic")  # surest provenance first
 ROUNDING = 0.005  # how far the shipped file may sit from the rule (it rounds to 3 decimals)
 
 
@@ -62,12 +64,13 @@ def conformal_q90(values: list[float]) -> float | None:
 
 
 def size(errs: list[Err]) -> dict[str, dict]:
-    """class -> {interval90, by: the dataset that set it (or how)} from calibration rows."""
+    """class -> {interval90, by: what set it} from the calibration rows (module docstring):
+    per class the widest over datasets of its conformal quantile, then never narrower than
+    a surer class's (ORDER)."""
     cal = [e for e in errs if e.dataset in CALIBRATION]
-    out = {}
-    for cls in load_bands():
-        if cls in BORROWS:
-            continue
+    out: dict[str, dict] = {}
+    floor, floor_by = 0.0, ""
+    for cls in ORDER:
         qs = {}
         for ds in CALIBRATION:
             mine = [abs(e.error) for e in cal if e.dataset == ds and e.cls == cls]
@@ -75,12 +78,14 @@ def size(errs: list[Err]) -> dict[str, dict]:
                 qs[ds] = (conformal_q90(mine), len(mine))
         if qs:
             ds = max(qs, key=lambda d: qs[d][0])
-            out[cls] = {"interval90": qs[ds][0], "by": f"{ds} ({qs[ds][1]} rows)"}
+            own, by = qs[ds][0], f"{ds} ({qs[ds][1]} rows)"
         else:
-            rows = [abs(e.error) for e in cal if e.cls == cls]
-            out[cls] = {"interval90": max(rows, default=0.0), "by": f"largest of {len(rows)} rows"}
-    for cls, other in BORROWS.items():
-        out[cls] = {**out[other], "by": f"the {other} class's"}
+            n = sum(1 for e in cal if e.cls == cls)
+            own, by = 0.0, f"too few rows of its own ({n})"
+        if own < floor:
+            own, by = floor, f"{by}; raised to {floor_by}'s (a worse provenance is never surer)"
+        out[cls] = {"interval90": own, "by": by}
+        floor, floor_by = own, cls
     return out
 
 
@@ -98,6 +103,16 @@ def parts(errs: list[Err], folds: int = FOLDS) -> list[int]:
     return out
 
 
+def width(e: Err, widths: dict[str, dict]) -> float:
+    """The half-width a row gets: its classes' widths share-weighted over its step time, as
+    sim/planning/uncertainty.py interval_band weighs them (the widest if no shares)."""
+    shares = dict(e.shares)
+    total = sum(shares.values())
+    if total <= 0:
+        return max(w["interval90"] for w in widths.values())
+    return sum(v * widths[c]["interval90"] for c, v in shares.items()) / total
+
+
 def held_out_coverage(errs: list[Err], folds: int = FOLDS) -> dict[str, dict[str, float]]:
     """dataset -> {rows, coverage, width}: each calibration row scored by widths sized on
     the other parts (`width`: the mean half-width it was scored with)."""
@@ -107,7 +122,7 @@ def held_out_coverage(errs: list[Err], folds: int = FOLDS) -> dict[str, dict[str
         widths = size([e for e, p in zip(errs, part, strict=True) if p != k])
         for e, p in zip(errs, part, strict=True):
             if p == k and e.dataset in CALIBRATION:
-                w = widths[e.cls]["interval90"]
+                w = width(e, widths)
                 hits.setdefault(e.dataset, []).append((abs(e.error) <= w, w))
                 hits.setdefault(f"{e.dataset} / {e.cls}", []).append((abs(e.error) <= w, w))
     return {k: {"rows": len(v), "coverage": float(np.mean([h for h, _ in v])),
@@ -116,13 +131,11 @@ def held_out_coverage(errs: list[Err], folds: int = FOLDS) -> dict[str, dict[str
 
 def shipped_coverage(errs: list[Err]) -> dict[str, dict[str, float]]:
     """Datasets not used to size, scored by the shipped widths (wholly out of sample)."""
-    bands = load_bands()
     out = {}
     for ds in dict.fromkeys(e.dataset for e in errs if e.dataset not in CALIBRATION):
         mine = [e for e in errs if e.dataset == ds]
-        out[ds] = {"rows": len(mine), "coverage": float(np.mean(
-            [abs(e.error) <= bands[e.cls]["interval90"] for e in mine])),
-            "width": float(np.mean([bands[e.cls]["interval90"] for e in mine]))}
+        out[ds] = {"rows": len(mine), "coverage": float(np.mean([abs(e.error) <= e.interval for e in mine])),
+                   "width": float(np.mean([e.interval for e in mine]))}
     return out
 
 
