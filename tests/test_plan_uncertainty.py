@@ -81,6 +81,15 @@ def test_candidate_intervals_by_hand():
     assert r["measured_share"] == 1.0 and r["interval90_model"] == pytest.approx(b)
 
 
+def test_a_csv_row_splits_each_interval_into_low_and_high_columns():
+    from sim.planning.uncertainty import interval_columns
+    row = {"candidate": "x", "replicas_interval90": (3, 5), "ttft_p99_interval90_s": None,
+           "interval90_model": 0.26, "latency_interval90_model": 0.2}
+    assert interval_columns(row) == {"candidate": "x", "replicas_interval90_low": 3, "replicas_interval90_high": 5,
+                                     "ttft_p99_interval90_low_s": None, "ttft_p99_interval90_high_s": None,
+                                     "interval90_model": 0.26, "latency_interval90_model": 0.2}
+
+
 def test_robustness_says_how_many_replicas_cover_the_interval():
     iv = {"replicas_interval90": (3, 5), "ttft_p99_interval90_s": (0.2, 0.9),
           "tpot_p99_interval90_s": (0.02, 0.07), "seeds": 2}
@@ -174,7 +183,10 @@ def test_a_plan_shows_its_90_percent_intervals_in_output_json_csv_and_report(tmp
     row = next(r for r in result["candidates"] if r["status"] == "ok")
     a, b = row["sustained_rate_interval90"]
     assert a <= row["sustained_rate"] <= b
-    assert "sustained_rate_interval90" in pd.read_csv(out / "candidates.csv").columns
+    csv_row = pd.read_csv(out / "candidates.csv").iloc[0]
+    assert (csv_row["sustained_rate_interval90_low"], csv_row["sustained_rate_interval90_high"]) == \
+        pytest.approx((a, b))
+    assert csv_row["ttft_p99_interval90_low_s"] <= csv_row["ttft_p99_interval90_high_s"]
     page = (out / "report.html").read_text()
     assert "How robust:" in page and "90 % interval of replicas needed" in page
     rec["candidate"] = "<script>alert(1)</script>"

@@ -116,7 +116,7 @@ from sim.planning.planspec import (
 )
 from sim.planning.steady import SteadyRule, steady_run
 from sim.planning.traffic import describe, probe_overrides, process, steady_rule
-from sim.planning.uncertainty import candidate_intervals, fleet_intervals
+from sim.planning.uncertainty import candidate_intervals, fleet_intervals, interval_columns
 from sim.planning.units import Unit, unit_of
 
 __all__ = ["ALIASES", "PlanSpec", "SearchSpec", "binding", "candidate_grid", "evaluate", "label",
@@ -454,8 +454,9 @@ def _map(spec, cands, prices, workers, progress) -> list[dict]:
 
 
 def write_plan(result: dict, out_dir: str | Path) -> Path:
-    """plan.json (everything), candidates.csv and fleet_check.csv (every fleet checked,
-    one row per replica count tried) in an output folder."""
+    """plan.json (everything), candidates.csv (each 90 % interval as its `_low`/`_high`
+    columns) and fleet_check.csv (every fleet checked, one row per replica count tried)
+    in an output folder."""
     import json
 
     import pandas as pd
@@ -466,7 +467,8 @@ def write_plan(result: dict, out_dir: str | Path) -> Path:
 
     def write(folder: Path) -> None:
         (folder / "plan.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        pd.DataFrame(result["candidates"]).to_csv(folder / "candidates.csv", index=False)
+        pd.DataFrame([interval_columns(r) for r in result["candidates"]]).to_csv(
+            folder / "candidates.csv", index=False)
         if checks:
             pd.DataFrame([{"candidate": c["candidate"], **k} for c in checks for k in c["checks"]]).to_csv(
                 folder / "fleet_check.csv", index=False)

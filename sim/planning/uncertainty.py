@@ -175,6 +175,21 @@ def candidate_intervals(target: float, rate: float, fail_rate: float | None, at_
     return out
 
 
+def interval_columns(row: dict) -> dict:
+    """A row for a CSV: each (low, high) interval `<figure>_interval90[_s]` as the two
+    columns `<figure>_interval90_low[_s]` and `<figure>_interval90_high[_s]`."""
+    out = {}
+    for k, v in row.items():
+        if "_interval90" in k and not k.endswith("_model") \
+                and (v is None or isinstance(v, tuple | list)):
+            lo, hi = v if v else (None, None)
+            stem, _, unit = k.partition("_interval90")
+            out[f"{stem}_interval90_low{unit}"], out[f"{stem}_interval90_high{unit}"] = lo, hi
+        else:
+            out[k] = v
+    return out
+
+
 def fmt_range(r, fmt: str = "{:.3g}") -> str:
     if not r:
         return "-"
