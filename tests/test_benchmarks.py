@@ -31,6 +31,7 @@ SMOKE = {
     "readme/readme_results.py": ["--only", "memory-refusal,warm-grid-fit"],
     "fidelity/published_check.py": [],
     "fidelity/accuracy.py": ["--folds", "2"],
+    "fidelity/interval_coverage.py": ["--check"],
     "fidelity/live_check.py": ["--seeds", "1"],
     "fidelity/scenario_digests.py": ["--only", "quickstart", "--out", "{tmp}/digests.txt"],
 }
@@ -152,13 +153,22 @@ def test_published_check_costs_every_published_row(tmp_path):
     assert sum(int(r[1]) for r in summary) == rows, out
 
 
-def test_accuracy_prints_every_dataset_and_the_intervals(tmp_path):
-    out = ok("fidelity/accuracy.py", tmp_path, "--intervals")
+def test_accuracy_prints_every_dataset_and_the_intervals_coverage(tmp_path):
+    out = ok("fidelity/accuracy.py", tmp_path)
     for dataset in ("published", "live-heldout", "live-load", "grid-heldout", "published-ratios",
                     "all datasets"):
         assert dataset in out
     assert "published-ratios, row by row" in out and "trtllm-405b-min-latency" in out
-    assert "interval90 by provenance class" in out
+    assert "90 % interval ±" in out and "coverage" in out
+
+
+def test_interval_coverage_checks_every_calibration_dataset_on_rows_it_did_not_size_on(tmp_path):
+    out = ok("fidelity/interval_coverage.py", tmp_path)  # --check: exit 0 only if every claim holds
+    for cls in ("measured", "derived", "extrapolated", "analytic"):
+        assert cls in out
+    for dataset in ("published", "live-heldout", "grid-heldout"):
+        assert re.search(rf"^{dataset} +held out \(other parts\) +\d+ +[\d.]+% +(9\d|100)\.\d%", out, re.M), out
+    assert re.search(r"^live-load +check only", out, re.M)
 
 
 def test_live_check_prints_its_four_tables(tmp_path):

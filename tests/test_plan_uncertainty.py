@@ -1,49 +1,219 @@
-"""Ranges on a plan's figures (sim/planning/uncertainty.py): the step model's band by
-what a run stands on, from data/step_error_bands.yaml, and the seed-to-seed spread."""
+"""90 % intervals on a plan's figures (sim/planning/uncertainty.py): the step model's
+interval90 by what a run stands on (data/step_error_bands.yaml) and the seed spread."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sim.io.specload import load_yaml
-from sim.planning.uncertainty import BANDS_FILE, candidate_ranges, load_bands, model_band, stands_on
+from sim.planning.uncertainty import (
+    candidate_intervals,
+    interval_band,
+    latency_interval,
+    load_bands,
+    rate_interval,
+    replicas_needed,
+    robustness,
+    seed_interval,
+    stands_on,
+)
 
 
-def test_every_band_names_its_source_and_the_measured_band_is_the_warm_grid_error():
-    raw = load_yaml(BANDS_FILE)["classes"]
+def test_every_class_names_its_source_and_a_worse_provenance_is_never_surer():
     bands = load_bands()
-    assert set(bands) == {"measured", "derived", "extrapolated", "analytic"}
+    assert list(bands) == ["measured", "derived", "extrapolated", "analytic"]  # surest first
     assert all(b["source"] for b in bands.values())
-    # the README's warm-grid accuracy table: 5.7 % mean abs error over 66 steps
-    assert raw["measured"]["band"] == 0.057 and "5.7 %" in raw["measured"]["source"]
-    # docs/fidelity.md: median |time error| 8.4 % over the 50 published rows
-    assert raw["derived"]["band"] == 0.084 and "8.4 %" in raw["derived"]["source"]
+    assert all(0 < b["interval90"] < 1 for b in bands.values())
+    widths = [b["interval90"] for b in bands.values()]
+    assert widths == sorted(widths)
+    assert all("band" not in b for b in bands.values())  # one word, one thing: interval90 only
 
 
-def test_band_is_the_share_weighted_mean_of_the_classes():
-    b = {k: v["band"] for k, v in load_bands().items()}
-    assert model_band({"exact": 0.3, "interpolated": 0.2, "derived": 0.0, "extrapolated": 0.0,
-                       "analytic": 0.5}) == pytest.approx(0.5 * b["measured"] + 0.5 * b["analytic"])
-    assert model_band({"exact": 1.0}) == pytest.approx(b["measured"])
-    assert model_band({}) == max(b.values())  # unknown: the widest band
+def test_the_model_half_width_is_the_share_weighted_mean_of_the_classes():
+    b = {k: v["interval90"] for k, v in load_bands().items()}
+    assert interval_band({"exact": 0.3, "interpolated": 0.2, "derived": 0.0, "extrapolated": 0.0,
+                          "analytic": 0.5}) == pytest.approx(0.5 * b["measured"] + 0.5 * b["analytic"])
+    assert interval_band({"exact": 1.0}) == pytest.approx(b["measured"])
+    assert interval_band({}) == max(b.values())  # unknown: the widest
     assert stands_on({"exact": 0.05, "extrapolated": 0.4, "analytic": 0.55}) == \
         "measured 5% / derived 0% / extrapolated 40% / analytic 55%"
 
 
-def test_ranges_follow_the_rate_bracket_widened_by_the_band():
-    band = load_bands()["measured"]["band"]
+def test_seed_interval_by_hand():
+    # seeds 2, 4, 8: logs ln2 x (1, 2, 3), mean 2 ln2 (= ln 4), sample sd ln2 = 0.693147;
+    # t(0.95, 2) = 2.920, sqrt(1 + 1/3) = 1.154701: h = 2.920 x 0.693147 x 1.154701 = 2.337096,
+    # exp(h) = 10.3507: 4 / 10.3507 = 0.38645 .. 4 x 10.3507 = 41.403
+    lo, hi = seed_interval([2.0, 4.0, 8.0])
+    assert lo == pytest.approx(0.38645, rel=1e-4) and hi == pytest.approx(41.403, rel=1e-4)
+    # two seeds 1/1.1 and 1.1: logs -+0.0953102, sd 0.134789; t(0.95, 1) = 6.314, sqrt(1.5):
+    # h = 6.314 x 0.134789 x 1.224745 = 1.042316, exp(h) = 2.835835
+    lo, hi = seed_interval([1 / 1.1, 1.1])
+    assert (lo, hi) == pytest.approx((1 / 2.835835, 2.835835), rel=1e-5)
+    assert seed_interval([0.3]) == (0.3, 0.3)  # one seed measures no spread
+    assert seed_interval([None]) is None
+
+
+def test_latency_and_rate_intervals_by_hand():
+    # a time off by e = modelled / measured - 1 with |e| <= 0.25: measured in [m / 1.25, m / 0.75]
+    assert latency_interval([0.5], 0.25) == pytest.approx((0.4, 2 / 3))
+    # a rate moves inversely to step time: [low x 0.75, high x 1.25]
+    assert rate_interval(10.0, 11.0, 0.25) == pytest.approx((7.5, 13.75))
+    # 24 req/s over 7.5 .. 13.75 a unit: ceil(24 / 13.75) = 2 .. ceil(24 / 7.5) = 4; +1 for n+1
+    assert replicas_needed(24.0, (7.5, 13.75)) == (2, 4)
+    assert replicas_needed(24.0, (7.5, 13.75), extra=1, most=4) == (3, 4)
+
+
+def test_candidate_intervals_by_hand():
+    b = load_bands()["measured"]["interval90"]
     prov = {"exact": 1.0}
-    r = candidate_ranges(target=24.0, rate=10.0, fail_rate=11.0, at_rate_prov=prov,
-                         share_p99s={"ttft": [0.4, 0.5]}, share_prov=prov, gpus_per_replica=2,
-                         usd_per_gpu_hour=3.0, usd_per_m=1.5, usd_per_hour=18.0)
-    lo, hi = 10.0 * (1 - band), 11.0 * (1 + band)  # 9.43 .. 11.63 req/s a replica
-    assert r["sustained_rate_range"] == pytest.approx((lo, hi))
-    assert r["replicas_range"] == (3, 3)  # ceil(24 / 11.63) = ceil(24 / 9.43) = 3
-    assert r["usd_per_hour_range"] == pytest.approx((18.0, 18.0))
-    assert r["ttft_p99_range_s"] == pytest.approx((0.4 * (1 - band), 0.5 * (1 + band)))
-    assert r["measured_share"] == 1.0
-    wide = candidate_ranges(24.0, 10.0, 11.0, {"analytic": 1.0}, {"ttft": [0.4]}, None, 1, 3.0, 1.0, 9.0,
-                            extra_replicas=1)
-    # analytic band 25 %: 7.5 .. 13.75 req/s: ceil(24/13.75)+1 = 3 .. ceil(24/7.5)+1 = 5 replicas
-    assert wide["replicas_range"] == (3, 5)
-    assert wide["usd_per_m_output_tokens_range"] == pytest.approx((1.0, 5 / 3))
+    r = candidate_intervals(target=24.0, rate=10.0, fail_rate=11.0, at_rate_prov=prov,
+                            share_p99s={"ttft": [0.4]}, share_prov=prov, gpus_per_replica=2,
+                            usd_per_gpu_hour=3.0, usd_per_m=1.5, usd_per_hour=18.0)
+    assert r["sustained_rate_interval90"] == pytest.approx((10 * (1 - b), 11 * (1 + b)))
+    need = (math.ceil(24 / (11 * (1 + b))), math.ceil(24 / (10 * (1 - b))))
+    assert r["replicas_interval90"] == need
+    assert r["usd_per_hour_interval90"] == pytest.approx(tuple(6.0 * n for n in need))
+    assert r["usd_per_m_output_tokens_interval90"] == pytest.approx(tuple(6.0 * n * 1.5 / 18 for n in need))
+    assert r["ttft_p99_interval90_s"] == pytest.approx((0.4 / (1 + b), 0.4 / (1 - b)))
+    assert r["measured_share"] == 1.0 and r["interval90_model"] == pytest.approx(b)
+
+
+def test_a_csv_row_splits_each_interval_into_low_and_high_columns():
+    from sim.planning.uncertainty import interval_columns
+    row = {"candidate": "x", "replicas_interval90": (3, 5), "ttft_p99_interval90_s": None,
+           "interval90_model": 0.26, "latency_interval90_model": 0.2}
+    assert interval_columns(row) == {"candidate": "x", "replicas_interval90_low": 3, "replicas_interval90_high": 5,
+                                     "ttft_p99_interval90_low_s": None, "ttft_p99_interval90_high_s": None,
+                                     "interval90_model": 0.26, "latency_interval90_model": 0.2}
+
+
+def test_robustness_says_how_many_replicas_cover_the_interval():
+    iv = {"replicas_interval90": (3, 5), "ttft_p99_interval90_s": (0.2, 0.9),
+          "tpot_p99_interval90_s": (0.02, 0.07), "seeds": 2}
+    r = robustness(4, iv, {"ttft_s": 1.0, "tpot_s": 0.06, "e2e_s": None}, 12.0)
+    assert r["replicas_for_interval"] == 5 and not r["covers_interval"]
+    assert r["usd_per_hour_for_interval"] == 60.0 and r["p99_past_slo"] == ["p99 TPOT"]
+    assert r["words"].startswith("90 % interval of replicas needed 3-5; with 5 (+1, $60.00/hour) "
+                                 "it meets the SLOs across the interval")
+    ok = robustness(5, {**iv, "tpot_p99_interval90_s": (0.02, 0.05)}, {"ttft_s": 1.0, "tpot_s": 0.06}, 12.0)
+    assert ok["covers_interval"] and ok["p99_past_slo"] == []
+    assert "the recommended 5 cover the whole interval" in ok["words"]
+    assert "every p99 interval stays within its SLO" in ok["words"]
+
+
+positive = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False)
+SHARES = st.fixed_dictionaries({k: st.floats(0, 1) for k in ("exact", "interpolated", "derived",
+                                                                "extrapolated", "analytic")})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(positive, min_size=1, max_size=12), SHARES)
+def test_an_interval_contains_every_seed_and_so_the_point_estimate(vals, prov):
+    b = interval_band(prov)
+    lo, hi = latency_interval(vals, b)
+    assert lo <= min(vals) * (1 + 1e-12) and hi >= max(vals) * (1 - 1e-12)
+    rlo, rhi = rate_interval(min(vals), max(vals), b)
+    assert rlo <= min(vals) and rhi >= max(vals)
+
+
+def _seeds(n: int, mean: float, sd: float) -> list[float]:
+    """n values whose logs have exactly this mean and sample sd (an evenly spaced pattern)."""
+    z = [i - (n - 1) / 2 for i in range(n)]
+    s = math.sqrt(sum(x * x for x in z) / (n - 1))
+    return [math.exp(mean + sd * x / s) for x in z]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 19), st.integers(1, 10), st.floats(-3, 3), st.floats(0.01, 0.5))
+def test_fewer_seeds_give_a_wider_interval(n, more, mean, sd):
+    few, many = seed_interval(_seeds(n, mean, sd)), seed_interval(_seeds(n + more, mean, sd))
+    assert few[0] < many[0] and few[1] > many[1]
+
+
+ORDER = ["exact", "interpolated", "derived", "extrapolated", "analytic"]  # tags, surest first
+
+
+@settings(max_examples=80, deadline=None)
+@given(SHARES, st.floats(0.01, 1), st.integers(0, 3), st.integers(1, 4))
+def test_worse_provenance_gives_a_wider_interval(prov, moved, i, step):
+    """Moving step time from any lookup class to a less sure one widens (or keeps) it."""
+    src, dst = ORDER[i], ORDER[min(i + step, 4)]
+    if prov[src] <= 0 or src == dst:
+        return
+    worse = {**prov, src: prov[src] * (1 - moved), dst: prov[dst] + prov[src] * moved}
+    assert interval_band(worse) >= interval_band(prov) - 1e-12
+    assert latency_interval([1.0], interval_band(worse))[1] >= latency_interval([1.0], interval_band(prov))[1] - 1e-12
+
+
+def test_a_plan_shows_its_90_percent_intervals_in_output_json_csv_and_report(tmp_path, capsys):
+    """End to end: a small plan on two seeds; every planner-facing figure carries its interval,
+    the recommendation says how robust it is, and the report escapes every value."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from sim.cli.main import main
+    from sim.report.document import to_html
+    from sim.report.plan_page import plan_sections
+
+    root = Path(__file__).resolve().parent.parent
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"name: iv\nscenario: {root / 'scenarios' / 'quickstart.yaml'}\ntarget_rate: 4\n"
+                    "slo: {ttft_p99_s: 1.0, tpot_p99_s: 0.06}\n"
+                    "search: {seeds: 2, requests: 40, max_probes: 4, fleet_checks: 1, fleet_traffic_s: 30, "
+                    "headroom_probes: 0}\n"
+                    "candidates: {gpu: [h200-sxm], tensor: [1], policy: [continuous]}\n")
+    out = tmp_path / "o"
+    assert main(["plan", str(plan), "--out", str(out), "--workers", "1", "--report"]) == 0
+    text = capsys.readouterr().out
+    assert "90 % intervals: replicas needed " in text and "robust? " in text
+    assert "90 % interval of replicas needed" in text and "(seed spread over 2 seed(s)" in text
+    result = json.loads((out / "plan.json").read_text())
+    rec = result["recommended"]
+    lo, hi = rec["replicas_interval90"]
+    assert lo <= rec["replicas"] <= max(hi, rec["replicas"]) and rec["robust"]["replicas_for_interval"] == hi
+    for k in ("usd_per_hour_interval90", "usd_per_m_output_tokens_interval90", "ttft_p99_interval90_s",
+              "tpot_p99_interval90_s"):
+        assert rec[k][0] <= rec[k][1], k
+    assert rec["ttft_p99_interval90_s"][0] <= rec["ttft_p99_s"] <= rec["ttft_p99_interval90_s"][1]
+    row = next(r for r in result["candidates"] if r["status"] == "ok")
+    a, b = row["sustained_rate_interval90"]
+    assert a <= row["sustained_rate"] <= b
+    csv_row = pd.read_csv(out / "candidates.csv").iloc[0]
+    assert (csv_row["sustained_rate_interval90_low"], csv_row["sustained_rate_interval90_high"]) == \
+        pytest.approx((a, b))
+    assert csv_row["ttft_p99_interval90_low_s"] <= csv_row["ttft_p99_interval90_high_s"]
+    page = (out / "report.html").read_text()
+    assert "How robust:" in page and "90 % interval of replicas needed" in page
+    rec["candidate"] = "<script>alert(1)</script>"
+    rec["stands_on_lookups"] = "<img src=x>"
+    hostile = to_html(plan_sections(result))
+    assert "<script>alert" not in hostile and "<img src=x>" not in hostile
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in hostile
+
+
+def test_a_curve_point_carries_the_step_models_interval_and_the_plot_shades_the_p99s():
+    """One seed a point: each latency's interval is value / (1 +- b), b by the point's lookups."""
+    from pathlib import Path
+
+    from matplotlib.collections import PolyCollection
+
+    from sim.planning.curve import LATENCIES, plot_curves, run_curve
+
+    root = Path(__file__).resolve().parent.parent
+    table, knees = run_curve([str(root / "scenarios" / "quickstart.yaml")], [2.0, 6.0], requests=40,
+                             executor="sequential")
+    for _, row in table.iterrows():
+        b = row["interval90_model"]
+        assert min(v["interval90"] for v in load_bands().values()) <= b <= max(
+            v["interval90"] for v in load_bands().values())
+        for c in LATENCIES:
+            assert row[f"{c}.low90"] == pytest.approx(row[c] / (1 + b))
+            assert row[f"{c}.high90"] == pytest.approx(row[c] / (1 - b))
+    fig = plot_curves(table, knees)
+    shaded = [a for a in fig.axes[:3] if any(isinstance(c, PolyCollection) for c in a.collections)]
+    assert len(shaded) == 3  # TTFT, TPOT and E2E panels shade their p99's interval

@@ -107,7 +107,7 @@ def _interval_lines(out, sc, sets: dict, seeds: int) -> str:
     prov = out.summary.get("lookup_provenance")
     lines = [f"90 % prediction intervals (seed spread over {seeds} seed(s) + the step model's "
              f"90 % error ±{interval_band(prov):.0%}; lookups: {stands_on(prov)}; "
-             "data/step_error_bands.yaml interval90, checked by benchmarks/fidelity/accuracy.py):"]
+             "data/step_error_bands.yaml interval90, coverage checked by benchmarks/fidelity/interval_coverage.py):"]
     for name, (v, lo, hi) in run_intervals(summaries).items():
         lines.append(f"  {name:14} {v:10.4g}   [{lo:.4g}, {hi:.4g}]")
     return "\n".join(lines)

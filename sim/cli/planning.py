@@ -63,8 +63,9 @@ def cmd_curve(a) -> int:
     table, knees = run_curve(a.scenarios, rates, out, requests=a.requests, seed=a.seed,
                              ttft_bound=a.ttft_bound, executor=a.executor, workers=a.workers,
                              concurrency=users)
-    print(frame_text(table, ["scenario", "concurrency" if users else "rate", "seed"]))
-    print()
+    print(frame_text(curve_display(table), ["scenario", "concurrency" if users else "rate", "seed"]))
+    print("(90 % intervals: the step model's 90 % error by what each point stands on; one seed a "
+          "point, no seed spread; every bound in curve.csv)\n")
     print(frame_text(knees, ["scenario"]))
     _maybe_report(a, out)
     print(f"\nwrote {out}/ (curve.csv, knees.csv, curve.png)")
@@ -106,6 +107,19 @@ def cmd_plan(a) -> int:
     return 0
 
 
+def curve_display(table):
+    """The curve table as printed: each p99's 90 % interval as one 'low-high' column in place
+    of its low90 / high90 columns (curve.csv keeps them apart)."""
+    from sim.planning.uncertainty import fmt_range
+
+    show = table[[c for c in table.columns if not c.endswith(("low90", "high90"))]].copy()
+    for c in ("ttft_s.p99", "tpot_s.p99"):
+        show.insert(show.columns.get_loc(c) + 1, f"{c} 90%",
+                    [fmt_range((lo, hi), "{:.3g}") if lo is not None and lo == lo else "-"
+                     for lo, hi in zip(table[f"{c}.low90"], table[f"{c}.high90"], strict=True)])
+    return show
+
+
 def plan_verdict(result: dict) -> list[str]:
     """The fleet checks made and the recommendation, in lines: every figure of the
     recommended fleet from its check, the per-replica estimate labelled as such."""
@@ -141,20 +155,24 @@ def plan_verdict(result: dict) -> list[str]:
 
 
 def confidence(result: dict) -> list[str]:
-    """How sure the recommendation is: ranges, what they stand on, headroom, redundancy, ties."""
+    """How sure the recommendation is: 90 % intervals, how robust it is across them, what
+    they stand on, headroom, redundancy, ties."""
     from sim.planning.uncertainty import fmt_range
 
     rec = result.get("recommended")
-    if not rec or "replicas_range" not in rec:
+    if not rec or "replicas_interval90" not in rec:
         return []
-    lines = [f"how sure: replicas {fmt_range(rec['replicas_range'], '{:d}')}, "
-             f"${fmt_range(rec['usd_per_hour_range'], '{:.2f}')}/hour, "
-             f"${fmt_range(rec['usd_per_m_output_tokens_range'], '{:.3f}')}/M output tokens, "
-             f"TTFT99 {fmt_range(rec['ttft_p99_range_s'], '{:.3f}')} s, "
-             f"TPOT99 {fmt_range(rec['tpot_p99_range_s'], '{:.3f}')} s "
-             f"(seed spread + the step model's ±{rec['model_band']:.0%} band)",
+    lines = [f"90 % intervals: replicas needed {fmt_range(rec['replicas_interval90'], '{:d}')}, "
+             f"${fmt_range(rec['usd_per_hour_interval90'], '{:.2f}')}/hour, "
+             f"${fmt_range(rec['usd_per_m_output_tokens_interval90'], '{:.3f}')}/M output tokens, "
+             f"TTFT99 {fmt_range(rec['ttft_p99_interval90_s'], '{:.3f}')} s, "
+             f"TPOT99 {fmt_range(rec['tpot_p99_interval90_s'], '{:.3f}')} s "
+             f"(seed spread over {rec['seeds']} seed(s) + the step model's 90 % error "
+             f"±{rec['interval90_model']:.0%})",
+             f"  robust? {rec['candidate']} x {rec['replicas']}: {rec['robust']['words']}",
              f"  the step time behind it: {rec['stands_on_lookups']} "
-             f"({rec['measured_share']:.0%} rests on measurement; bands: data/step_error_bands.yaml)"]
+             f"({rec['measured_share']:.0%} rests on measurement; data/step_error_bands.yaml, "
+             "coverage: docs/fidelity.md)"]
     head = rec.get("headroom")
     if head:
         more = f"; fails at +{head['fail_factor'] - 1:.0%}" if head.get("fail_factor") else \
@@ -172,23 +190,23 @@ def confidence(result: dict) -> list[str]:
 
 
 def range_table(rows: list[dict]) -> str:
-    """Per candidate, the range of each figure (seed spread + step-model band) and the
-    share of its step time that rests on measurement (exact or interpolated lookups)."""
+    """Per candidate, the 90 % interval of each figure (seed spread + the step model's 90 %
+    error) and the share of its step time that rests on measurement."""
     from sim.planning.uncertainty import fmt_range
 
-    head = (f"{'candidate':30} {'req/s range':>13} {'replicas':>8} {'$/h range':>13} {'$/M tok range':>13} "
-            f"{'TTFT99 range':>13} {'TPOT99 range':>13} {'band':>5} {'measured':>8}")
-    lines = ["ranges (seed spread + the step model's error band by what each figure stands on):",
+    head = (f"{'candidate':30} {'req/s 90%':>13} {'replicas':>8} {'$/h 90%':>13} {'$/M tok 90%':>13} "
+            f"{'TTFT99 90%':>13} {'TPOT99 90%':>13} {'model':>5} {'measured':>8}")
+    lines = ["90 % intervals (seed spread + the step model's 90 % error by what each figure stands on):",
              head, "-" * len(head)]
-    ok = [r for r in rows if r.get("status") == "ok" and r.get("sustained_rate_range")]
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("sustained_rate_interval90")]
     for r in sorted(ok, key=lambda r: (r["usd_per_hour"], r["ttft_p99_at_target_s"] or 0)):
-        lines.append(f"{r['candidate'][:30]:30} {fmt_range(r['sustained_rate_range'], '{:.3g}'):>13} "
-                     f"{fmt_range(r['replicas_range'], '{:d}'):>8} "
-                     f"{fmt_range(r['usd_per_hour_range'], '{:.1f}'):>13} "
-                     f"{fmt_range(r['usd_per_m_output_tokens_range'], '{:.3f}'):>13} "
-                     f"{fmt_range(r.get('ttft_p99_range_s'), '{:.3f}'):>13} "
-                     f"{fmt_range(r.get('tpot_p99_range_s'), '{:.3f}'):>13} {r['model_band']:5.0%} "
-                     f"{r['measured_share']:8.0%}")
+        lines.append(f"{r['candidate'][:30]:30} {fmt_range(r['sustained_rate_interval90'], '{:.3g}'):>13} "
+                     f"{fmt_range(r['replicas_interval90'], '{:d}'):>8} "
+                     f"{fmt_range(r['usd_per_hour_interval90'], '{:.1f}'):>13} "
+                     f"{fmt_range(r['usd_per_m_output_tokens_interval90'], '{:.3f}'):>13} "
+                     f"{fmt_range(r.get('ttft_p99_interval90_s'), '{:.3f}'):>13} "
+                     f"{fmt_range(r.get('tpot_p99_interval90_s'), '{:.3f}'):>13} "
+                     f"{r['interval90_model']:5.0%} {r['measured_share']:8.0%}")
     return "\n".join(lines)
 
 

@@ -8,7 +8,11 @@ halves of the measured window agree, or stopped once the point clearly fails; th
 halves are compared against the scenario's SLO bounds, TTFT's else `--ttft-bound`).
 Columns: p50/p99 TTFT, TPOT and E2E over the measured window, goodput (finished
 requests/s meeting the scenario's SLOs; empty when it sets none), achieved request rate,
-steady throughput ratio, the rule's verdict and the traffic the point ran.
+steady throughput ratio, the rule's verdict and the traffic the point ran. Each p50/p99
+latency has its 90 % prediction interval (`<figure>.low90`, `<figure>.high90`;
+`sim/planning/uncertainty.py`): a point runs one seed, so it is the step model's 90 %
+error alone (`interval90_model`, by what the point's step time stands on), no seed
+spread; the plot shades the p99's.
 
 The saturation knee of a scenario is the highest offered rate r such that at r and at
 every lower rate of the curve
@@ -51,6 +55,24 @@ COLUMNS = ["scenario", "rate", "seed", "ttft_s.p50", "ttft_s.p99", "tpot_s.p50",
            "e2e_s.p50", "e2e_s.p99", "goodput.requests_per_s", "request_throughput",
            "steady.ratio", "gpu_busy_fraction", "gpu_kernel_fraction", "mean_batch_size", "preemptions",
            "steady.verdict", "steady.traffic_s"]
+LATENCIES = ["ttft_s.p50", "ttft_s.p99", "tpot_s.p50", "tpot_s.p99", "e2e_s.p50", "e2e_s.p99"]
+INTERVAL_COLUMNS = ["interval90_model", *(f"{c}.{end}" for c in LATENCIES for end in ("low90", "high90"))]
+
+
+def point_intervals(row: dict) -> dict:
+    """A curve point's 90 % intervals: each latency's from the step model's error by the
+    point's lookup provenance (its `lookup_provenance.*` columns); one seed, no spread."""
+    from sim.planning.uncertainty import interval_band, latency_interval
+
+    prov = {k.split(".", 1)[1]: v for k, v in row.items()
+            if k.startswith("lookup_provenance.") and isinstance(v, int | float)}
+    b = interval_band(prov)
+    out: dict = {"interval90_model": b}
+    for c in LATENCIES:
+        v = row.get(c)
+        lo, hi = latency_interval([v], b) or (None, None)
+        out[f"{c}.low90"], out[f"{c}.high90"] = lo, hi
+    return out
 
 
 def steady_point(scenario_file: str, overrides: dict, *, ttft_bound: float | None = None,
@@ -119,8 +141,9 @@ def run_curve(files: list[str], rates: list[float] | None = None, out_dir: str |
     recs = []
     for (key, _, _), (name, rate, s, _) in zip(tasks, meta, strict=True):
         row = rows[key]
-        recs.append({"scenario": name, "rate": rate, "seed": s, **{c: row.get(c) for c in COLUMNS[3:]}})
-    table = pd.DataFrame.from_records(recs, columns=COLUMNS)
+        recs.append({"scenario": name, "rate": rate, "seed": s, **{c: row.get(c) for c in COLUMNS[3:]},
+                     **point_intervals(row)})
+    table = pd.DataFrame.from_records(recs, columns=COLUMNS + INTERVAL_COLUMNS)
     bounds = {name: b for name, _, _, b in meta}
     if closed:  # a closed loop always keeps up with itself: the knee is TTFT's alone
         table["steady.ratio"] = float("nan")
@@ -235,6 +258,10 @@ def plot_curves(table: pd.DataFrame, knees: pd.DataFrame) -> Figure:
             c = colors[name]
             if key:
                 ax.plot(pts.rate, pts[f"{key}.p99"], "-o", color=c, ms=3, label=f"{name} p99")
+                if f"{key}.p99.low90" in pts:  # the p99's 90 % interval (step model's error)
+                    ax.fill_between(pts.rate, pts[f"{key}.p99.low90"].astype(float),
+                                    pts[f"{key}.p99.high90"].astype(float), color=c, alpha=0.15, lw=0,
+                                    label=f"{name} p99, 90 % interval")
                 ax.plot(pts.rate, pts[f"{key}.p50"], "--", color=c, label=f"{name} p50")
                 ax.set_yscale("log")
             else:
@@ -252,5 +279,6 @@ def plot_curves(table: pd.DataFrame, knees: pd.DataFrame) -> Figure:
     np.ravel(axes)[0].legend(fontsize=7)
     if mixed:
         np.ravel(axes)[3].legend(fontsize=7)
-    fig.suptitle("throughput-latency curves (dotted vertical line: saturation knee)")
+    fig.suptitle("throughput-latency curves (dotted vertical line: saturation knee; "
+                 "shaded: p99's 90 % interval)")
     return fig

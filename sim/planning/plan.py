@@ -42,10 +42,12 @@ $/hour from the prices file, $/M output tokens = $/hour / (target x mean output 
 3600) x 1e6 (one mean for the whole plan: the plan scenario's workload as drawn, so a
 fleet has one $/M figure whether estimated or checked), and p99 latencies of one unit at its share of the target (target / units,
 every seed). The binding constraint is read from the first probe that broke the SLOs
-(`binding`). That is the *estimate*. Each figure has a range
-(`sim/planning/uncertainty.py`: the seed spread widened by the step model's error band
-for what the run's step time stands on, bands in `data/step_error_bands.yaml`) and the
-share of its step time that rests on measurement.
+(`binding`). That is the *estimate*. Each figure has a 90 % prediction interval
+(`*_interval90`; `sim/planning/uncertainty.py`: the seed spread widened by the step
+model's 90 % error for what the run's step time stands on, `data/step_error_bands.yaml`,
+its coverage checked by benchmarks/fidelity/interval_coverage.py) and the share of its
+step time that rests on measurement; the recommendation's `robust` says how many
+replicas the interval needs and whether its p99 intervals stay within the SLOs.
 
 The candidates are then **checked as fleets** (`sim/planning/fleet.py`: the cluster engine,
 behind `router`) at the target rate plus `search.margin` (10 % by default) for
@@ -114,7 +116,7 @@ from sim.planning.planspec import (
 )
 from sim.planning.steady import SteadyRule, steady_run
 from sim.planning.traffic import describe, probe_overrides, process, steady_rule
-from sim.planning.uncertainty import candidate_ranges, fleet_ranges
+from sim.planning.uncertainty import candidate_intervals, fleet_intervals, interval_columns
 from sim.planning.units import Unit, unit_of
 
 __all__ = ["ALIASES", "PlanSpec", "SearchSpec", "binding", "candidate_grid", "evaluate", "label",
@@ -180,7 +182,7 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     usd_m = _usd_per_m(usd_h, spec.target_rate, out_per_req)
     worst = {k: max((a[f"{k}_s"]["p99"] for a in at_share if a[f"{k}_s"]["p99"] is not None), default=None)
              for k in ("ttft", "tpot", "e2e")}
-    rng = candidate_ranges(sizing, cap.rate, cap.fail_rate,
+    rng = candidate_intervals(sizing, cap.rate, cap.fail_rate,
                            cap.at_rate.summaries[0].get("lookup_provenance"),
                            {k: [a[f"{k}_s"]["p99"] for a in at_share] for k in ("ttft", "tpot", "e2e")},
                            at_share[0].get("lookup_provenance"), 1, unit_usd_h, usd_m, usd_h,
@@ -423,7 +425,7 @@ def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec) -> dict:
                                      "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")},
             "holds": check["holds"], "redundancy": check.get("redundancy", "none"),
             "holds_one_down": check.get("holds_one_down", False), "headroom": head,
-            **fleet_ranges(spec, row, check, head),
+            **fleet_intervals(spec, row, check, head),
             "stands_on": f"fleet check: {check['replicas']} x {row['candidate']} behind a {check['router_label']} at "
                          f"{check.get('rate', spec.target_rate):g} req/s (target + {check.get('margin', 0):.0%} "
                          f"margin) for {check.get('traffic_s', '?')} s of traffic, seeds {check['seeds']} "
@@ -452,8 +454,9 @@ def _map(spec, cands, prices, workers, progress) -> list[dict]:
 
 
 def write_plan(result: dict, out_dir: str | Path) -> Path:
-    """plan.json (everything), candidates.csv and fleet_check.csv (every fleet checked,
-    one row per replica count tried) in an output folder."""
+    """plan.json (everything), candidates.csv (each 90 % interval as its `_low`/`_high`
+    columns) and fleet_check.csv (every fleet checked, one row per replica count tried)
+    in an output folder."""
     import json
 
     import pandas as pd
@@ -464,7 +467,8 @@ def write_plan(result: dict, out_dir: str | Path) -> Path:
 
     def write(folder: Path) -> None:
         (folder / "plan.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        pd.DataFrame(result["candidates"]).to_csv(folder / "candidates.csv", index=False)
+        pd.DataFrame([interval_columns(r) for r in result["candidates"]]).to_csv(
+            folder / "candidates.csv", index=False)
         if checks:
             pd.DataFrame([{"candidate": c["candidate"], **k} for c in checks for k in c["checks"]]).to_csv(
                 folder / "fleet_check.csv", index=False)

@@ -1,19 +1,26 @@
-"""How sure a plan's figures are: a range on each, and what share rests on measurement.
+"""How sure a plan's, a curve's and a run's figures are: a 90 % prediction interval on each.
 
-Two sources of doubt, combined into one range per figure:
+Two sources of doubt, combined into one interval per figure:
 
-* **seed to seed**: the bisection's bracket [sustained rate, lowest failing rate] (where
-  seeds disagree, the rate each seed sustains lies inside it) and, for p99s, the lowest
-  and highest seed at the candidate's share of the target;
+* **seed to seed**: with n >= 2 seeds, the 90 % prediction interval of one more seed's
+  value, exp(mean(log x) +- t(0.95, n - 1) s sqrt(1 + 1/n)) over the seeds' logs (Student
+  t; figures are positive and skewed), joined with the seeds' own [lowest, highest], so
+  fewer seeds give a wider interval; one seed measures no spread (the interval is then
+  the step model's alone, and says so). A sustained rate's seed term is the bisection's
+  bracket [sustained rate, lowest failing rate], where the seeds disagree.
 * **the step model's own error**: each lookup class (measured = exact + interpolated,
-  derived, extrapolated, analytic) has a relative error band sized from the project's
-  validation record (`data/step_error_bands.yaml`, every band with its source); a
-  figure's band is the share-weighted mean over its run's simulated step time
-  (`lookup_provenance`). To first order a step model off by e moves a replica's
-  capacity by e and its latencies by e, so the rate range is
-  [rate x (1 - band), fail_rate x (1 + band)], replicas and dollars follow from it, and
-  p99 ranges are [lowest seed x (1 - band), highest seed x (1 + band)] (near saturation
-  a latency moves by more than its step time: the range is then a floor).
+  derived, extrapolated, analytic) has `interval90`, the half-width of a 90 % interval of
+  the relative error of time e = modelled / measured - 1, sized from the project's
+  held-out validation record (`data/step_error_bands.yaml`, sized and its coverage
+  checked by benchmarks/fidelity/interval_coverage.py); a figure's is the share-weighted
+  mean over its run's simulated step time (`lookup_provenance`). With |e| <= b the
+  true time lies in [modelled / (1 + b), modelled / (1 - b)], and (to first order) a
+  rate or throughput, inverse to step time, in [modelled x (1 - b), modelled x (1 + b)].
+
+So a latency's interval is [seed low / (1 + b), seed high / (1 - b)], a rate's
+[seed low x (1 - b), seed high x (1 + b)]; replicas needed = ceil(sizing rate / rate)
+over the rate's interval and dollars follow from replicas. Near saturation a latency
+moves by more than its step time: its interval is then a floor.
 """
 
 from __future__ import annotations
@@ -25,28 +32,29 @@ from sim.io.specload import ROOT, SpecError, load_yaml
 
 BANDS_FILE = ROOT / "data" / "step_error_bands.yaml"
 
+# one-sided 95 % quantiles of Student's t (a two-sided 90 % interval), by degrees of freedom
+# 1..30 (standard tables); past 30 the normal's 1.645 (t(0.95, 30) = 1.697)
+T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.796, 1.782, 1.771,
+       1.761, 1.753, 1.746, 1.740, 1.734, 1.729, 1.725, 1.721, 1.717, 1.714, 1.711, 1.708, 1.706,
+       1.703, 1.701, 1.699, 1.697)
+
 
 @cache
 def load_bands(path: str = str(BANDS_FILE)) -> dict[str, dict]:
-    """class -> {tags, band, source}, from the bands file."""
+    """class -> {tags, interval90, source}, from the bands file."""
     classes = load_yaml(path).get("classes")
     if not isinstance(classes, dict) or not classes:
-        raise SpecError(path, "classes", "missing (allowed: a mapping class -> {tags, band, source})")
+        raise SpecError(path, "classes", "missing (allowed: a mapping class -> {tags, interval90, source})")
     out = {}
     for name, rec in classes.items():
-        band = rec.get("band") if isinstance(rec, dict) else None
-        if not isinstance(band, int | float) or not 0 <= band < 1:
-            raise SpecError(path, f"classes.{name}.band", f"expected a number in [0, 1), got {band!r}")
-        if not rec.get("source"):
-            raise SpecError(path, f"classes.{name}.source", "missing (every band names its source)")
-        interval = rec.get("interval90", band)
+        interval = rec.get("interval90") if isinstance(rec, dict) else None
         if not isinstance(interval, int | float) or not 0 <= interval < 1:
             raise SpecError(path, f"classes.{name}.interval90",
                             f"expected a number in [0, 1), got {interval!r}")
-        out[str(name)] = {"tags": list(rec.get("tags") or [name]), "band": float(band),
-                          "interval90": float(interval),
-                          "source": " ".join(str(rec["source"]).split()),
-                          "interval90_source": " ".join(str(rec.get("interval90_source", "")).split())}
+        if not rec.get("source"):
+            raise SpecError(path, f"classes.{name}.source", "missing (every interval names its source)")
+        out[str(name)] = {"tags": list(rec.get("tags") or [name]), "interval90": float(interval),
+                          "source": " ".join(str(rec["source"]).split())}
     return out
 
 
@@ -56,37 +64,52 @@ def class_shares(provenance: dict[str, float] | None) -> dict[str, float]:
     return {name: float(sum(p.get(t, 0.0) for t in rec["tags"])) for name, rec in load_bands().items()}
 
 
-def _weighted(provenance: dict[str, float] | None, field: str) -> float:
-    """A band field share-weighted over a run's lookup classes (the widest if unknown)."""
+def interval_band(provenance: dict[str, float] | None) -> float:
+    """The half-width b of a figure's 90 % interval of step-model error, share-weighted over
+    its lookup classes' `interval90` (the widest class's if the provenance is unknown)."""
     bands = load_bands()
     shares = class_shares(provenance)
     total = sum(shares.values())
     if total <= 0:
-        return max(b[field] for b in bands.values())
-    return sum(shares[k] * bands[k][field] for k in bands) / total
+        return max(b["interval90"] for b in bands.values())
+    return sum(shares[k] * bands[k]["interval90"] for k in bands) / total
 
 
-def model_band(provenance: dict[str, float] | None) -> float:
-    """The share-weighted step-model error band of a run (the widest band if unknown)."""
-    return _weighted(provenance, "band")
+def seed_interval(values: list[float | None]) -> tuple[float, float] | None:
+    """The 90 % prediction interval of one more seed's value from these seeds' (module
+    docstring): [lowest, highest] joined with the Student-t interval on logs; (v, v) for
+    one seed; None for none. Non-positive values fall back to the t interval on values."""
+    vals = [float(v) for v in values if v is not None and not math.isnan(v)]
+    if not vals:
+        return None
+    n = len(vals)
+    if n == 1:
+        return vals[0], vals[0]
+    t = T95[n - 2] if n - 1 <= len(T95) else 1.645
+    logs = all(v > 0 for v in vals)
+    xs = [math.log(v) for v in vals] if logs else vals
+    mean = sum(xs) / n
+    s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    h = t * s * math.sqrt(1 + 1 / n)
+    lo, hi = (math.exp(mean - h), math.exp(mean + h)) if logs else (max(mean - h, 0.0), mean + h)
+    return min(lo, min(vals)), max(hi, max(vals))
 
 
-def interval_band(provenance: dict[str, float] | None) -> float:
-    """The half-width of a figure's 90 % prediction interval from the step model's error,
-    share-weighted over its lookup classes' `interval90` (measured from held-out data by
-    benchmarks/fidelity/accuracy.py; the widest class's if the provenance is unknown)."""
-    return _weighted(provenance, "interval90")
+def latency_interval(values: list[float | None], b: float) -> tuple[float, float] | None:
+    """A time's 90 % interval: its seed interval, widened by the step model's error b."""
+    r = seed_interval(values)
+    return None if r is None else (r[0] / (1 + b), r[1] / (1 - b))
+
+
+def rate_interval(low: float, high: float, b: float) -> tuple[float, float]:
+    """A rate's (or throughput's) 90 % interval from its seed range: inverse to step time."""
+    return low * (1 - b), high * (1 + b)
 
 
 def prediction_interval(value: float, provenance: dict[str, float] | None,
                         seed_values: list[float] | None = None) -> tuple[float, float]:
-    """A figure's 90 % prediction interval: the spread of its seeds (lowest to highest; the
-    value alone with one seed) widened by the step model's 90 % error (`interval_band`).
-    To first order a step model off by e moves a latency by e and a capacity by e
-    (module docstring); near saturation a latency moves by more: the range is then a floor."""
-    vals = [v for v in (seed_values or [value]) if v is not None]
-    b = interval_band(provenance)
-    return min(vals) * (1 - b), max(vals) * (1 + b)
+    """A time's 90 % prediction interval over its seeds' values (the value alone: one seed)."""
+    return latency_interval(seed_values or [value], interval_band(provenance))
 
 
 RUN_FIGURES = {"TTFT p50 (s)": ("ttft_s", "p50"), "TTFT p99 (s)": ("ttft_s", "p99"),
@@ -96,21 +119,17 @@ RUN_FIGURES = {"TTFT p50 (s)": ("ttft_s", "p50"), "TTFT p99 (s)": ("ttft_s", "p9
 
 def run_intervals(summaries: list[dict]) -> dict[str, tuple[float, float, float]]:
     """A run's headline figures with their 90 % intervals: figure -> (value of the first
-    summary, low, high), over one summary per seed (`summaries`, the first is the run's).
-    Throughput moves inversely to step time: its interval is value / (1 +- band)."""
+    summary, low, high), over one summary per seed (`summaries`, the first is the run's)."""
     out = {}
-    prov = summaries[0].get("lookup_provenance")
-    b = interval_band(prov)
+    b = interval_band(summaries[0].get("lookup_provenance"))
     for name, (key, q) in RUN_FIGURES.items():
         vals = [s.get(key) if q is None else (s.get(key) or {}).get(q) for s in summaries]
         vals = [float(v) for v in vals if v is not None]
         if not vals:
             continue
-        if q is None:
-            out[name] = (vals[0], min(vals) / (1 + b), max(vals) / (1 - b))
-        else:
-            lo, hi = prediction_interval(vals[0], prov, vals)
-            out[name] = (vals[0], lo, hi)
+        seeds = seed_interval(vals)
+        lo, hi = rate_interval(*seeds, b) if q is None else latency_interval(vals, b)
+        out[name] = (vals[0], lo, hi)
     return out
 
 
@@ -123,26 +142,51 @@ def stands_on(provenance: dict[str, float] | None) -> str:
     return " / ".join(f"{k} {v:.0%}" for k, v in class_shares(provenance).items())
 
 
-def candidate_ranges(target: float, rate: float, fail_rate: float | None, at_rate_prov: dict | None,
-                     share_p99s: dict[str, list[float]], share_prov: dict | None, gpus_per_replica: int,
-                     usd_per_gpu_hour: float, usd_per_m: float, usd_per_hour: float,
-                     extra_replicas: int = 0, min_replicas: int = 1) -> dict:
-    """Ranges (low, high) of a candidate's figures; see the module docstring."""
-    band = model_band(at_rate_prov)
-    lo_rate = rate * (1 - band)
-    hi_rate = (fail_rate if fail_rate else rate) * (1 + band)
-    reps = [max(min_replicas, math.ceil(target / r - 1e-9) + extra_replicas) for r in (hi_rate, lo_rate)]
+def replicas_needed(sizing: float, rates: tuple[float, float], extra: int = 0, least: int = 1,
+                    most: int | None = None) -> tuple[int, int]:
+    """(fewest, most) units needed at the sizing rate over a per-unit rate interval."""
+    reps = [max(least, math.ceil(sizing / r - 1e-9) + extra) for r in (rates[1], rates[0])]
+    return tuple(min(most, n) for n in reps) if most else tuple(reps)
+
+
+def candidate_intervals(target: float, rate: float, fail_rate: float | None, at_rate_prov: dict | None,
+                        share_p99s: dict[str, list[float]], share_prov: dict | None,
+                        gpus_per_replica: int, usd_per_gpu_hour: float, usd_per_m: float,
+                        usd_per_hour: float, extra_replicas: int = 0, min_replicas: int = 1) -> dict:
+    """A candidate's figures with their 90 % intervals (module docstring): `target` is the
+    sizing rate, `rate` and `fail_rate` the bisection's bracket, `share_p99s` each seed's
+    p99 at the candidate's share of the target."""
+    b = interval_band(at_rate_prov)
+    rates = rate_interval(rate, fail_rate or rate, b)
+    reps = replicas_needed(target, rates, extra_replicas, min_replicas)
     usd = [n * gpus_per_replica * usd_per_gpu_hour for n in reps]
     per_usd = usd_per_m / usd_per_hour if usd_per_hour else math.nan
-    lat_band = model_band(share_prov)
-    out = {"model_band": band, "measured_share": measured_share(at_rate_prov),
+    lat_b = interval_band(share_prov)
+    out = {"interval90_model": b, "measured_share": measured_share(at_rate_prov),
            "stands_on": stands_on(at_rate_prov),
-           "sustained_rate_range": (lo_rate, hi_rate), "replicas_range": tuple(reps),
-           "usd_per_hour_range": tuple(usd), "usd_per_m_output_tokens_range": tuple(u * per_usd for u in usd),
-           "latency_band": lat_band, "latency_measured_share": measured_share(share_prov)}
+           "sustained_rate_interval90": rates, "replicas_interval90": reps,
+           "usd_per_hour_interval90": tuple(usd),
+           "usd_per_m_output_tokens_interval90": tuple(u * per_usd for u in usd),
+           "latency_interval90_model": lat_b, "latency_measured_share": measured_share(share_prov),
+           "seeds_at_share": max((len([v for v in vs if v is not None]) for vs in share_p99s.values()),
+                                 default=0)}
     for k, vals in share_p99s.items():
-        vals = [v for v in vals if v is not None]
-        out[f"{k}_p99_range_s"] = (min(vals) * (1 - lat_band), max(vals) * (1 + lat_band)) if vals else None
+        out[f"{k}_p99_interval90_s"] = latency_interval(vals, lat_b)
+    return out
+
+
+def interval_columns(row: dict) -> dict:
+    """A row for a CSV: each (low, high) interval `<figure>_interval90[_s]` as the two
+    columns `<figure>_interval90_low[_s]` and `<figure>_interval90_high[_s]`."""
+    out = {}
+    for k, v in row.items():
+        if "_interval90" in k and not k.endswith("_model") \
+                and (v is None or isinstance(v, tuple | list)):
+            lo, hi = v if v else (None, None)
+            stem, _, unit = k.partition("_interval90")
+            out[f"{stem}_interval90_low{unit}"], out[f"{stem}_interval90_high{unit}"] = lo, hi
+        else:
+            out[k] = v
     return out
 
 
@@ -153,27 +197,62 @@ def fmt_range(r, fmt: str = "{:.3g}") -> str:
     return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}-{fmt.format(hi)}"
 
 
-def fleet_ranges(spec, row: dict, check: dict, head: dict | None) -> dict:
-    """Ranges of the recommended fleet's figures: p99s over the check's seeds widened by
-    the step model's band; replicas from the fleet's own capacity (the target times its
-    headroom, else the target, over the replicas) moved by the band; dollars follow."""
+def fleet_intervals(spec, row: dict, check: dict, head: dict | None) -> dict:
+    """The recommended fleet's figures with their 90 % intervals: p99s over the check's
+    seeds; replicas needed from the fleet's own capacity per unit (the target times its
+    headroom, else the target, over the serving units) over its rate interval; dollars
+    follow; and `robust`, how far the recommendation holds across them (`robustness`)."""
     at_n = next(c for c in check["checks"] if c["replicas"] == check["replicas"])
     prov = at_n.get("lookup_provenance")
-    band = model_band(prov)
+    b = interval_band(prov)
     extra = 1 if check.get("redundancy") == "n+1" else 0
-    sizing = spec.search.sizing_rate(spec.target_rate)
+    s = spec.search
+    sizing = s.sizing_rate(spec.target_rate)
     fleet_rate = spec.target_rate * head["factor"] if head else sizing
-    per_replica = fleet_rate / max(check["replicas"] - extra, 1)
-    reps = [min(spec.search.max_replicas, max(spec.search.min_replicas,
-                                               math.ceil(sizing / (per_replica * f) - 1e-9) + extra))
-            for f in (1 + band, 1 - band)]
-    usd_gpu = check["usd_per_hour"] / check["gpus"]
-    usd = [n * check["tp"] * usd_gpu for n in reps]
+    per_unit = fleet_rate / max(check["replicas"] - extra, 1)
+    reps = replicas_needed(sizing, rate_interval(per_unit, per_unit, b), extra, s.min_replicas,
+                           s.max_replicas)
+    usd_unit = check["usd_per_hour"] / check["replicas"]
+    usd = [n * usd_unit for n in reps]
     per_usd = check["usd_per_m_output_tokens"] / check["usd_per_hour"]
-    out = {"model_band": band, "measured_share": measured_share(prov), "stands_on_lookups": stands_on(prov),
-           "replicas_range": tuple(reps), "usd_per_hour_range": tuple(usd),
-           "usd_per_m_output_tokens_range": tuple(u * per_usd for u in usd)}
+    out = {"interval90_model": b, "measured_share": measured_share(prov),
+           "stands_on_lookups": stands_on(prov), "seeds": len(check.get("seeds") or []),
+           "replicas_interval90": reps, "usd_per_hour_interval90": tuple(usd),
+           "usd_per_m_output_tokens_interval90": tuple(u * per_usd for u in usd)}
     for k in ("ttft", "tpot", "e2e"):
-        vals = [v for v in at_n.get(f"{k}_p99_seeds_s", []) if v is not None]
-        out[f"{k}_p99_range_s"] = (min(vals) * (1 - band), max(vals) * (1 + band)) if vals else None
+        out[f"{k}_p99_interval90_s"] = latency_interval(at_n.get(f"{k}_p99_seeds_s") or [], b)
+    out["robust"] = robustness(check["replicas"], out, spec.slo.bounds(), usd_unit)
     return out
+
+
+SLO_NAMES = {"ttft_s": ("ttft", "p99 TTFT"), "tpot_s": ("tpot", "p99 TPOT"), "e2e_s": ("e2e", "p99 E2E")}
+
+
+def robustness(replicas: int, iv: dict, bounds: dict[str, float | None], usd_per_unit_hour: float) -> dict:
+    """How far a recommendation of `replicas` holds across its 90 % intervals: the most
+    replicas the interval needs (with that many each serves a share its lowest capacity
+    still carries, to first order), the p99s whose interval tops pass their SLO at the
+    recommended count, and one sentence saying so."""
+    lo, hi = iv["replicas_interval90"]
+    covers = replicas >= hi
+    over = [name for key, (k, name) in SLO_NAMES.items()
+            if bounds.get(key) is not None and iv.get(f"{k}_p99_interval90_s")
+            and iv[f"{k}_p99_interval90_s"][1] > bounds[key]]
+    words = f"90 % interval of replicas needed {fmt_range((lo, hi), '{:d}')}; "
+    if covers:
+        words += f"the recommended {replicas} cover the whole interval"
+    else:
+        words += (f"with {hi} (+{hi - replicas}, ${hi * usd_per_unit_hour:.2f}/hour) it meets the SLOs "
+                  f"across the interval; with {replicas} only if the model errs by less")
+    seeds = iv.get("seeds", 0)
+    if over:
+        words += (f"; at {replicas} the 90 % interval of {', '.join(over)} reaches past its SLO "
+                  "(the fleet check met it on every seed"
+                  + (f"; {seeds} seeds leave the seed term wide: more (search.seeds) narrow it)"
+                     if 1 < seeds < 5 else ")"))
+    elif any(bounds.get(k) is not None for k in SLO_NAMES):
+        words += f"; at {replicas} every p99 interval stays within its SLO"
+    if seeds == 1:
+        words += " (one seed: no seed spread measured; more seeds make this surer)"
+    return {"replicas_for_interval": hi, "covers_interval": covers,
+            "usd_per_hour_for_interval": hi * usd_per_unit_hour, "p99_past_slo": over, "words": words}

@@ -5,7 +5,6 @@ A plan.json written before the fleet checks were re-ranked (one `fleet_check`, n
 
 from __future__ import annotations
 
-import html
 import math
 
 import pandas as pd
@@ -123,9 +122,9 @@ def _recommendation(plan: dict, rec: dict, check: dict) -> Section:
                                             ("fleet check", pd.DataFrame(check["checks"]))])
 
 
-RANGE_COLUMNS = ["candidate", "sustained_rate", "sustained_rate_range", "replicas_range", "usd_per_hour_range",
-                 "usd_per_m_output_tokens_range", "ttft_p99_range_s", "tpot_p99_range_s", "model_band",
-                 "measured_share", "stands_on"]
+INTERVAL_COLUMNS = ["candidate", "sustained_rate", "sustained_rate_interval90", "replicas_interval90",
+                    "usd_per_hour_interval90", "usd_per_m_output_tokens_interval90", "ttft_p99_interval90_s",
+                    "tpot_p99_interval90_s", "interval90_model", "measured_share", "stands_on"]
 
 
 def _pct(x) -> str:
@@ -140,24 +139,34 @@ def _rng(r, fmt: str = "{:.3g}") -> str:
 
 
 def _confidence(plan: dict, rows: pd.DataFrame) -> Section | None:
-    """How sure the figures are: the recommended fleet's ranges, what its step time stands
-    on, its headroom and redundancy, ties; every candidate's ranges. Plans written before
-    the ranges existed have no such section."""
+    """How sure the figures are: the recommended fleet's 90 % intervals, how robust it is
+    across them, what its step time stands on, its headroom and redundancy, ties; every
+    candidate's intervals. Plans written before the intervals existed have no such section."""
     rec = plan.get("recommended")
-    if "sustained_rate_range" not in rows.columns and not (rec and "replicas_range" in rec):
+    has_rows = "sustained_rate_interval90" in rows.columns
+    if not has_rows and not (rec and "replicas_interval90" in rec):
         return None
-    text = ["Every figure comes with a range: the spread over seeds (the bisection's bracket for "
-            "sustained rates, the lowest and highest seed for p99s) widened by the step model's "
-            "own error band, the share-weighted mean of each lookup class's band over the run's "
-            "step time (measured = exact + interpolated, derived, extrapolated, analytic; the bands "
-            "and their sources: data/step_error_bands.yaml)."]
-    if rec and "replicas_range" in rec:
-        text.append(f"Recommended fleet: replicas {_rng(rec['replicas_range'], '{:d}')}, "
-                    f"${_rng(rec['usd_per_hour_range'], '{:.2f}')}/hour, "
-                    f"${_rng(rec['usd_per_m_output_tokens_range'], '{:.3f}')} per million output tokens, "
-                    f"p99 TTFT {_rng(rec['ttft_p99_range_s'])} s, p99 TPOT {_rng(rec['tpot_p99_range_s'])} s. "
-                    f"<b>{_pct(rec['measured_share'])} of its simulated step time rests on measurement</b> "
-                    f"({rec['stands_on_lookups']}); step-model band ±{_pct(rec['model_band'])}.")
+    text = ["Every figure comes with a 90 % prediction interval: the spread over seeds (the "
+            "bisection's bracket for sustained rates; for p99s the Student-t interval of one more "
+            "seed, which is wider the fewer seeds ran) widened by the step model's own 90 % error, "
+            "the share-weighted interval90 of each lookup class over the run's step time (measured "
+            "= exact + interpolated, derived, extrapolated, analytic; data/step_error_bands.yaml, "
+            "sized on held-out validation data and its coverage checked on data it was not sized "
+            "on: docs/fidelity.md)."]
+    if rec and "replicas_interval90" in rec:
+        text.append(markup("Recommended fleet, 90 % intervals: replicas needed {}, ${}/hour, ${} per "
+                           "million output tokens, p99 TTFT {} s, p99 TPOT {} s (over {} seed(s)). "
+                           "<b>{} of its simulated step time rests on measurement</b> ({}); the step "
+                           "model's 90 % error ±{}.",
+                           _rng(rec["replicas_interval90"], "{:d}"), _rng(rec["usd_per_hour_interval90"], "{:.2f}"),
+                           _rng(rec["usd_per_m_output_tokens_interval90"], "{:.3f}"),
+                           _rng(rec["ttft_p99_interval90_s"]), _rng(rec["tpot_p99_interval90_s"]),
+                           rec.get("seeds", "?"), _pct(rec["measured_share"]), rec["stands_on_lookups"],
+                           _pct(rec["interval90_model"])))
+        robust = rec["robust"]
+        text.append(markup("<b>How robust:</b> {} x {}; " + ("{}." if robust["covers_interval"]
+                                                            else "<span class='bad'>{}</span>."),
+                           rec["replicas"], rec["candidate"], robust["words"]))
         head = rec.get("headroom")
         if head:
             text.append(f"Headroom: the SLOs still hold at {head['rate']:.3g} req/s, "
@@ -165,26 +174,25 @@ def _confidence(plan: dict, rows: pd.DataFrame) -> Section | None:
                         + (f" (they break at +{_pct(head['fail_factor'] - 1)})." if head.get("fail_factor")
                            else " (no failing rate found in the rates tried)."))
         if rec.get("redundancy") == "n+1":
-            text.append("Redundancy n+1: the SLOs "
-                        + ("hold" if rec.get("holds_one_down") else "<span class='bad'>do NOT hold</span>")
-                        + " with one replica down.")
+            text.append(markup("Redundancy n+1: the SLOs "
+                               + ("hold" if rec.get("holds_one_down") else "<span class='bad'>do NOT hold</span>")
+                               + " with one replica down."))
         elif rec.get("replicas") == 1:
-            text.append("<span class='bad'>No redundancy: one replica.</span> "
-                        "Set search.redundancy: n+1 for a fleet that survives losing one.")
+            text.append(markup("<span class='bad'>No redundancy: one replica.</span> "
+                               "Set search.redundancy: n+1 for a fleet that survives losing one."))
         if rec.get("ties"):
-            text.append(f"Tied on cost with: {html.escape(', '.join(rec['ties']))} "
-                        "(the tie goes to more replicas).")
+            text.append(f"Tied on cost with: {', '.join(rec['ties'])} (the tie goes to more replicas).")
     table = pd.DataFrame()
-    if "sustained_rate_range" in rows.columns:
-        ok = rows[(rows.status == "ok") & rows.sustained_rate_range.notna()]
-        table = pd.DataFrame({c: ok[c] if c in ok else None for c in RANGE_COLUMNS})
-        for c in ("sustained_rate_range", "usd_per_hour_range", "usd_per_m_output_tokens_range",
-                  "ttft_p99_range_s", "tpot_p99_range_s"):
+    if has_rows:
+        ok = rows[(rows.status == "ok") & rows.sustained_rate_interval90.notna()]
+        table = pd.DataFrame({c: ok[c] if c in ok else None for c in INTERVAL_COLUMNS})
+        for c in ("sustained_rate_interval90", "usd_per_hour_interval90", "usd_per_m_output_tokens_interval90",
+                  "ttft_p99_interval90_s", "tpot_p99_interval90_s"):
             table[c] = [_rng(v) for v in table[c]]
-        table["replicas_range"] = [_rng(v, "{:d}") for v in table["replicas_range"]]
-        table["model_band"] = [_pct(v) for v in table["model_band"]]
+        table["replicas_interval90"] = [_rng(v, "{:d}") for v in table["replicas_interval90"]]
+        table["interval90_model"] = [_pct(v) for v in table["interval90_model"]]
         table["measured_share"] = [_pct(v) for v in table["measured_share"]]
-    return Section("how sure", text, [("ranges", table)] if len(table) else [])
+    return Section("how sure", text, [("90 % intervals", table)] if len(table) else [])
 
 
 def _mixed(plan: dict) -> Report:
