@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 
+from sim.costmodel.deepep import AllToAllSpec, DeepEP
 from sim.costmodel.fused import stack_elementwise
 from sim.costmodel.layer import ModelOps, elementwise_calls, elementwise_calls_by_rows
 from sim.costmodel.models import ModelSpec
@@ -88,6 +89,7 @@ class StepLatency(RankPricing):
         expert: int = 1,
         data: int = 1,
         network: tuple[float, float] | None = None,
+        all_to_all: AllToAllSpec | None = None,
     ):
         """`model` is the whole model (with its dtype widths); each of the `tensor` GPUs
         runs `model.shard(tensor)`, the operations of `model.ops(tensor)`. `fp8_weights`:
@@ -97,6 +99,8 @@ class StepLatency(RankPricing):
         self.verify_impl = verify_impl
         self.tensor, self.fp8_weights = tensor, fp8_weights
         self.expert, self.data, self.network = expert, data, network
+        self.a2a = (DeepEP(all_to_all, profile, expert, network)  # sim/costmodel/deepep.py
+                    if all_to_all is not None and all_to_all.kernel == "deepep" else None)
         self.remote = runtime.remote_workers(tensor)  # workers the driver calls each step
         self._price_ops(model.ops(tensor, expert))
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses(, s, kernel s)]

@@ -17,6 +17,7 @@ sim/costmodel/moe.py), the dispatch and combine priced by sim/costmodel/comm.py.
 
 from __future__ import annotations
 
+from sim.costmodel.deepep import DeepEP
 from sim.costmodel.moe import Routing
 from sim.costmodel.profiles import (
     ANALYTIC,
@@ -38,6 +39,8 @@ class RankPricing:
     data: int
     expert: int
     tensor: int
+    a2a: DeepEP | None  # DeepEP's kernels for the all-to-all, else the α–β one
+
 
     def _rank(self, rows: int) -> int:
         """The busiest attention data-parallel rank's share of `rows` (all of them at D = 1)."""
@@ -82,7 +85,7 @@ class RankPricing:
         for kernel, nbytes, calls, dispatched in self._collectives:
             if (theirs if dispatched else mine):
                 if kernel == "all_to_all":  # the busiest expert rank's bytes
-                    ms, tag = self._collective(kernel, T * nbytes * self._busiest(T))
+                    ms, tag = self._collective(kernel, T * nbytes * self._busiest(T), t)
                 else:
                     ms, tag = self._collective(kernel, (T if dispatched else t) * nbytes)
                 parts.append((calls * ms, tag))
@@ -116,8 +119,12 @@ class RankPricing:
             parts.append((times * ms, tag))
         return parts
 
-    def _collective(self, kernel: str, nbytes: int) -> tuple[float, str]:
+    def _collective(self, kernel: str, nbytes: float, tokens: int = 0) -> tuple[float, str]:
+        """A collective of `nbytes`; an all-to-all's `tokens`: the busiest attention rank's
+        (DeepEP picks its kernel by them, sim/costmodel/deepep.py)."""
         if kernel == "all_to_all":
+            if self.a2a is not None:
+                return self.a2a.call_ms(nbytes, tokens)
             return self.p.comm.all_to_all(nbytes, self.expert, self.network)
         if kernel == "all_reduce":
             return self.p.comm.all_reduce(nbytes, self.tensor, custom=self.rt.custom_all_reduce)
