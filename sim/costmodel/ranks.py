@@ -41,7 +41,6 @@ class RankPricing:
     tensor: int
     a2a: DeepEP | None  # DeepEP's kernels for the all-to-all, else the α–β one
 
-
     def _rank(self, rows: int) -> int:
         """The busiest attention data-parallel rank's share of `rows` (all of them at D = 1)."""
         return -(-rows // self.data)
