@@ -24,6 +24,24 @@ lookups of `sim/costmodel/profiles.py`:
 
   B is NCCL's "bus bandwidth" (algorithm bandwidth × 2(n−1)/n), which sits well
   below the datasheet link rate; each profile says which B it uses and why.
+
+  B by message size: NCCL reaches its full bus bandwidth only on large messages (on 8
+  H100/H200, NVLink SHARP: ~480 GB/s from 1 GiB, NVIDIA/nccl-tests #212; ring: ~370 GB/s).
+  Where the profile states published nccl-tests bus bandwidths by size
+  (`interconnect.all_reduce_bus`: bytes, GPUs, busbw, each with its source), each point
+  is turned into the β-only bandwidth the α–β form needs (the published time
+  t = 2(n−1)/n · S / busbw less α(n)):
+
+      B(S) = 2(n−1)/n · S / (t − α(n))      (points where α(n) ≤ t / 2 only)
+
+  interpolated linearly in log2(S) between the points and held flat beyond them. At a
+  stated GPU count that B(S) is used from the smallest point up (`derived` inside the
+  stated sizes); at another count the nearest count's curve only lifts the fitted B,
+  max(B, B_curve(S)) (bus bandwidth is normalised per GPU, and the ring's large-message
+  busbw is about the same at any count on an NVSwitch node: an assumption); below the
+  smallest point, and on a profile without points, the one fitted B (`analytic`). The
+  all-reduce is α(n) + 2(n−1)/n · S / B(S). A measured table (`all_reduce_table`) still
+  wins inside its sizes.
 - custom (runtime `custom_all_reduce: true`): production stacks (vLLM since PR #2192,
   TensorRT-LLM's all-reduce plugin, SGLang) reduce small messages over NVLink with
   their own one-shot / two-shot kernels, whose latency hardly grows with the GPU count,
@@ -58,7 +76,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.io.specload import ROOT, load_yaml
-from sim.io.tables import ANALYTIC, Grid, read_table
+from sim.io.tables import ANALYTIC, DERIVED, Grid, read_table
 
 LINKS_FILE = ROOT / "gpu_profiles" / "links.yaml"
 
@@ -87,6 +105,17 @@ class AllReduceLatency:
 
 
 @dataclass(frozen=True)
+class BusBandwidth:
+    """profile.yaml `interconnect.all_reduce_bus[i]` — a published all-reduce bus bandwidth
+    (nccl-tests `busbw`) of a `bytes`-byte message on `gpus` GPUs of one node."""
+
+    bytes: int = field(metadata=_POSITIVE)
+    gpus: int = field(metadata={"ge": 2})
+    bus_gbs: float = field(metadata=_POSITIVE)
+    source: str = ""
+
+
+@dataclass(frozen=True)
 class Interconnect:
     """profile.yaml `interconnect:` — the GPU-to-GPU link inside one node."""
 
@@ -97,6 +126,7 @@ class Interconnect:
     gpus_per_node: int = field(default=8, metadata=_POSITIVE)  # largest tensor-parallel group
     all_reduce_table: str | None = None  # CSV in the profile folder (Vidur's columns)
     all_reduce_latency: tuple[AllReduceLatency, ...] = ()  # α(n) of the all-reduce, else 2(n−1)·α
+    all_reduce_bus: tuple[BusBandwidth, ...] = ()  # published busbw by size: B(S), else bus_gbs
     custom_all_reduce: CustomAllReduce | None = None  # stacks' own kernel (runtime switch)
     source: tuple[str, ...] = ()
 
@@ -106,6 +136,11 @@ class Interconnect:
         for i, n in enumerate(counts):
             if n in counts[:i]:
                 return f"all_reduce_latency[{i}].gpus", f"{n} GPUs stated twice (allowed: each count once)"
+        points = [(p.gpus, p.bytes) for p in self.all_reduce_bus]
+        for i, point in enumerate(points):
+            if point in points[:i]:
+                return (f"all_reduce_bus[{i}].bytes", f"{point[1]} bytes on {point[0]} GPUs "
+                        "stated twice (allowed: each size once per GPU count)")
         return None
 
 
@@ -128,7 +163,37 @@ class Collectives:
     def __init__(self, link: Interconnect | None,
                  all_reduce: dict[tuple[float, float], float] | None = None):
         self.link = link
+        self._curves = self._bus_curves(link) if link is not None else {}
         self._table = Grid(all_reduce, self.ring_all_reduce) if all_reduce else None
+
+    def _bus_curves(self, link: Interconnect) -> dict[int, tuple[list[float], list[float]]]:
+        """GPU count -> (log2 bytes, β-only GB/s) of the published points (module text)."""
+        by_count: dict[int, list[tuple[float, float]]] = {}
+        for p in link.all_reduce_bus:
+            share = 2 * (p.gpus - 1) / p.gpus * p.bytes  # bytes on the bus per GPU
+            t_us = share / (p.bus_gbs * 1e3)
+            alpha = self.all_reduce_latency_us(p.gpus)
+            if alpha <= t_us / 2:
+                by_count.setdefault(p.gpus, []).append(
+                    (math.log2(p.bytes), share / ((t_us - alpha) * 1e3)))
+        return {n: ([x for x, _ in sorted(pts)], [b for _, b in sorted(pts)])
+                for n, pts in by_count.items()}
+
+    def bus_gbs(self, nbytes: float, gpus: float) -> tuple[float, bool]:
+        """B(S) for an all-reduce of `nbytes` on `gpus` GPUs, GB/s, and whether it stands on
+        published points at this count and inside their sizes (module text)."""
+        link = self._link()
+        if not self._curves:
+            return link.bus_gbs, False
+        n = min(self._curves, key=lambda c: (abs(math.log2(c) - math.log2(gpus)), c))
+        xs, bs = self._curves[n]
+        x = math.log2(max(nbytes, 1.0))
+        if x < xs[0]:  # below the published sizes: the fitted B
+            return link.bus_gbs, False
+        b = float(np.interp(x, xs, bs))
+        if n != gpus:  # another count's curve only lifts the fitted B for large messages
+            return max(b, link.bus_gbs), False
+        return b, x <= xs[-1]
 
     def _link(self) -> Interconnect:
         if self.link is None:
@@ -136,9 +201,8 @@ class Collectives:
         return self.link
 
     def ring_all_reduce(self, nbytes: float, gpus: float) -> float:
-        """α–β ring all-reduce, ms."""
-        link = self._link()
-        return (2 * (gpus - 1) / gpus * nbytes / (link.bus_gbs * 1e6)
+        """α–β ring all-reduce, ms: α(n) + 2(n−1)/n · S / B(S)."""
+        return (2 * (gpus - 1) / gpus * nbytes / (self.bus_gbs(nbytes, gpus)[0] * 1e6)
                 + self.all_reduce_latency_us(gpus) * 1e-3)
 
     def all_reduce_latency_us(self, gpus: float) -> float:
@@ -165,7 +229,8 @@ class Collectives:
         if self._table is not None:
             ms, tag = self._table.lookup(nbytes, gpus)
         else:
-            ms, tag = self.ring_all_reduce(nbytes, gpus), ANALYTIC
+            ms = self.ring_all_reduce(nbytes, gpus)
+            tag = DERIVED if self.bus_gbs(nbytes, gpus)[1] else ANALYTIC
         if custom:
             fast = self.custom_all_reduce(nbytes, gpus)
             if fast is not None and fast < ms:

@@ -45,37 +45,22 @@ first time a replica sees a prefill shape (fitted from live logs by sim/fit/logf
 
 `cuda-graph` has no host cost (kernels only, a lower bound for any stack).
 
-Attention data parallelism (`data` = D > 1; sim/costmodel/parallel.py): the replica's T
-tokens in S sequences are spread evenly over D attention ranks, and a step runs at the
-pace of the busiest: the rank's own operations (attention, the dense layers, norms, the
-shared experts, embedding, LM head) on ⌈T/D⌉ tokens and ⌈S/D⌉ sequences, decode attention
-over ⌈S/D⌉ contexts of the batch's mean length, per-sequence attention (prefill, verify)
-as max(Σ/D, the longest call), and the ops after the all-to-all dispatch (the routed
-experts, marked `dispatched`) on all T tokens' rows routed to the most loaded expert rank.
-Host work is per rank (each rank's own process): its sequences are ⌈S/D⌉.
+Attention data parallelism and expert parallelism (`data`, `expert` > 1): what the busiest
+rank runs, sim/costmodel/ranks.py.
 """
 
 from __future__ import annotations
 
 import math
 
+from sim.costmodel.deepep import AllToAllSpec, DeepEP
 from sim.costmodel.fused import stack_elementwise
 from sim.costmodel.layer import ModelOps, elementwise_calls, elementwise_calls_by_rows
 from sim.costmodel.models import ModelSpec
 from sim.costmodel.moe import Routing
-from sim.costmodel.profiles import (
-    ANALYTIC,
-    BF16,
-    DERIVED,
-    EXACT,
-    EXTRAPOLATED,
-    INTERPOLATED,
-    GPUProfile,
-)
+from sim.costmodel.profiles import ANALYTIC, BF16, EXTRAPOLATED, GPUProfile
+from sim.costmodel.ranks import _TAG_INDEX, TAGS, RankPricing
 from sim.costmodel.runtime import RuntimeSpec
-
-TAGS = (EXACT, INTERPOLATED, DERIVED, EXTRAPOLATED, ANALYTIC)
-_TAG_INDEX = {t: i for i, t in enumerate(TAGS)}
 
 
 def _quantize(ctx: int, rel_bits: int) -> int:
@@ -87,7 +72,7 @@ def _quantize(ctx: int, rel_bits: int) -> int:
     return r if r > q else q
 
 
-class StepLatency:
+class StepLatency(RankPricing):
     """Seconds per step; lookups memoised, provenance counted per use. Shared by the
     replicas of a group: what a server has run before is its own, passed in as `seen`."""
 
@@ -104,6 +89,7 @@ class StepLatency:
         expert: int = 1,
         data: int = 1,
         network: tuple[float, float] | None = None,
+        all_to_all: AllToAllSpec | None = None,
     ):
         """`model` is the whole model (with its dtype widths); each of the `tensor` GPUs
         runs `model.shard(tensor)`, the operations of `model.ops(tensor)`. `fp8_weights`:
@@ -114,6 +100,8 @@ class StepLatency:
         self.verify_impl = verify_impl
         self.tensor, self.fp8_weights = tensor, fp8_weights
         self.expert, self.data, self.network = expert, data, network
+        self.a2a = (DeepEP(all_to_all, profile, expert, network)  # sim/costmodel/deepep.py
+                    if all_to_all is not None and all_to_all.kernel == "deepep" else None)
         self.remote = runtime.remote_workers(tensor)  # workers the driver calls each step
         self._price_ops(model.ops(tensor, expert))
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses(, s, kernel s)]
@@ -172,90 +160,6 @@ class StepLatency:
         if parts is None:
             parts = self._parts[("dense", T)] = self._dense_lookup(T)
         return parts
-
-    def _rank(self, rows: int) -> int:
-        """The busiest attention data-parallel rank's share of `rows` (all of them at D = 1)."""
-        return -(-rows // self.data)
-
-    def _dense_lookup(self, T: int) -> list[tuple[float, str]]:
-        """Everything but attention and the LM head for a step of T tokens: the rank's own
-        ops on its ⌈T/D⌉, the dispatched ones on T (D = 1: all on T, in the order of
-        `_price_ops`; D > 1: the rank's own first, each half memoised on its own rows)."""
-        if self.data > 1:
-            t = self._rank(T)
-            own = self._parts.get(("own", t))
-            if own is None:
-                own = self._parts[("own", t)] = self._lookup(T, t, own=True)
-            disp = self._parts.get(("dispatched", T))
-            if disp is None:
-                disp = self._parts[("dispatched", T)] = self._lookup(T, t, own=False)
-            return own + disp
-        return self._lookup(T, T)
-
-    def _lookup(self, T: int, t: int, own: bool | None = None) -> list[tuple[float, str]]:
-        """The lookups of `_dense_lookup`: the rank's own ops on t rows, the dispatched ones
-        on T; `own` True or False: only those (None: both)."""
-        p = self.p
-        mine, theirs = own is not False, own is not True
-        parts = []
-        if mine:
-            for (k, n), fp8, times in self._gemms:
-                ms, tag = (p.gemm_fp8 if fp8 else p.gemm)(t, k, n)
-                parts.append((times * ms, tag))
-        if theirs:
-            for shape, fp8, times, routing in self._grouped:
-                parts += self._grouped_parts(T, shape, fp8, times, routing)
-        for kernel, width, calls, dispatched in self._layer_elementwise:
-            if (theirs if dispatched else mine):
-                ms, tag = self._elementwise(kernel, T if dispatched else t, width)
-                parts.append((calls * ms, tag))
-        if mine:
-            for kernel, width, calls in self._step_elementwise:
-                ms, tag = self._elementwise(kernel, t, width)
-                parts.append((calls * ms, tag))
-        for kernel, nbytes, calls, dispatched in self._collectives:
-            if (theirs if dispatched else mine):
-                if kernel == "all_to_all":  # the busiest expert rank's bytes
-                    ms, tag = self._collective(kernel, T * nbytes * self._busiest(T))
-                else:
-                    ms, tag = self._collective(kernel, (T if dispatched else t) * nbytes)
-                parts.append((calls * ms, tag))
-        return parts
-
-    def _busiest(self, T: int) -> float:
-        """The busiest expert-parallel rank's rows over its mean in a step of T tokens."""
-        return self._grouped[0][3].busiest_factor(T) if self._grouped else 1.0
-
-    def _grouped_parts(self, T: int, shape: tuple[int, ...], fp8: bool, times: int,
-                       routing: Routing) -> list[tuple[float, str]]:
-        """The experts' grouped GEMM over a step of T tokens, one kernel per popularity
-        group (sim/costmodel/moe.py; uniform routing: one): the D experts it expects to hit,
-        m rows each, priced as one GEMM of m rows over their D · N output columns (the
-        weights of the experts hit, read once; m · D · K · N multiply-adds), m between whole
-        rows interpolated linearly. Derived from the GEMM lookups; one expert taking every
-        token is the dense GEMM itself."""
-        k, n = shape
-        gemm = self.p.gemm_fp8 if fp8 else self.p.gemm
-        parts = []
-        for hit, rows in routing.groups(T):
-            cols = max(1, round(hit * n))
-            lo = int(rows)
-            ms, tag = gemm(lo, k, cols)
-            if rows > lo:  # between whole rows: linear between the two GEMMs
-                hi_ms, hi_tag = gemm(lo + 1, k, cols)
-                ms += (rows - lo) * (hi_ms - ms)
-                tag = max(tag, hi_tag, key=_TAG_INDEX.__getitem__)
-            if routing.experts > 1 and tag in (EXACT, INTERPOLATED):
-                tag = DERIVED
-            parts.append((times * ms, tag))
-        return parts
-
-    def _collective(self, kernel: str, nbytes: int) -> tuple[float, str]:
-        if kernel == "all_to_all":
-            return self.p.comm.all_to_all(nbytes, self.expert, self.network)
-        if kernel == "all_reduce":
-            return self.p.comm.all_reduce(nbytes, self.tensor, custom=self.rt.custom_all_reduce)
-        return self.p.comm.all_gather(nbytes, self.tensor)
 
     def _lm_parts(self, rows: int) -> list[tuple[float, str]]:
         """The LM head (bf16, vocabulary split across the GPUs) and the gather of its logits."""

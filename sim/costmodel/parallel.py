@@ -6,6 +6,8 @@ parallel: {tensor: 8, pipeline: 2, stage_link: infiniband-ndr400}  # two stages,
 parallel: {tensor: 4, expert: 4}      # a MoE model's experts spread over those 4 GPUs
 parallel: {data: 8, expert: 8}        # attention data parallel x 8, experts over all 8 GPUs
 parallel: {data: 16, expert: 16, network: infiniband-ndr400}   # EP across two 8-GPU nodes
+parallel: {data: 8, expert: 8, pipeline: 2}   # two stages of 8 GPUs, EP 8 + DP 8 in each
+parallel: {data: 8, expert: 8, all_to_all: {kernel: deepep}}   # DeepEP's kernels, fp8 dispatch
 dtype: {weights: fp8, kv_cache: fp8}  # defaults bf16
 ```
 
@@ -17,9 +19,13 @@ priced by sim/costmodel/latency.py, sim/costmodel/comm.py).
 With `pipeline: P` > 1 the layers are split over P stages, each a `tensor`-way group
 (sim/costmodel/pipeline.py: layers per stage, a stage's ops, memory and step time, the
 activations sent between stages over NVLink within a node or `stage_link` across nodes),
-and the replica keeps P micro-batches in flight (sim/engine/pipeline.py). Not with expert
-parallelism, speculative decoding, static batching or a disaggregated role (refused up
-front); the replica's one prefix cache serves all its micro-batches.
+and the replica keeps P micro-batches in flight (sim/engine/pipeline.py). Not with
+speculative decoding, static batching or a disaggregated role (refused up front); the
+replica's one prefix cache serves all its micro-batches. Combined with expert parallelism
+and attention data parallelism (`pipeline: P, data: D, expert: D x tensor`) each stage is
+a D x `tensor` group holding its own layers' experts spread over its GPUs (E/expert whole
+experts of each of its MoE layers per GPU), with its own all-to-alls, and each attention
+rank sends its own tokens' activations to the next stage: P x D x `tensor` GPUs.
 
 Expert parallelism (`expert: N`, a MoE model only) spreads the routed experts over the
 replica's N = `tensor` GPUs, E/N whole experts each (instead of every expert split N
@@ -57,6 +63,7 @@ from pathlib import Path
 from typing import Literal
 
 from sim.costmodel.comm import known_links
+from sim.costmodel.deepep import AllToAllSpec, check_deepep
 from sim.costmodel.models import ModelSpec
 from sim.costmodel.profiles import GPUProfile
 from sim.io.specload import SpecError
@@ -75,14 +82,15 @@ class ParallelSpec:
     network: str | None = None  # gpu_profiles/links.yaml: the link between NVLink domains
     # the link between stages on different nodes (a gpu_profiles/links.yaml name)
     stage_link: str = "infiniband-ndr400"
+    # expert parallelism's dispatch and combine (sim/costmodel/deepep.py)
+    all_to_all: AllToAllSpec = AllToAllSpec()
 
     def check(self) -> tuple[str, str] | None:
-        if self.pipeline > 1 and (self.expert > 1 or self.data > 1):
-            return ("pipeline", f"{self.pipeline} with expert: {self.expert}, data: {self.data} "
-                    "is not modelled (allowed: pipeline 1 with expert or data parallelism)")
-        if self.data > 1 and self.expert != self.gpus:
+        stage = self.tensor * self.data  # the GPUs of one pipeline stage
+        if self.data > 1 and self.expert != stage:
+            where = " of a stage" if self.pipeline > 1 else ""
             return ("data", f"{self.data} attention ranks need the experts spread over all "
-                    f"{self.gpus} GPUs (allowed: 1, or expert = tensor x data = {self.gpus})")
+                    f"{stage} GPUs{where} (allowed: 1, or expert = tensor x data = {stage})")
         return None
 
     @property
@@ -122,6 +130,8 @@ def check_layout(parallel: ParallelSpec, model: ModelSpec, profile: GPUProfile, 
         raise SpecError(file, f"{path}.data", "a draft model with attention data parallelism "
                         "is not modelled (allowed: 1, or speculative.method mtp)")
     _check_expert_domain(parallel, profile, file, path)
+    check_deepep(parallel.all_to_all, ep, model.hidden, profile, file=file,
+                 path=f"{path}.all_to_all")
     if tp == 1:
         return
     for m in (model, draft):

@@ -29,7 +29,9 @@ all-gathers them (`send_tensor_dict(..., all_gather_group=tp_group)`):
 over the link between the stages (`StageLink`): the profile's NVLink within a node
 (its `interconnect` datasheet rate and α), a network link of gpu_profiles/links.yaml
 across nodes (`parallel.stage_link`, datasheet rates, analytic). Stages sit on
-consecutive GPUs, so they cross nodes when tensor x pipeline exceeds a node.
+consecutive GPUs, so they cross nodes when tensor x data x pipeline exceeds a node. With
+D attention data-parallel ranks a stage's ranks each send their own tokens (the busiest
+⌈T/D⌉), and each stage runs its own layers' expert all-to-alls (sim/costmodel/ranks.py).
 """
 
 from __future__ import annotations
@@ -94,11 +96,13 @@ class StageLatency(StepLatency):
     def __init__(self, model: ModelSpec, profile: GPUProfile, runtime: RuntimeSpec,
                  prefill_impl: str = "flash", decode_impl: str = "paged",
                  verify_impl: str = "paged_gather", tensor: int = 1, fp8_weights: bool = False,
-                 expert: int = 1, *, stage: int = 0, stages: int = 1):
+                 expert: int = 1, *, stage: int = 0, stages: int = 1, data: int = 1,
+                 network: tuple[float, float] | None = None, all_to_all=None):
         self.stage, self.stages = stage, stages
         self.last = stage == stages - 1
         super().__init__(model, profile, stage_runtime(runtime, stage, stages), prefill_impl,
-                         decode_impl, verify_impl, tensor, fp8_weights, expert)
+                         decode_impl, verify_impl, tensor, fp8_weights, expert, data=data,
+                         network=network, all_to_all=all_to_all)
         ops = stage_ops(model.ops(tensor, expert), stage, stages)
         self.layers = ops.layers + ops.dense_layers
         self.m = dataclasses.replace(self.m, layers=self.layers)  # host terms per layer
@@ -138,8 +142,10 @@ class StagedLatency:
     priced last, `kernel_s` the GPU kernel seconds of one GPU averaged over the stages
     (before jitter; each stage's GPUs run their share only)."""
 
-    def __init__(self, stages: list[StageLatency], link: StageLink, hidden: int, tensor: int):
+    def __init__(self, stages: list[StageLatency], link: StageLink, hidden: int, tensor: int,
+                 data: int = 1):
         self.stages, self.link, self.hidden, self.tensor = stages, link, hidden, tensor
+        self.data = data  # attention data-parallel ranks per stage
         self.rt = stages[-1].rt
         self.p = stages[0].p
         self.m = stages[0].m
@@ -173,8 +179,9 @@ class StagedLatency:
 
     def transfer_s(self, tokens: int) -> float:
         """Seconds to send a micro-batch of `tokens` tokens' activations to the next stage:
-        each rank sends 1/tensor over its own link, the receiving group all-gathers."""
-        nbytes = activation_bytes(self.hidden, tokens)
+        each rank sends 1/tensor over its own link, the receiving group all-gathers; with D
+        attention data-parallel ranks each sends its own share, the busiest ⌈tokens/D⌉."""
+        nbytes = activation_bytes(self.hidden, -(-tokens // self.data))
         s = self.link.seconds(nbytes / self.tensor)
         if self.tensor > 1:
             s += self.p.comm.all_gather(nbytes, self.tensor)[0] * 1e-3
@@ -198,7 +205,7 @@ def stage_link(parallel, profile: GPUProfile, *, file=None, path: str = "paralle
     the profile's NVLink when the whole replica fits one node, else `parallel.stage_link`
     (gpu_profiles/links.yaml)."""
     link = profile.facts.interconnect
-    if link is not None and parallel.tensor * parallel.pipeline <= link.gpus_per_node:
+    if link is not None and parallel.gpus <= link.gpus_per_node:
         return StageLink(link.name, link.datasheet_gbs * 1e9, link.latency_us * 1e-6, False)
     links = load_yaml(LINKS_FILE)
     if parallel.stage_link not in links:

@@ -150,7 +150,8 @@ def _resolve(sc: Scenario, name: str, group: str, role: str, where: str,
         lat = StepLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
                           verify_impl=_verify_impl(sc), tensor=tp,
                           fp8_weights=sc.dtype.fp8_weights, expert=sc.parallel.expert,
-                          data=sc.parallel.data, network=_network(sc.parallel.network))
+                          data=sc.parallel.data, network=_network(sc.parallel.network),
+                          all_to_all=sc.parallel.all_to_all)
     draft_lat = StepLatency(draft, profile, runtime, sc.attention.prefill,
                             sc.decode_attention, tensor=tp) if draft else None
     return ReplicaConfig(name, group, role, sc, model, profile, runtime, budget, draft, lat,
@@ -175,12 +176,15 @@ def _staged(sc: Scenario, model: ModelSpec, profile: GPUProfile, runtime: Runtim
             raise SpecError(f, f"{prefix}{path}", f"{what} with pipeline: {pp} is not modelled "
                             "(allowed: pipeline 1)")
     tp = sc.parallel.tensor
+    par = sc.parallel
     stages = [StageLatency(model, profile, runtime, sc.attention.prefill, sc.decode_attention,
                            verify_impl=_verify_impl(sc), tensor=tp,
-                           fp8_weights=sc.dtype.fp8_weights, stage=i, stages=pp)
+                           fp8_weights=sc.dtype.fp8_weights, expert=par.expert, stage=i,
+                           stages=pp, data=par.data, network=_network(par.network),
+                           all_to_all=par.all_to_all)
               for i in range(pp)]
-    link = stage_link(sc.parallel, profile, file=f, path=f"{prefix}parallel")
-    return StagedLatency(stages, link, model.hidden, tp)
+    link = stage_link(par, profile, file=f, path=f"{prefix}parallel")
+    return StagedLatency(stages, link, model.hidden, tp, par.data)
 
 
 def _verify_impl(sc: Scenario) -> str:

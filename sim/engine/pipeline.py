@@ -189,6 +189,8 @@ def pipeline_summary(replicas: list, configs: list, duration_s: float) -> dict |
         stages.append(row)
     link = staged.link
     return {"stages": len(staged.stages), "tensor": staged.tensor,
+            **({"data": staged.data, "expert": cfg.scenario.parallel.expert}
+               if staged.data > 1 or cfg.scenario.parallel.expert > 1 else {}),
             "micro_batches_in_flight": len(staged.stages),
             "link": {"name": link.name, "across_nodes": link.across_nodes,
                      "gbs": link.bytes_per_s / 1e9, "latency_us": link.latency_s * 1e6},

@@ -184,7 +184,8 @@ def stage_table(pipe: dict) -> str:
     link = pipe["link"]
     where = "across nodes" if link["across_nodes"] else "within a node"
     head = "  ".join(f"{c:>11}" for c in STAGE_COLUMNS)
-    lines = [f"pipeline: {pipe['stages']} stages x tensor {pipe['tensor']}, {link['name']} "
+    ranks = f" x data {pipe['data']} (expert {pipe['expert']})" if "data" in pipe else ""
+    lines = [f"pipeline: {pipe['stages']} stages x tensor {pipe['tensor']}{ranks}, {link['name']} "
              f"({where}, {link['gbs']:g} GB/s, {link['latency_us']:g} us)", head, "-" * len(head)]
     lines += ["  ".join(f"{c:>11}" for c in row) for row in stage_cells(pipe)]
     lines.append(f"({STAGE_NOTE})")
