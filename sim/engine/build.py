@@ -65,12 +65,16 @@ class ReplicaConfig:
     @property
     def kv_bytes_per_token(self) -> float:
         """KV bytes one token holds on each GPU of the replica (heads split by tensor
-        parallelism; with pipeline stages, the largest stage's layers)."""
+        parallelism; with pipeline stages, the largest stage's layers; sliding-window layers
+        shorter than max_model_len left out, sim/engine/memory.py)."""
         par = self.scenario.parallel
+        width, context = self.model.kv_dtype_bytes, self.max_model_len
         if par.pipeline > 1:
             ops = self.model.ops(par.tensor)
-            return max(stage_ops(ops, s, par.pipeline).kv_bytes_per_token(
-                self.model.kv_dtype_bytes) for s in range(par.pipeline))
+            return max(stage_ops(ops, s, par.pipeline).kv_split(width, context)[0]
+                       for s in range(par.pipeline))
+        if self.model.sliding_layers:  # beyond the windows, the full layers' only
+            return self.model.ops(par.tensor).kv_split(width, context)[0]
         return self.model.shard(self.scenario.parallel.tensor).kv_bytes_per_token
 
     @property

@@ -15,6 +15,17 @@ weights of its layers, the embedding on the first stage, the LM head and logits 
 last) and KV for those layers only; every stage must hold the KV of every token in
 flight, so the replica's KV tokens are the fewest any stage holds (`stage_budgets`), and
 a stage that cannot hold one max_model_len sequence is refused naming that stage.
+
+Sliding-window layers (gpt-oss, Gemma, Mistral 7B v0.1): vLLM's hybrid KV cache manager
+(docs/design/hybrid_kv_cache_manager.md) gives the full and the sliding layers their own
+blocks from one pool and frees a sliding layer's blocks once they leave its window, so a
+token beyond the window holds KV in the full layers only. Here the KV tokens are counted at
+the full layers' bytes per token, after setting aside, for each sequence the scheduler can
+run at once (max_num_seqs), the most its sliding layers hold: the blocks covering its last
+window (`ModelOps.kv_split`). A simplification: vLLM's sliding blocks are taken from the
+pool only by the sequences running and only up to their length, so the model holds a
+little less than vLLM can (for gpt-oss-120b on one H200: 1.2 GiB of some 60). A window
+at least as long as max_model_len is full attention.
 """
 
 from __future__ import annotations
@@ -80,11 +91,12 @@ def _budget(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSpe
         bs = sc.kv.block_size if sc.kv.manager == "paged" else 1
         kv_tokens = sc.kv.num_blocks * bs
     else:
-        one_sequence = max_len * kv_per_token
+        one_sequence = max_len * kv_per_token + _window_reserve(sc, model, tp, stage, 1)
         if kv_bytes < one_sequence:
             raise _does_not_fit(sc, model, profile, draft, usable, max_len, stage)
         # attention data parallelism: each of the D ranks holds the KV of its own sequences
-        kv_tokens = int(kv_bytes // kv_per_token) * sc.parallel.data
+        kv_tokens = int((kv_bytes - _window_reserve(sc, model, tp, stage)) // kv_per_token
+                        ) * sc.parallel.data
     return MemoryBudget(gpu, usable, weights, activations, scratch, max(kv_bytes, 0.0), kv_tokens)
 
 
@@ -105,7 +117,7 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
     draft_ops = draft.ops(tp) if draft else None
     weights = float(ops.weight_bytes(model.weight_dtype_bytes)) + (
         draft_ops.weight_bytes(draft.weight_dtype_bytes) if draft_ops else 0)
-    kv_per_token = ops.kv_bytes_per_token(model.kv_dtype_bytes) + (
+    kv_per_token = ops.kv_split(model.kv_dtype_bytes, max_len)[0] + (
         draft_ops.kv_bytes_per_token(draft.kv_dtype_bytes) if draft_ops else 0)
     if sc.speculative.method == "mtp":  # the MTP module: one more layer and its projection
         layer = sum(op.params for op in ops.layer) + 2 * model.hidden * model.hidden
@@ -119,6 +131,23 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
         sc.attention.prefill, 1, longest, heads, kv_heads, head_dim
     )
     return weights, activations, scratch, kv_per_token
+
+
+def _window_reserve(sc: Scenario, model: ModelSpec, tp: int, stage: int = 0,
+                    rows: int | None = None) -> int:
+    """Bytes set aside on one GPU for the sliding-window layers' KV of `rows` sequences
+    (None: as many as the scheduler runs at once; 0 without windows shorter than
+    max_model_len)."""
+    ops = stage_ops(model.ops(tp, sc.parallel.expert), stage, sc.parallel.pipeline)
+    if not ops.windows:
+        return 0
+    block = sc.kv.block_size if sc.kv.manager == "paged" else 1
+    held = ops.kv_split(model.kv_dtype_bytes, sc.kv.max_model_len or model.max_len, block)[1]
+    if rows is None:
+        rows = (sc.scheduler.max_batch_size if sc.scheduler.policy == "static"
+                else sc.scheduler.max_num_seqs)
+        rows = -(-rows // sc.parallel.data)  # each attention data-parallel rank its share
+    return rows * held
 
 
 def _does_not_fit(sc: Scenario, model: ModelSpec, profile: GPUProfile,
