@@ -115,7 +115,7 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
         longest = min(max_len, sc.scheduler.max_num_batched_tokens)
     ops = stage_ops(model.ops(tp, sc.parallel.expert), stage, sc.parallel.pipeline)
     draft_ops = draft.ops(tp) if draft else None
-    weights = float(ops.weight_bytes(model.weight_dtype_bytes)) + (
+    weights = float(ops.weight_bytes(model.weight_dtype_bytes, model.expert_width)) + (
         draft_ops.weight_bytes(draft.weight_dtype_bytes) if draft_ops else 0)
     kv_per_token = ops.kv_split(model.kv_dtype_bytes, max_len)[0] + (
         draft_ops.kv_bytes_per_token(draft.kv_dtype_bytes) if draft_ops else 0)
