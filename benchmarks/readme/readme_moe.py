@@ -1,7 +1,7 @@
 """The README's "Mixture-of-Experts at scale" block: one finding a line for each MoE scenario
 (DeepSeek-R1 on H200 and B200, TP 8 against EP 8 with DP attention, MTP as its proposer;
 wide EP on a GB200 NVL72 slice; disaggregated prefill/decode; Qwen3-30B-A3B against
-Llama-3.1-8B), each with the published figure beside it where one exists."""
+Llama-3.1-8B; gpt-oss-120b on one H200 and one B200), each with the published figure beside it where one exists."""
 
 from __future__ import annotations
 
@@ -81,6 +81,14 @@ def moe_scenarios(runs: Runs) -> str:
                  f"{moe['kv']['capacity_tokens'] / 1e3:.0f} k vs "
                  f"{dense['kv']['capacity_tokens'] / 1e3:.0f} k tokens, {_usd(moe)} vs {_usd(dense)} "
                  "per M output tokens (both keep up: equal traffic, near-equal cost)", "-"])
+    oss, b200 = runs.summary("gpt_oss_120b_h200"), runs.summary("gpt_oss_120b_h200", gpu="b200")
+    rows.append(["`gpt_oss_120b_h200.yaml`",
+                 f"gpt-oss-120b (MXFP4 experts, half its layers over a 128-token window), "
+                 f"long-context chat at 4 req/s: one H200 holds "
+                 f"{oss['kv']['capacity_tokens'] / 1e6:.2f} M KV tokens (the full layers' bytes "
+                 f"beyond the window), TPOT p50 {ms(oss['tpot_s']['p50'], 1)} ms, "
+                 f"{_usd(oss)} per M output tokens; one B200: TPOT p50 "
+                 f"{ms(b200['tpot_s']['p50'], 1)} ms, {_usd(b200)}", "-"])
     return table(["scenario", "simulated (cuda-graph kernels)", "published"], rows)
 
 
