@@ -23,9 +23,11 @@ token beyond the window holds KV in the full layers only. Here the KV tokens are
 the full layers' bytes per token, after setting aside, for each sequence the scheduler can
 run at once (max_num_seqs), the most its sliding layers hold: the blocks covering its last
 window (`ModelOps.kv_split`). A simplification: vLLM's sliding blocks are taken from the
-pool only by the sequences running and only up to their length, so the model holds a
-little less than vLLM can (for gpt-oss-120b on one H200: 1.2 GiB of some 60). A window
-at least as long as max_model_len is full attention.
+pool only by the sequences running and only up to their length, so the model holds
+less than vLLM can: little where memory is ample (gpt-oss-120b on one H200, 256
+sequences: 1.3 GiB of 64), much where it is not (on one H100 with vLLM's default
+max_num_seqs of 1024: 5.1 GiB of 9.2, half the KV tokens). A window at least as long as
+max_model_len is full attention.
 """
 
 from __future__ import annotations
