@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from sim.config.scenario import load_scenario
@@ -17,6 +18,7 @@ from sim.costmodel.layer import attended_keys
 from sim.costmodel.models import load_model
 from sim.costmodel.profiles import load_profile
 from sim.costmodel.runtime import load_runtime
+from sim.engine.build import build_replica, replica_configs
 from sim.engine.memory import memory_budget
 from sim.io.specload import ROOT, SpecError, build
 from tests.test_models_import import GPT_OSS_120B, write
@@ -56,15 +58,42 @@ def test_gpt_oss_kv_bytes_per_token_by_hand():
     assert ops.kv_split(2, 128, 16) == (36 * PER_LAYER, 0)  # a window covering the context
 
 
-def test_kv_tokens_count_the_full_layers_and_set_aside_each_sequences_window():
+def test_kv_tokens_count_the_full_layers_and_each_sequence_takes_its_windows_blocks():
     sc = load_scenario(ROOT / "scenarios" / "gpt_oss_120b_h200.yaml")
     m, p = load_model(sc.model), load_profile(sc.gpu)
     b = memory_budget(sc, m, p)
-    reserve = sc.scheduler.max_num_seqs * 18 * PER_LAYER * 9 * 16
-    assert b.kv_tokens == int((b.kv_bytes - reserve) // (18 * PER_LAYER))
+    assert b.kv_tokens == int(b.kv_bytes // (18 * PER_LAYER))  # blocks at the full layers' bytes
     full = dataclasses.replace(m, sliding_window=0, layer_types=None)
     assert memory_budget(sc, full, p).kv_tokens == int(b.kv_bytes // (36 * PER_LAYER))
-    assert b.kv_tokens > 1.9 * memory_budget(sc, full, p).kv_tokens  # nearly twice the tokens
+    cfg = replica_configs(sc)[0]
+    # the sliding layers' 9 blocks of 16 tokens: as many bytes as 9 blocks of the full layers'
+    assert cfg.window_blocks == 9
+    kv = build_replica(cfg, np.random.default_rng(0)).st.kv
+    assert (kv.blocks_for(0), kv.blocks_for(1), kv.blocks_for(4000)) == (0, 1 + 9, 250 + 9)
+    assert replica_configs(load_scenario(ROOT / "scenarios" / "quickstart.yaml"))[0].window_blocks == 0
+
+
+SHORT = {"scheduler.policy": "continuous", "kv.max_model_len": 8192,
+         "scheduler.max_num_batched_tokens": 8192, "workload.prompt.max": 6000,
+         "workload.output.max": 1000}
+
+
+@pytest.mark.parametrize("over", [
+    {},  # chunked prefill
+    {"scheduler.preemption": "swap"},
+    {"kv.manager": "contiguous", "attention.decode": "contiguous", "kv.num_blocks": 40_000,
+     **SHORT},
+    {**SHORT, "speculative.method": "ngram", "speculative.k": 3,
+     "speculative.acceptance.kind": "fixed", "speculative.acceptance.alpha": 0.6},
+])
+def test_a_window_model_under_kv_pressure_returns_every_block(over):
+    from sim import run
+    s = run(ROOT / "scenarios" / "gpt_oss_120b_h200.yaml",
+            {"workload.num_requests": 60, "kv.num_blocks": 3000, **over}).summary
+    # every request done, and the engine's end-of-run check found every KV block free again
+    assert s["requests"]["finished"] == 60
+    if over.get("kv.manager") != "contiguous":
+        assert s["preemptions"] > 0  # 3,000 blocks: sequences of ~4,000 tokens + 9 collide
 
 
 def test_a_window_as_long_as_the_context_is_full_attention():

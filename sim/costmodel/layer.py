@@ -357,14 +357,16 @@ class ModelOps:
         ones and windows >= context; the most bytes the other, sliding, layers hold for one
         sequence: the blocks of `block` tokens covering its last window - 1 tokens and the
         current one, ⌈(window - 1) / block⌉ + 1 blocks, at most `context` tokens). Without
-        windows shorter than the context: (kv_bytes_per_token, 0)."""
+        windows shorter than the context, or without a full layer (then counted as full
+        attention, an upper bound): (kv_bytes_per_token, 0)."""
         short = [w for w in self.windows if 0 < w < context]
         per_token = self.kv_bytes_per_token(width)
-        if not short:
-            return per_token, 0
         cache = self._layer_cache() * width
+        full = per_token - round(cache * len(short))
+        if not short or not full:
+            return per_token, 0
         held = sum(min(context, (-(-(w - 1) // block) + 1) * block) for w in short)
-        return per_token - round(cache * len(short)), round(cache * held)
+        return full, round(cache * held)
 
     def activation_bytes(self, tokens: int, sequences: int) -> int:
         """Activation bytes of a step of `tokens` rows of tokens and `sequences` of

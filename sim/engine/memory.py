@@ -20,14 +20,15 @@ Sliding-window layers (gpt-oss, Gemma, Mistral 7B v0.1): vLLM's hybrid KV cache 
 (docs/design/hybrid_kv_cache_manager.md) gives the full and the sliding layers their own
 blocks from one pool and frees a sliding layer's blocks once they leave its window, so a
 token beyond the window holds KV in the full layers only. Here the KV tokens are counted at
-the full layers' bytes per token, after setting aside, for each sequence the scheduler can
-run at once (max_num_seqs), the most its sliding layers hold: the blocks covering its last
-window (`ModelOps.kv_split`). A simplification: vLLM's sliding blocks are taken from the
-pool only by the sequences running and only up to their length, so the model holds
-less than vLLM can: little where memory is ample (gpt-oss-120b on one H200, 256
-sequences: 1.3 GiB of 64), much where it is not (on one H100 with vLLM's default
-max_num_seqs of 1024: 5.1 GiB of 9.2, half the KV tokens). A window at least as long as
-max_model_len is full attention.
+the full layers' bytes per token, and each sequence holding KV takes, besides its tokens'
+blocks, the blocks its sliding layers hold once it is longer than the window: those
+covering its last window - 1 tokens and the current one, ⌈(window - 1) / block⌉ + 1 per
+layer (`ModelOps.kv_split`; `ReplicaConfig.window_blocks` in blocks of the pool,
+sim/policies/kv.PagedKV.extra_blocks). Simplifications: a sequence shorter than the
+window is charged the whole window (vLLM: its length), and a prefill chunk's sliding
+blocks beyond the window are not taken for the step that computes them. A window at
+least as long as max_model_len is full attention; a model with no full layer is counted as
+full attention (every token at every layer's bytes, an upper bound).
 """
 
 from __future__ import annotations
@@ -93,12 +94,11 @@ def _budget(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSpe
         bs = sc.kv.block_size if sc.kv.manager == "paged" else 1
         kv_tokens = sc.kv.num_blocks * bs
     else:
-        one_sequence = max_len * kv_per_token + _window_reserve(sc, model, tp, stage, 1)
+        one_sequence = max_len * kv_per_token + _window_bytes(sc, model, tp, stage)
         if kv_bytes < one_sequence:
             raise _does_not_fit(sc, model, profile, draft, usable, max_len, stage)
         # attention data parallelism: each of the D ranks holds the KV of its own sequences
-        kv_tokens = int((kv_bytes - _window_reserve(sc, model, tp, stage)) // kv_per_token
-                        ) * sc.parallel.data
+        kv_tokens = int(kv_bytes // kv_per_token) * sc.parallel.data
     return MemoryBudget(gpu, usable, weights, activations, scratch, max(kv_bytes, 0.0), kv_tokens)
 
 
@@ -135,21 +135,14 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
     return weights, activations, scratch, kv_per_token
 
 
-def _window_reserve(sc: Scenario, model: ModelSpec, tp: int, stage: int = 0,
-                    rows: int | None = None) -> int:
-    """Bytes set aside on one GPU for the sliding-window layers' KV of `rows` sequences
-    (None: as many as the scheduler runs at once; 0 without windows shorter than
-    max_model_len)."""
+def _window_bytes(sc: Scenario, model: ModelSpec, tp: int, stage: int = 0) -> int:
+    """Bytes one sequence's sliding-window layers hold on one GPU at most (0 without
+    windows shorter than max_model_len)."""
     ops = stage_ops(model.ops(tp, sc.parallel.expert), stage, sc.parallel.pipeline)
     if not ops.windows:
         return 0
     block = sc.kv.block_size if sc.kv.manager == "paged" else 1
-    held = ops.kv_split(model.kv_dtype_bytes, sc.kv.max_model_len or model.max_len, block)[1]
-    if rows is None:
-        rows = (sc.scheduler.max_batch_size if sc.scheduler.policy == "static"
-                else sc.scheduler.max_num_seqs)
-        rows = -(-rows // sc.parallel.data)  # each attention data-parallel rank its share
-    return rows * held
+    return ops.kv_split(model.kv_dtype_bytes, sc.kv.max_model_len or model.max_len, block)[1]
 
 
 def _does_not_fit(sc: Scenario, model: ModelSpec, profile: GPUProfile,
