@@ -120,6 +120,7 @@ def _closed_form_params(m) -> int:
     """Parameters of a Llama-style model (or one GPU's shard), written out apart from the list."""
     q, kv = m.heads * m.head_dim, m.kv_heads * m.head_dim
     attention = m.hidden * (q + 2 * kv) + q * m.hidden + ((q + 2 * kv) if m.qkv_bias else 0)
+    attention += m.heads if m.attention_sinks else 0  # a sink logit per query head (gpt-oss)
     if m.kv_lora_rank:  # latent attention: q down/norm/up, kv down/norm/up, o
         qk, r, rope = m.qk_nope_head_dim + m.qk_rope_head_dim, m.kv_lora_rank, m.qk_rope_head_dim
         ql = m.q_lora_rank
@@ -151,8 +152,14 @@ def _layouts():
 def test_op_list_weight_and_kv_bytes_equal_the_models_for_every_layout(name, tp, weights, kv):
     m = with_dtypes(load_model(name), DTypeSpec(weights=weights, kv_cache=kv), load_profile("h200-sxm"))
     shard, ops = m.shard(tp), m.ops(tp)
-    per_op = sum(op.weight_bytes(m.weight_dtype_bytes) * t for op, t in ops.each())
-    assert round(per_op) == shard.weight_bytes == round(_closed_form_params(shard) * m.weight_dtype_bytes)
+    per_op = sum(op.weight_bytes(m.expert_width if op.kind == "grouped_gemm" else
+                                 m.weight_dtype_bytes) * t for op, t in ops.each())
+    # the routed experts at their own width (MXFP4: 0.53125 bytes), the rest at the model's
+    routed = ((m.layers - m.first_k_dense_replace) * m.num_experts * 3 * m.hidden
+              * shard.moe_intermediate_size)
+    closed = ((_closed_form_params(shard) - routed) * m.weight_dtype_bytes
+              + routed * m.expert_width)
+    assert round(per_op) == shard.weight_bytes == round(closed)
     width = {"bf16": 2, "fp8": 1}
     per_layer = ((m.kv_lora_rank + m.qk_rope_head_dim) if m.kv_lora_rank  # one latent, every GPU
                  else 2 * shard.kv_heads * m.head_dim)

@@ -125,7 +125,6 @@ def test_defaults_head_dim_from_hidden_and_kv_heads_from_heads_and_qwen2_biases(
 
 @pytest.mark.parametrize(("extra", "needle"), [
     ({"model_type": "gpt2"}, "model_type 'gpt2' is not a decoder llmsim can express"),
-    ({**GPT_OSS_120B}, "gpt-oss alternates 128-token sliding-window and full attention"),
     ({**QWEN3_30B_A3B, "decoder_sparse_step": 2}, "decoder_sparse_step: 2: MoE every n-th layer"),
     ({**QWEN3_30B_A3B, "mlp_only_layers": [0, 1]}, "mlp_only_layers: dense layers between"),
     ({**QWEN3_30B_A3B, "model_type": "qwen2_moe", "shared_expert_intermediate_size": 1000},

@@ -1,7 +1,7 @@
 """The README's "Mixture-of-Experts at scale" block: one finding a line for each MoE scenario
 (DeepSeek-R1 on H200 and B200, TP 8 against EP 8 with DP attention, MTP as its proposer;
 wide EP on a GB200 NVL72 slice; disaggregated prefill/decode; Qwen3-30B-A3B against
-Llama-3.1-8B), each with the published figure beside it where one exists."""
+Llama-3.1-8B; gpt-oss-120b on one H200 and one B200), each with the published figure beside it where one exists."""
 
 from __future__ import annotations
 
@@ -9,6 +9,17 @@ from benchmarks.readme.readme_format import ms, sig3, table
 from benchmarks.readme.readme_runs import Runs
 
 TP8 = {"parallel.data": 1, "parallel.expert": 1, "parallel.tensor": 8}
+# GPUStack performance lab, gpt-oss-120b on H100, "Long Prompt" (random dataset, 4,000 in,
+# 200 out) with its baseline vLLM v0.10.2 on one H100 (TP 1) and vLLM's defaults there
+# (max_num_seqs 1024, max_num_batched_tokens 8192, the model's 131,072-token window); its
+# prompt count and rate are not stated in what was read: 1,000 requests offered at once
+GPUSTACK_LONG = {"gpu": "h100-sxm", "runtime": "vllm-0.10", "scheduler.max_num_seqs": 1024,
+                 "kv.max_model_len": None, "workload.num_requests": 1000,
+                 "workload.arrival.rate": 1000,
+                 **{f"workload.{w}.{k}": None for w in ("prompt", "output")
+                    for k in ("median", "sigma", "max")},
+                 "workload.prompt.kind": "fixed", "workload.prompt.value": 4000,
+                 "workload.output.kind": "fixed", "workload.output.value": 200}
 MTP = {"speculative.method": "mtp", "speculative.k": 1,
        "speculative.acceptance.alpha": 0.85}  # DeepSeek-V3 report §5.4.3: 85-90 %
 
@@ -81,6 +92,22 @@ def moe_scenarios(runs: Runs) -> str:
                  f"{moe['kv']['capacity_tokens'] / 1e3:.0f} k vs "
                  f"{dense['kv']['capacity_tokens'] / 1e3:.0f} k tokens, {_usd(moe)} vs {_usd(dense)} "
                  "per M output tokens (both keep up: equal traffic, near-equal cost)", "-"])
+    oss, b200 = runs.summary("gpt_oss_120b_h200"), runs.summary("gpt_oss_120b_h200", gpu="b200")
+    rows.append(["`gpt_oss_120b_h200.yaml`",
+                 f"gpt-oss-120b (MXFP4 experts, half its layers over a 128-token window), "
+                 f"long-context chat at 4 req/s: one H200 holds "
+                 f"{oss['kv']['capacity_tokens'] / 1e6:.2f} M KV tokens (the full layers' bytes "
+                 f"beyond the window), TPOT p50 {ms(oss['tpot_s']['p50'], 1)} ms, "
+                 f"{_usd(oss)} per M output tokens; one B200: TPOT p50 "
+                 f"{ms(b200['tpot_s']['p50'], 1)} ms, {_usd(b200)}", "-"])
+    h100 = runs.summary("gpt_oss_120b_h200", **GPUSTACK_LONG)
+    rows.append(["`gpt_oss_120b_h200.yaml` on one H100",
+                 f"vLLM 0.10 runtime, 1,000 requests of 4,000 in / 200 out at once: "
+                 f"{sig3(h100['total_token_throughput'])} total tokens/s, TPOT mean "
+                 f"{ms(h100['tpot_s']['mean'], 1)} ms",
+                 "GPUStack performance lab, vLLM v0.10.2 baseline on one H100, 4,000 in / "
+                 "200 out: 14,247 total tokens/s, TPOT mean 31.7 ms "
+                 "(docs.gpustack.ai/latest/performance-lab/gpt-oss-120b/h100)"])
     return table(["scenario", "simulated (cuda-graph kernels)", "published"], rows)
 
 
@@ -92,7 +119,9 @@ def simulated_figures(runs: Runs) -> dict[str, tuple[float, list[dict]]]:
     mtp = runs.summary("deepseek_r1_h200", **MTP)
     dis = runs.summary("deepseek_r1_disaggregated")
     dec = [r for r in dis["per_replica"] if r["role"] == "decode"][0]
-    return {"dp_attention_throughput_ratio": (ep["output_token_throughput"]
+    h100 = runs.summary("gpt_oss_120b_h200", **GPUSTACK_LONG)
+    return {"gpt_oss_h100_total_tok_s": (h100["total_token_throughput"], [h100]),
+            "dp_attention_throughput_ratio": (ep["output_token_throughput"]
                                               / tp["output_token_throughput"], [ep, tp]),
             "mtp_speedup_vs_decode": (mtp["speculative"]["speedup_vs_decode"], [mtp]),
             "gb200_decode_tok_s_per_gpu": (dec["output_token_throughput"] / DECODE_GPUS, [dis])}

@@ -21,15 +21,26 @@ Mixture-of-Experts configs add (sim/costmodel/moe.py):
 and DeepSeek's latent attention (MLA) its kv_lora_rank, q_lora_rank (null: 0),
 qk_rope_head_dim, qk_nope_head_dim and v_head_dim, with head_dim = nope + rope.
 
+Sliding-window attention, as configs state it: `layer_types` (full_attention |
+sliding_attention per layer; gpt-oss, and Gemma 2/3 and Qwen in recent transformers) with
+`sliding_window` its size; or, without layer_types, a `sliding_window` that applies to every
+layer (Mistral 7B v0.1) -> sliding_window, layer_types. Qwen's `use_sliding_window: false`
+turns its sliding_window off; `use_sliding_window: true` (sliding layers from
+max_window_layers on) and Gemma 3's `sliding_window_pattern` without layer_types are refused.
+gpt-oss adds attention sinks (attention_sinks: true; no config key: the architecture has
+them) and MXFP4 experts (quantization_config.quant_method mxfp4 -> expert_dtype_bytes 0.53125,
+4-bit values and an 8-bit scale per 32 of them; the attention, router, embedding and LM head
+stay bf16, as its modules_to_not_convert lists).
+
 Only what the cost model can express is imported (pre-norm RMSNorm, gated SwiGLU MLP or
-experts, rotary attention over the whole context in every layer): model_type llama, mistral,
-qwen2, qwen3, mixtral, qwen3_moe, qwen2_moe, deepseek_v2, deepseek_v3. Anything else is refused
-with one line saying why: another model_type (gpt-oss, for one: half its layers attend over a
-128-token sliding window and every layer has attention sinks), MoE layers that are not every
-layer after the dense ones (decoder_sparse_step, mlp_only_layers, moe_layer_freq), a shared
-expert whose width is not a whole number of experts. What the cost model ignores (rope_theta,
-rope scaling, a sliding window, Qwen3's q/k norms, group-limited routing, the MTP layer) is
-written as a comment in the file.
+experts, rotary attention over the whole context or a sliding window): model_type llama,
+mistral, qwen2, qwen3, mixtral, qwen3_moe, qwen2_moe, deepseek_v2, deepseek_v3, gpt_oss.
+Anything else is refused with one line saying why: another model_type, MoE layers that are
+not every layer after the dense ones (decoder_sparse_step, mlp_only_layers, moe_layer_freq),
+a shared expert whose width is not a whole number of experts, a layer type other than full
+or sliding attention. What the cost model ignores (rope_theta, rope scaling, Qwen3's q/k
+norms, group-limited routing, the MTP layer, gpt-oss's biases and clamped SwiGLU) is written
+as a comment in the file.
 """
 
 from __future__ import annotations
@@ -57,13 +68,14 @@ FAMILIES = {
     "qwen3_moe": (False, _QK_NORM),
     "deepseek_v2": (False, _GROUPS),
     "deepseek_v3": (False, _GROUPS),
+    "gpt_oss": (True, "the o, router and expert biases (0.04 B of gpt-oss-120b's 117 B) not "
+                "counted; its clamped SwiGLU priced as SiLU·mul"),
 }
-# model_type -> why it cannot be expressed (checked before FAMILIES)
-REFUSED = {
-    "gpt_oss": ("gpt-oss alternates 128-token sliding-window and full attention layers "
-                "(layer_types) and has attention sinks; llmsim's layers all attend over the "
-                "whole context"),
-}
+SINKS = ("gpt_oss",)  # model types whose attention has a learned sink logit per head
+# quantization_config.quant_method -> bytes per routed-expert weight: MXFP4 (OCP
+# Microscaling spec v1.0: 32 FP4 E2M1 values share one E8M0 scale, (32 x 4 + 8) / 32 bits)
+EXPERT_QUANT_BYTES = {"mxfp4": 0.53125}
+_LAYER_TYPES = ("full_attention", "sliding_attention")
 _MAX_CONFIG_BYTES = 2**20
 
 
@@ -93,8 +105,6 @@ def _int(cfg: dict, key: str, file: Any) -> int:
 def unsupported(cfg: dict) -> tuple[str, str] | None:
     """(the config key, why) this config cannot be a model file, or None."""
     kind = cfg.get("model_type")
-    if kind in REFUSED:
-        return "model_type", f"{REFUSED[kind]} (allowed: {', '.join(FAMILIES)})"
     if kind not in FAMILIES:
         return "model_type", (f"model_type {show(kind)} is not a decoder llmsim can express "
                               f"(allowed: {', '.join(FAMILIES)})")
@@ -107,6 +117,20 @@ def unsupported(cfg: dict) -> tuple[str, str] | None:
     if cfg.get("moe_layer_freq", 1) != 1:
         return "moe_layer_freq", (f"{show(cfg['moe_layer_freq'])}: MoE every n-th layer is not "
                                   "expressible (allowed: 1)")
+    if cfg.get("use_sliding_window") is True:
+        return "use_sliding_window", ("true: sliding layers chosen by max_window_layers are not "
+                                      "expressible (allowed: false, or layer_types)")
+    types = cfg.get("layer_types")
+    if types is not None:
+        if not isinstance(types, list):
+            return "layer_types", f"{show(types)} is not a list (allowed: one type per layer)"
+        bad = next((t for t in types if t not in _LAYER_TYPES), None)
+        if bad is not None:
+            return "layer_types", (f"{show(bad)}: only full and sliding-window attention are "
+                                   f"expressible (allowed: {', '.join(_LAYER_TYPES)})")
+    elif cfg.get("sliding_window_pattern"):
+        return "sliding_window_pattern", ("without layer_types is not read (allowed: a config "
+                                          "with layer_types)")
     return None
 
 
@@ -115,7 +139,8 @@ def _experts(cfg: dict, file: Any) -> dict[str, Any]:
     key = next((k for k in MOE_KEYS if cfg.get(k)), None)
     if key is None:
         return {}
-    width_key = "intermediate_size" if cfg["model_type"] == "mixtral" else "moe_intermediate_size"
+    own_width = cfg["model_type"] in ("mixtral", "gpt_oss")  # intermediate_size is each expert's
+    width_key = "intermediate_size" if own_width else "moe_intermediate_size"
     width = _int(cfg, width_key, file)
     out = {"num_experts": _int(cfg, key, file),
            "num_experts_per_tok": _int(cfg, "num_experts_per_tok", file),
@@ -132,6 +157,31 @@ def _experts(cfg: dict, file: Any) -> dict[str, Any]:
     if cfg.get("first_k_dense_replace"):
         out["first_k_dense_replace"] = _int(cfg, "first_k_dense_replace", file)
     return out
+
+
+def _windows(cfg: dict, file: Any) -> dict[str, Any]:
+    """The sliding-window fields ({} when every layer attends over the whole context)."""
+    if cfg.get("use_sliding_window") is False or cfg.get("sliding_window") is None:
+        if "sliding_attention" in (cfg.get("layer_types") or ()):
+            raise SpecError(file, "sliding_window", "missing with sliding_attention layers "
+                            "(allowed: a positive integer)")
+        return {}
+    window = _int(cfg, "sliding_window", file)
+    types = cfg.get("layer_types")
+    if types is None:  # Mistral-style: every layer
+        return {"sliding_window": window}
+    if "sliding_attention" not in types:
+        return {}
+    return {"sliding_window": window, "layer_types": list(types)}
+
+
+def _quant(cfg: dict) -> dict[str, Any]:
+    """The routed experts' weight width from quantization_config ({} for one not read)."""
+    q = cfg.get("quantization_config")
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    if method in EXPERT_QUANT_BYTES and any(cfg.get(k) for k in MOE_KEYS):
+        return {"expert_dtype_bytes": EXPERT_QUANT_BYTES[method]}
+    return {}
 
 
 def _latent(cfg: dict, file: Any) -> dict[str, Any]:
@@ -180,13 +230,21 @@ def model_fields(cfg: dict, name: str, *, file: Any = None, source: str | None =
         "qkv_bias": bool(cfg.get("attention_bias", bias_default)) or cfg["model_type"] == "qwen2",
         **_experts(cfg, file),
         **latent,
+        **_windows(cfg, file),
+        **({"attention_sinks": True} if cfg["model_type"] in SINKS else {}),
+        **_quant(cfg),
         "source": source or str(cfg.get("_name_or_path") or file),
     }
     spec = build(ModelSpec, fields, file=file)  # the loader's own checks (kv_heads | heads, ...)
+    experts = (f", {spec.expert_dtype_bytes} bytes per expert weight" if spec.expert_dtype_bytes
+               else "")
     notes = [f"model_type {cfg['model_type']}; {_attention(spec)}{_moe(spec)}, "
-             f"{spec.params / 1e9:.2f}B parameters, bf16 weights and KV (set dtype in a scenario)"]
-    ignored = [f"{k} {show(cfg[k])}" for k in ("rope_theta", "rope_scaling", "sliding_window")
+             f"{spec.params / 1e9:.2f}B parameters, bf16 weights and KV{experts} (set dtype in "
+             "a scenario)"]
+    ignored = [f"{k} {show(cfg[k])}" for k in ("rope_theta", "rope_scaling")
                if cfg.get(k) is not None]
+    if cfg.get("sliding_window") is not None and not spec.sliding_window:
+        ignored.append(f"sliding_window {cfg['sliding_window']} (use_sliding_window false)")
     if cfg.get("num_nextn_predict_layers"):
         ignored.append(f"num_nextn_predict_layers {cfg['num_nextn_predict_layers']} (the MTP "
                        "layer's weights; as a proposer: speculative.method mtp)")
@@ -212,8 +270,13 @@ def _attention(spec: ModelSpec) -> str:
 
 def _gqa(spec: ModelSpec) -> str:
     if spec.kv_heads == spec.heads:
-        return f"multi-head attention ({spec.heads} heads)"
-    return f"GQA ({spec.heads} query heads, {spec.kv_heads} KV heads)"
+        kind = f"multi-head attention ({spec.heads} heads)"
+    else:
+        kind = f"GQA ({spec.heads} query heads, {spec.kv_heads} KV heads)"
+    if spec.sliding_layers:
+        kind += (f", {spec.sliding_layers} of {spec.layers} layers over a "
+                 f"{spec.sliding_window}-token sliding window")
+    return kind + (", attention sinks" if spec.attention_sinks else "")
 
 
 def model_yaml(fields: dict[str, Any], notes: list[str], config: str | Path) -> str:
@@ -228,7 +291,7 @@ def _yaml_value(v: Any) -> str:
         return "true" if v else "false"
     if isinstance(v, float) and math.isfinite(v) and v.is_integer():
         return str(int(v))
-    return json.dumps(v) if isinstance(v, str) else str(v)
+    return json.dumps(v) if isinstance(v, (str, list)) else str(v)
 
 
 IMPORT_MARK = "# Imported by `llmsim models import`"  # the first line of a file it wrote

@@ -55,10 +55,15 @@ import math
 
 from sim.costmodel.deepep import AllToAllSpec, DeepEP
 from sim.costmodel.fused import stack_elementwise
-from sim.costmodel.layer import ModelOps, elementwise_calls, elementwise_calls_by_rows
+from sim.costmodel.layer import (
+    ModelOps,
+    attended_keys,
+    elementwise_calls,
+    elementwise_calls_by_rows,
+)
 from sim.costmodel.models import ModelSpec
 from sim.costmodel.moe import Routing
-from sim.costmodel.profiles import ANALYTIC, BF16, EXTRAPOLATED, GPUProfile
+from sim.costmodel.profiles import ANALYTIC, BF16, DERIVED, EXTRAPOLATED, GPUProfile
 from sim.costmodel.ranks import _TAG_INDEX, TAGS, RankPricing
 from sim.costmodel.runtime import RuntimeSpec
 
@@ -70,6 +75,11 @@ def _quantize(ctx: int, rel_bits: int) -> int:
     q = 1 << shift if shift > 4 else 16
     r = (ctx + (q >> 1)) // q * q
     return r if r > q else q
+
+
+def _at_least(tag: str, floor: str) -> str:
+    """The less exact of two provenance tags."""
+    return tag if _TAG_INDEX[tag] >= _TAG_INDEX[floor] else floor
 
 
 class StepLatency(RankPricing):
@@ -122,6 +132,7 @@ class StepLatency(RankPricing):
             self._elementwise, layer = stack_elementwise(self.p, self.rt.elementwise, block)
             fp8 = self.fp8_weights
             self._gemms += [(op.shape, op.fp8 and fp8, times) for op in layer if op.kind == "gemm"]
+            fp8 = fp8 and not self.m.expert_dtype_bytes  # MXFP4 experts keep their own width
             self._grouped += [(op.shape, op.fp8 and fp8, times, op.routing) for op in layer
                               if op.kind == "grouped_gemm" and op.routing is not None]
             self._layer_elementwise += [(k, w, c * times, d) for k, w, c, d
@@ -140,6 +151,10 @@ class StepLatency(RankPricing):
         # decode and verify: latent attention's absorbed form where the op states one
         self.d_heads, self.d_kv_heads, self.d_head_dim = attention.decode_shape or attention.shape
         self.attn_calls = sum(times for op, times in ops.each() if op.kind == "attention")
+        # (window, calls): full attention (0) and each sliding window's layers
+        self.attn_windows = ops.attention_windows()
+        width = self.m.expert_dtype_bytes  # weight-only quantised experts (MXFP4), or 0
+        self._expert_width = width if width and width != self.m.weight_dtype_bytes else 0.0
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
     def _piece(self, key: tuple, compute) -> float:
@@ -206,9 +221,23 @@ class StepLatency(RankPricing):
             ms, tag = self.p.prefill_attn(
                 self.prefill_impl, 1, q_len, kv_len, self.heads, self.kv_heads, self.head_dim
             )
-            return [(self.attn_calls * ms, tag)]
+            return self._windowed_call(ms, tag, q_len, kv_len)
 
         return self._piece(("pa", q_len, kv_len), compute)
+
+    def _windowed_call(self, ms: float, tag: str, q_len: int, kv_len: int
+                       ) -> list[tuple[float, str]]:
+        """A per-sequence attention call of `ms` over the whole context in every layer: a
+        sliding-window layer's is that time × the share of query-key pairs its window keeps
+        (`layer.attended_keys`; derived from the full call's lookup)."""
+        parts = []
+        for window, calls in self.attn_windows:
+            if window and kv_len > window:
+                share = attended_keys(q_len, kv_len, window) / attended_keys(q_len, kv_len)
+                parts.append((calls * ms * share, _at_least(tag, DERIVED)))
+            else:
+                parts.append((calls * ms, tag))
+        return parts
 
     def decode_attn_ms(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
         """Decode attention over `n` contexts totalling `sum_ctx`, the longest `max_ctx`
@@ -239,12 +268,16 @@ class StepLatency(RankPricing):
         if self.data > 1:
             n = self._rank(n)
             max_q = min(max_q, ctx_q * n)
-        ctx_q, max_q = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
-        ms, tag = self.p.decode_attn(
-            self.decode_impl, n, ctx_q * n, self.d_heads, self.d_kv_heads, self.d_head_dim,
-            max_ctx=max_q if max_q > ctx_q else None,
-        )
-        return [(self.attn_calls * ms, self._kv_tag(tag))]
+        parts = []
+        for window, calls in self.attn_windows:  # a sliding layer reads min(context, window)
+            c, mx = (min(ctx_q, window), min(max_q, window)) if window else (ctx_q, max_q)
+            c, mx = self._kv_ctx(c), self._kv_ctx(mx)
+            ms, tag = self.p.decode_attn(
+                self.decode_impl, n, c * n, self.d_heads, self.d_kv_heads, self.d_head_dim,
+                max_ctx=mx if mx > c else None,
+            )
+            parts.append((calls * ms, self._kv_tag(tag)))
+        return parts
 
     def verify_attn_ms(self, q_len: int, kv_len: int) -> float:
         """Attention of `q_len` new tokens of one sequence over its `kv_len` cached tokens.
@@ -257,16 +290,20 @@ class StepLatency(RankPricing):
 
         def compute():
             if self.verify_impl == "flash":
-                ms, tag = self.p.prefill_attn("flash", 1, q_len, max(kv_q, q_len),
+                kv = max(kv_q, q_len)
+                ms, tag = self.p.prefill_attn("flash", 1, q_len, kv,
                                               self.heads, self.kv_heads, self.head_dim)
-            else:
-                paged = self.verify_impl in ("paged", "paged_reference")
-                impl = self.verify_impl if paged else "paged_gather"
-                rows = q_len if paged else 1
-                ms, tag = self.p.decode_attn(impl, rows, rows * self._kv_ctx(kv_q), self.d_heads,
+                return self._windowed_call(ms, tag, q_len, kv)
+            paged = self.verify_impl in ("paged", "paged_reference")
+            impl = self.verify_impl if paged else "paged_gather"
+            rows = q_len if paged else 1
+            parts = []
+            for window, calls in self.attn_windows:  # a sliding layer reads its window
+                kv = min(kv_q, window) if window else kv_q
+                ms, tag = self.p.decode_attn(impl, rows, rows * self._kv_ctx(kv), self.d_heads,
                                              self.d_kv_heads, self.d_head_dim)
-                tag = self._kv_tag(tag)
-            return [(self.attn_calls * ms, tag)]
+                parts.append((calls * ms, self._kv_tag(tag)))
+            return parts
 
         return self._piece(("va", q_len, kv_q), compute)
 
@@ -407,14 +444,17 @@ class StepLatency(RankPricing):
         ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
 
         def compute():
-            c, mx = self._kv_ctx(ctx_q), self._kv_ctx(max_q)
             r = self._rank(n)
-            mx = min(mx, c * r)
-            ms, tag = self.p.decode_attn(self.decode_impl, r * q, c * r * q, self.d_heads,
-                                         self.d_kv_heads, self.d_head_dim,
-                                         max_ctx=mx if mx > c else None)
-            return (self._dense_parts(n * q) + self._lm_parts(n * q)
-                    + [(self.attn_calls * ms, self._kv_tag(tag))])
+            attn = []
+            for window, calls in self.attn_windows:  # a sliding layer reads its window
+                c, mx = (min(ctx_q, window), min(max_q, window)) if window else (ctx_q, max_q)
+                c, mx = self._kv_ctx(c), self._kv_ctx(mx)
+                mx = min(mx, c * r)
+                ms, tag = self.p.decode_attn(self.decode_impl, r * q, c * r * q, self.d_heads,
+                                             self.d_kv_heads, self.d_head_dim,
+                                             max_ctx=mx if mx > c else None)
+                attn.append((calls * ms, self._kv_tag(tag)))
+            return self._dense_parts(n * q) + self._lm_parts(n * q) + attn
 
         return self._step(("verify", n, q, ctx_q, max_q), compute, n)
 

@@ -72,6 +72,7 @@ class Architecture(Protocol):
     qk_rope_head_dim: int
     qk_nope_head_dim: int
     v_head_dim: int
+    attention_sinks: bool
 
     @property
     def q_dim(self) -> int: ...
@@ -80,6 +81,8 @@ class Architecture(Protocol):
     def kv_dim(self) -> int: ...
 
     def shard(self, tensor: int, expert: int = 1) -> Architecture: ...
+
+    def layer_windows(self) -> tuple[int, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -124,8 +127,9 @@ class Op:
 
 def decoder_layer(m: Architecture) -> tuple[Op, ...]:
     """One Llama-style layer in the order it runs: RMSNorm, fused q/k/v projection (with
-    biases when `qkv_bias`), rotary on q and k, the KV-cache write, attention, o, residual
-    add, RMSNorm, fused gate/up projection, SiLU·mul, down, residual add.
+    biases when `qkv_bias`), rotary on q and k, the KV-cache write, attention (with a sink
+    logit per query head when `attention_sinks`: its parameters, not its negligible compute),
+    o, residual add, RMSNorm, fused gate/up projection, SiLU·mul, down, residual add.
 
     Activation footprint: the norm's output, q/k/v and the MLP's widest intermediate
     (gate and up; a plain MLP's up and its activation), all bf16; the other outputs
@@ -139,7 +143,8 @@ def decoder_layer(m: Architecture) -> tuple[Op, ...]:
            activation=qkv * BF16, fp8=True),
         Op("rotary", "elementwise", "rotary", (q + kv,), "column"),
         Op("kv_write", "elementwise", "kv_write", (2 * kv,), "column", cache=2 * kv),
-        Op("attention", "attention", "attention", (m.heads, m.kv_heads, m.head_dim), "column"),
+        Op("attention", "attention", "attention", (m.heads, m.kv_heads, m.head_dim), "column",
+           params=m.heads if m.attention_sinks else 0),
         Op("o", "gemm", "gemm", (q, h), "row", params=q * h, fp8=True),
         Op("attention_residual", "elementwise", "residual_add", (h,)),
         Op("mlp_norm", "norm", "rmsnorm", (h,), params=h),
@@ -261,7 +266,9 @@ def routing_rows_share(routing: Routing, k: int, ep: int) -> float:
 @dataclass(frozen=True)
 class ModelOps:
     """A forward pass on one GPU: `first` before the layers, `dense` run `dense_layers`
-    times (a MoE model's first dense layers), `layer` run `layers` times, `last` after."""
+    times (a MoE model's first dense layers), `layer` run `layers` times, `last` after.
+    `windows`: the attention window of each of the `layers` (0: full attention; (): every
+    one full), for sliding-window models; their other operations are the same."""
 
     layers: int
     first: tuple[Op, ...]
@@ -269,6 +276,7 @@ class ModelOps:
     last: tuple[Op, ...]
     dense: tuple[Op, ...] = ()
     dense_layers: int = 0
+    windows: tuple[int, ...] = ()
 
     def blocks(self) -> tuple[tuple[tuple[Op, ...], int], ...]:
         """The layer types with the times each runs per pass, in the order they run."""
@@ -309,13 +317,56 @@ class ModelOps:
         """Expert rows per token a grouped GEMM computes on this GPU (Σ q_e: k without EP)."""
         return sum(op.routing.picks) if op.routing is not None else 1.0
 
-    def weight_bytes(self, width: float) -> int:
-        """Bytes of all weights at `width` bytes each (every weight at the model's width)."""
-        return round(self.params * width)
+    def weight_bytes(self, width: float, expert_width: float | None = None) -> int:
+        """Bytes of all weights at `width` bytes each, the routed experts' at `expert_width`
+        (None: `width`; MXFP4 experts: 0.53125)."""
+        if expert_width is None or expert_width == width:
+            return round(self.params * width)
+        experts = sum(op.params * times for op, times in self.each() if op.kind == "grouped_gemm")
+        return round((self.params - experts) * width + experts * expert_width)
 
     def kv_bytes_per_token(self, width: float) -> int:
-        """KV-cache bytes one token holds, every layer, at `width` bytes per element."""
+        """KV-cache bytes one token holds, every layer, at `width` bytes per element (a
+        token within every sliding window)."""
         return round(sum(op.cache * times for op, times in self.each()) * width)
+
+    def attention_windows(self) -> tuple[tuple[int, int], ...]:
+        """(window, layers) of the pass's attention calls, full attention (window 0) first,
+        then each window in increasing order; layers with no calls left out."""
+        calls = sum(times for op, times in self.each() if op.kind == "attention")
+        groups: dict[int, int] = {}
+        for w in self.windows:
+            if w:
+                groups[w] = groups.get(w, 0) + 1
+        full = calls - sum(groups.values())
+        return tuple((w, n) for w, n in ((0, full), *sorted(groups.items())) if n)
+
+    def _layer_cache(self) -> int:
+        return sum(op.cache for op in self.layer)
+
+    def kv_bytes(self, tokens: int, width: float) -> int:
+        """KV-cache bytes one sequence of `tokens` tokens holds: every token in the full
+        layers, the last min(tokens, window) in each sliding-window layer."""
+        elements = sum(op.cache * times for op, times in self.each()) * tokens
+        elements -= self._layer_cache() * sum(max(0, tokens - w) for w in self.windows if w)
+        return round(elements * width)
+
+    def kv_split(self, width: float, context: int, block: int = 1) -> tuple[int, int]:
+        """How a sequence of up to `context` tokens holds KV, as vLLM's hybrid KV cache
+        manager allocates it: (bytes per token of the layers that keep every token: the full
+        ones and windows >= context; the most bytes the other, sliding, layers hold for one
+        sequence: the blocks of `block` tokens covering its last window - 1 tokens and the
+        current one, ⌈(window - 1) / block⌉ + 1 blocks, at most `context` tokens). Without
+        windows shorter than the context, or without a full layer (then counted as full
+        attention, an upper bound): (kv_bytes_per_token, 0)."""
+        short = [w for w in self.windows if 0 < w < context]
+        per_token = self.kv_bytes_per_token(width)
+        cache = self._layer_cache() * width
+        full = per_token - round(cache * len(short))
+        if not short or not full:
+            return per_token, 0
+        held = sum(min(context, (-(-(w - 1) // block) + 1) * block) for w in short)
+        return full, round(cache * held)
 
     def activation_bytes(self, tokens: int, sequences: int) -> int:
         """Activation bytes of a step of `tokens` rows of tokens and `sequences` of
@@ -344,8 +395,24 @@ class ModelOps:
             elif op.kind == "grouped_gemm":
                 matmul += times * self._rows_per_token(op) * op.shape[0] * op.shape[1]
             elif op.kind == "attention":
-                attention += 4 * times * op.shape[0] * op.shape[2] * context
+                keys = times * context
+                if op in self.layer:  # sliding layers see the last `window` keys only
+                    keys -= sum(max(0, context - w) for w in self.windows if w)
+                attention += 4 * keys * op.shape[0] * op.shape[2]
         return float(2 * matmul + attention)
+
+
+def attended_keys(q_len: int, kv_len: int, window: int = 0) -> int:
+    """Query-key pairs of a causal call of `q_len` new tokens, the last of them at position
+    `kv_len`: each query at position p (1-based) sees p keys, or min(p, window) over a
+    sliding window (window 0: full attention)."""
+    a, b = kv_len - q_len + 1, kv_len  # the queries' positions
+    full = (a + b) * q_len // 2
+    if not window or b <= window:
+        return full
+    if a > window:
+        return window * q_len
+    return (a + window) * (window - a + 1) // 2 + window * (b - window)
 
 
 def _activation(ops: tuple[Op, ...]) -> int:
@@ -363,14 +430,15 @@ def model_ops(model: Architecture, tensor: int = 1, expert: int = 1) -> ModelOps
             Op("lm_head", "lm_head", "gemm", (h, s.vocab), "vocab",
                params=0 if s.tied_embeddings else s.vocab * h,
                activation=model.vocab * LOGIT_BYTES, per_sequence=True))  # fp32, gathered
+    windows = s.layer_windows()  # none with leading dense layers or latent attention
     if s.num_experts:
         lead = s.first_k_dense_replace
         dense = (*attention_block(s), *decoder_layer(s)[7:]) if lead else ()
-        ops = ModelOps(s.layers - lead, first, moe_layer(s, expert), last, dense, lead)
+        ops = ModelOps(s.layers - lead, first, moe_layer(s, expert), last, dense, lead, windows)
     elif s.kv_lora_rank:
         ops = ModelOps(s.layers, first, (*attention_block(s), *decoder_layer(s)[7:]), last)
     else:
-        ops = ModelOps(s.layers, first, decoder_layer(s), last)
+        ops = ModelOps(s.layers, first, decoder_layer(s), last, windows=windows)
     return with_collectives(ops, tensor, model.vocab) if tensor > 1 else ops
 
 

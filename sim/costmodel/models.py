@@ -9,6 +9,15 @@ its layer that latency, memory, tensor parallelism and calibration also read.
 The architecture assumed is Llama-style: RMSNorm before attention and before the
 MLP, q/k/v/o projections without biases (unless `qkv_bias`, as in Qwen2), an MLP
 without biases (SwiGLU when `gated_mlp`), a final norm and an LM head.
+
+Sliding-window attention (Mistral 7B v0.1, Gemma 2/3, gpt-oss): the layers that
+`layer_types` marks `sliding_attention` (every layer when `sliding_window` is set without
+`layer_types`, Mistral-style) attend over the last `sliding_window` tokens only; their
+attention time and KV reads use min(context, window), and a token beyond the window holds
+KV in the full layers only (sim/costmodel/layer.py, `ModelOps.kv_split`). Attention sinks
+(gpt-oss: one learned logit per query head added to the softmax's denominator) count as
+`heads` parameters a layer; their compute (one add per head and query) is negligible and
+not priced.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from sim.costmodel.layer import ModelOps, model_ops
 from sim.io.filecache import FileCache
@@ -32,6 +42,7 @@ from sim.io.specload import (
 )
 
 MODELS_DIR = ROOT / "models"
+LAYER_TYPES = ("full_attention", "sliding_attention")  # ModelSpec.layer_types, as in HF configs
 
 _POSITIVE = {"gt": 0}
 
@@ -71,6 +82,15 @@ class ModelSpec:
     qk_rope_head_dim: int = field(default=0, metadata={"ge": 0})  # rotary part of q and k
     qk_nope_head_dim: int = field(default=0, metadata={"ge": 0})  # the rest of q and k
     v_head_dim: int = field(default=0, metadata={"ge": 0})
+    # Sliding-window attention: the window in tokens (0: none) and each layer's kind, as in
+    # HF configs (`layer_types`: full_attention | sliding_attention, one per layer; None: every
+    # layer sliding when sliding_window > 0, Mistral-style, else every layer full)
+    sliding_window: int = field(default=0, metadata={"ge": 0})
+    layer_types: tuple[Literal["full_attention", "sliding_attention"], ...] | None = None
+    attention_sinks: bool = False  # a learned sink logit per query head (gpt-oss)
+    # the routed experts' weight width when it differs from weight_dtype_bytes (0: the same):
+    # MXFP4 (gpt-oss) is 4-bit values plus an 8-bit scale per 32, 4.25 bits = 0.53125 bytes
+    expert_dtype_bytes: float = field(default=0, metadata={"ge": 0})
 
     def check(self) -> tuple[str, str] | None:
         """Cross-field rules; (field, message) for the first one broken."""
@@ -85,7 +105,27 @@ class ModelSpec:
                                       and self.v_head_dim):
             return ("kv_lora_rank", "latent attention without qk_rope_head_dim, "
                     "qk_nope_head_dim and v_head_dim (allowed: all four > 0, or kv_lora_rank 0)")
-        return self._check_moe()
+        return self._check_window() or self._check_moe()
+
+    def _check_window(self) -> tuple[str, str] | None:
+        types = self.layer_types
+        if types is not None:
+            if len(types) != self.layers:
+                return "layer_types", (f"{len(types)} entries (allowed: one per layer, "
+                                       f"layers={self.layers})")
+            bad = next((t for t in types if t not in LAYER_TYPES), None)
+            if bad is not None:
+                return "layer_types", f"{bad!r} is unknown (allowed: {', '.join(LAYER_TYPES)})"
+            if "sliding_attention" in types and not self.sliding_window:
+                return "sliding_window", "0 with sliding_attention layers (allowed: > 0)"
+        if self.sliding_layers and self.kv_lora_rank:
+            return "sliding_window", "with latent attention is not expressible (allowed: 0)"
+        if self.sliding_layers and self.first_k_dense_replace:
+            return "sliding_window", ("with leading dense layers (first_k_dense_replace) is "
+                                      "not expressible (allowed: 0)")
+        if self.expert_dtype_bytes and not self.num_experts:
+            return "expert_dtype_bytes", "set on a model without experts (allowed: 0)"
+        return None
 
     def _check_moe(self) -> tuple[str, str] | None:
         E, k = self.num_experts, self.num_experts_per_tok
@@ -119,6 +159,28 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def sliding_layers(self) -> int:
+        """How many layers attend over a sliding window."""
+        if self.layer_types is None:
+            return self.layers if self.sliding_window else 0
+        return sum(t == "sliding_attention" for t in self.layer_types)
+
+    def layer_windows(self) -> tuple[int, ...]:
+        """Each layer's attention window in tokens, 0 for full attention (() when no layer
+        has a window)."""
+        if not self.sliding_layers:
+            return ()
+        if self.layer_types is None:
+            return (self.sliding_window,) * self.layers
+        return tuple(self.sliding_window if t == "sliding_attention" else 0
+                     for t in self.layer_types)
+
+    @property
+    def expert_width(self) -> float:
+        """Bytes per routed-expert weight (the model's weight width unless stated)."""
+        return self.expert_dtype_bytes or self.weight_dtype_bytes
+
+    @property
     def active_params(self) -> int:
         """Parameters one token uses (of the routed experts, its k; dense: all)."""
         return self.ops().active_params
@@ -150,7 +212,7 @@ class ModelSpec:
     @property
     def weight_bytes(self) -> int:
         """Bytes of all weights at `weight_dtype_bytes` each."""
-        return self.ops().weight_bytes(self.weight_dtype_bytes)
+        return self.ops().weight_bytes(self.weight_dtype_bytes, self.expert_width)
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -78,8 +78,10 @@ def stage_ops(ops: ModelOps, stage: int, stages: int) -> ModelOps:
     if last:  # tied embeddings: the last stage holds its own copy of the LM head
         last = tuple(dataclasses.replace(op, params=op.shape[0] * op.shape[1])
                      if op.kind == "lm_head" and not op.params else op for op in last)
+    windows = ops.windows[max(start, lead) - lead:end - lead]  # its layers' windows
     return dataclasses.replace(ops, layers=split[stage] - dense, dense_layers=dense,
-                               first=ops.first if stage == 0 else (), last=last)
+                               first=ops.first if stage == 0 else (), last=last,
+                               windows=windows)
 
 
 def stage_runtime(rt: RuntimeSpec, stage: int, stages: int) -> RuntimeSpec:

@@ -224,6 +224,17 @@ class GPUProfile:
         return self.gemm(M, K, N)[0] * model / self.gemm_model(M, K, N), ANALYTIC
 
     @_memoised
+    def gemm_weights(self, M: int, K: int, N: int, width: float) -> tuple[float, str]:
+        """A weight-only quantised GEMM (W4A16: MXFP4 experts on Hopper, and on Blackwell
+        under vLLM's default MoE backends): the bf16 lookup at the same shape scaled by the
+        roofline ratio with the weights read at `width` bytes each, inputs, outputs and the
+        compute at bf16 (the weights are dequantised in the kernel). Tagged analytic."""
+        e = self.facts.efficiency
+        flops, nbytes = 2 * M * K * N, K * N * width + (M * K + M * N) * BF16
+        model = e.gemm_floor_ms + max(flops / self._gemm_rate, nbytes / self._bw)
+        return self.gemm(M, K, N)[0] * model / self.gemm_model(M, K, N), ANALYTIC
+
+    @_memoised
     def elementwise(self, op: str, M: int, H: int) -> tuple[float, str]:
         """rmsnorm, residual_add, silu_mul (measured) or rotary, kv_write, embedding on M×H."""
         _check(op, "elementwise", M=M, H=H)

@@ -104,6 +104,9 @@ class RankPricing:
         token is the dense GEMM itself."""
         k, n = shape
         gemm = self.p.gemm_fp8 if fp8 else self.p.gemm
+        if self._expert_width:  # MXFP4 experts: 4.25-bit weights, bf16 compute
+            def gemm(m: int, k: int, n: int, w: float = self._expert_width):
+                return self.p.gemm_weights(m, k, n, w)
         parts = []
         for hit, rows in routing.groups(T):
             cols = max(1, round(hit * n))

@@ -65,13 +65,35 @@ class ReplicaConfig:
     @property
     def kv_bytes_per_token(self) -> float:
         """KV bytes one token holds on each GPU of the replica (heads split by tensor
-        parallelism; with pipeline stages, the largest stage's layers)."""
+        parallelism; with pipeline stages, the largest stage's layers; sliding-window layers
+        shorter than max_model_len left out, sim/engine/memory.py)."""
         par = self.scenario.parallel
+        width, context = self.model.kv_dtype_bytes, self.max_model_len
         if par.pipeline > 1:
             ops = self.model.ops(par.tensor)
-            return max(stage_ops(ops, s, par.pipeline).kv_bytes_per_token(
-                self.model.kv_dtype_bytes) for s in range(par.pipeline))
+            return max(stage_ops(ops, s, par.pipeline).kv_split(width, context)[0]
+                       for s in range(par.pipeline))
+        if self.model.sliding_layers:  # beyond the windows, the full layers' only
+            return self.model.ops(par.tensor).kv_split(width, context)[0]
         return self.model.shard(self.scenario.parallel.tensor).kv_bytes_per_token
+
+    @property
+    def window_blocks(self) -> int:
+        """KV blocks a sequence's sliding-window layers hold besides its tokens' (blocks at
+        the full layers' bytes; one-token slots for a contiguous manager): the blocks
+        covering its last window, sim/engine/memory.py. 0 without a window shorter than
+        max_model_len."""
+        if not self.model.sliding_layers:
+            return 0
+        sc, width = self.scenario, self.model.kv_dtype_bytes
+        bs = sc.kv.block_size if sc.kv.manager == "paged" else 1
+        ops = self.model.ops(sc.parallel.tensor, sc.parallel.expert)
+        extra = 0
+        for s in range(sc.parallel.pipeline):
+            per_token, held = stage_ops(ops, s, sc.parallel.pipeline).kv_split(
+                width, self.max_model_len, bs)
+            extra = max(extra, -(-held // (per_token * bs)) if held else 0)
+        return extra
 
     @property
     def stage_budgets(self) -> list[MemoryBudget]:
@@ -202,7 +224,7 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
     prefix hash (None: the workload declares no prefixes, so nothing can be cached).
     `latency` replaces the step model (the reference engine times real steps instead)."""
     sc = cfg.scenario
-    kv = make_kv(sc.kv.manager, cfg.budget.kv_tokens, sc.kv.block_size)
+    kv = make_kv(sc.kv.manager, cfg.budget.kv_tokens, sc.kv.block_size, cfg.window_blocks)
     paged = kv.paged
     policy = POLICIES[sc.scheduler.policy](sc.scheduler, kv)
     spec = None
@@ -211,9 +233,10 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
             raise SpecError(sc.file or None, "speculative.acceptance.kind",
                             "'trace' needs a csv trace with an 'acceptance' column")
         spec = Speculator(sc.speculative, cfg.latency, cfg.draft_latency, rng, acceptance)
-        batch = SpecBatch(kv.block_size, paged, spec)
+        batch = SpecBatch(kv.block_size, paged, spec, kv.extra_blocks)
     else:
-        batch = RunningBatch(kv.block_size, paged, keep_finished=policy.holds_batch)
+        batch = RunningBatch(kv.block_size, paged, keep_finished=policy.holds_batch,
+                             extra_blocks=kv.extra_blocks)
     state = ReplicaState(kv=kv, batch=batch, max_model_len=cfg.max_model_len,
                          swap_free_blocks=cfg.swap_blocks,
                          reserve_max_model_len=sc.kv.reserve == "max_model_len")
@@ -230,7 +253,8 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
     rep.name, rep.index, rep.config, rep.speculator = cfg.name, index, cfg, spec
     if pp > 1:  # the sibling engines: own batch and scheduler, the replica's queue and KV
         def engine(_: int) -> VirtualEngine:
-            b = RunningBatch(kv.block_size, paged, keep_finished=False)
+            b = RunningBatch(kv.block_size, paged, keep_finished=False,
+                             extra_blocks=kv.extra_blocks)
             s = ReplicaState(kv=kv, batch=b, max_model_len=cfg.max_model_len,
                              waiting=state.waiting, swap_free_blocks=cfg.swap_blocks // pp,
                              reserve_max_model_len=sc.kv.reserve == "max_model_len",

@@ -15,6 +15,20 @@ weights of its layers, the embedding on the first stage, the LM head and logits 
 last) and KV for those layers only; every stage must hold the KV of every token in
 flight, so the replica's KV tokens are the fewest any stage holds (`stage_budgets`), and
 a stage that cannot hold one max_model_len sequence is refused naming that stage.
+
+Sliding-window layers (gpt-oss, Gemma, Mistral 7B v0.1): vLLM's hybrid KV cache manager
+(docs/design/hybrid_kv_cache_manager.md) gives the full and the sliding layers their own
+blocks from one pool and frees a sliding layer's blocks once they leave its window, so a
+token beyond the window holds KV in the full layers only. Here the KV tokens are counted at
+the full layers' bytes per token, and each sequence holding KV takes, besides its tokens'
+blocks, the blocks its sliding layers hold once it is longer than the window: those
+covering its last window - 1 tokens and the current one, ⌈(window - 1) / block⌉ + 1 per
+layer (`ModelOps.kv_split`; `ReplicaConfig.window_blocks` in blocks of the pool,
+sim/policies/kv.PagedKV.extra_blocks). Simplifications: a sequence shorter than the
+window is charged the whole window (vLLM: its length), and a prefill chunk's sliding
+blocks beyond the window are not taken for the step that computes them. A window at
+least as long as max_model_len is full attention; a model with no full layer is counted as
+full attention (every token at every layer's bytes, an upper bound).
 """
 
 from __future__ import annotations
@@ -80,7 +94,7 @@ def _budget(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSpe
         bs = sc.kv.block_size if sc.kv.manager == "paged" else 1
         kv_tokens = sc.kv.num_blocks * bs
     else:
-        one_sequence = max_len * kv_per_token
+        one_sequence = max_len * kv_per_token + _window_bytes(sc, model, tp, stage)
         if kv_bytes < one_sequence:
             raise _does_not_fit(sc, model, profile, draft, usable, max_len, stage)
         # attention data parallelism: each of the D ranks holds the KV of its own sequences
@@ -103,9 +117,9 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
         longest = min(max_len, sc.scheduler.max_num_batched_tokens)
     ops = stage_ops(model.ops(tp, sc.parallel.expert), stage, sc.parallel.pipeline)
     draft_ops = draft.ops(tp) if draft else None
-    weights = float(ops.weight_bytes(model.weight_dtype_bytes)) + (
+    weights = float(ops.weight_bytes(model.weight_dtype_bytes, model.expert_width)) + (
         draft_ops.weight_bytes(draft.weight_dtype_bytes) if draft_ops else 0)
-    kv_per_token = ops.kv_bytes_per_token(model.kv_dtype_bytes) + (
+    kv_per_token = ops.kv_split(model.kv_dtype_bytes, max_len)[0] + (
         draft_ops.kv_bytes_per_token(draft.kv_dtype_bytes) if draft_ops else 0)
     if sc.speculative.method == "mtp":  # the MTP module: one more layer and its projection
         layer = sum(op.params for op in ops.layer) + 2 * model.hidden * model.hidden
@@ -119,6 +133,16 @@ def _per_gpu(sc: Scenario, model: ModelSpec, profile: GPUProfile, draft: ModelSp
         sc.attention.prefill, 1, longest, heads, kv_heads, head_dim
     )
     return weights, activations, scratch, kv_per_token
+
+
+def _window_bytes(sc: Scenario, model: ModelSpec, tp: int, stage: int = 0) -> int:
+    """Bytes one sequence's sliding-window layers hold on one GPU at most (0 without
+    windows shorter than max_model_len)."""
+    ops = stage_ops(model.ops(tp, sc.parallel.expert), stage, sc.parallel.pipeline)
+    if not ops.windows:
+        return 0
+    block = sc.kv.block_size if sc.kv.manager == "paged" else 1
+    return ops.kv_split(model.kv_dtype_bytes, sc.kv.max_model_len or model.max_len, block)[1]
 
 
 def _does_not_fit(sc: Scenario, model: ModelSpec, profile: GPUProfile,

@@ -67,8 +67,10 @@ class Seq:
 class RunningBatch:
     """Requests decoding together; all bookkeeping O(1) per decode step."""
 
-    def __init__(self, block_size: int, paged: bool, keep_finished: bool = False):
+    def __init__(self, block_size: int, paged: bool, keep_finished: bool = False,
+                 extra_blocks: int = 0):
         self.bs = block_size
+        self.extra_blocks = extra_blocks    # a member's sliding-window blocks (PagedKV's)
         self.paged = paged
         self.keep_finished = keep_finished  # static batching: finished rows stay as padding
         self.D = 0                          # decode steps taken
@@ -110,8 +112,8 @@ class RunningBatch:
         return self.s0_live + n * (self.D - 1)
 
     def held_blocks(self, s: Seq) -> int:
-        """KV blocks a paged member holds between steps."""
-        return -(-(s.prompt + self.generated(s) - 1) // self.bs)
+        """KV blocks a paged member holds between steps (its window's too)."""
+        return -(-(s.prompt + self.generated(s) - 1) // self.bs) + self.extra_blocks
 
     def lookahead(self) -> int:
         """Slots a decode step writes per sequence."""

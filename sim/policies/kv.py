@@ -5,7 +5,11 @@ batching (prefix caching, which does, keeps its own hashed-block index).
 
 * `PagedKV` (PagedAttention): memory in fixed blocks of `block_size` tokens,
   allocated on demand as a sequence grows; the only waste is the unfilled
-  tail of each sequence's last block.
+  tail of each sequence's last block. A model with sliding-window layers
+  (gpt-oss) counts a block at its full layers' bytes, and each sequence holds
+  `extra_blocks` more for its sliding layers' window (vLLM's hybrid KV cache
+  manager frees a sliding layer's blocks once they leave the window:
+  sim/engine/memory.py).
 * `ContiguousKV` (pre-PagedAttention): each request reserves room for its
   maximum length (prompt + max output tokens) when it is admitted, as one
   contiguous slab; everything not yet written, or never written, is waste.
@@ -44,6 +48,7 @@ class PagedKV:
     num_blocks: int
     block_size: int
     free_blocks: int = -1
+    extra_blocks: int = 0  # a sequence's sliding-window blocks, besides its tokens' own
 
     def __post_init__(self) -> None:
         if self.free_blocks < 0:
@@ -58,8 +63,8 @@ class PagedKV:
         return cls(num_tokens // block_size, block_size)
 
     def blocks_for(self, tokens: int) -> int:
-        """Blocks that hold `tokens` tokens."""
-        return -(-tokens // self.block_size)
+        """Blocks that hold a sequence of `tokens` tokens (with its window's, if any)."""
+        return -(-tokens // self.block_size) + (self.extra_blocks if tokens > 0 else 0)
 
     def reserve_for(self, prompt_tokens: int, max_total_tokens: int) -> int:
         """Blocks taken at admission: just the tokens to prefill."""
@@ -100,12 +105,15 @@ class ContiguousKV(PagedKV):
         return cls(num_tokens, 1)
 
     def reserve_for(self, prompt_tokens: int, max_total_tokens: int) -> int:
-        return max_total_tokens
+        return max_total_tokens + self.extra_blocks
 
 
 KV_MANAGERS = {"paged": PagedKV, "contiguous": ContiguousKV}  # KVSpec.manager
 
 
-def make_kv(manager: str, num_tokens: int, block_size: int) -> PagedKV:
-    """A manager holding `num_tokens` token slots (rounded down to whole blocks)."""
-    return KV_MANAGERS[manager].of_tokens(num_tokens, block_size)
+def make_kv(manager: str, num_tokens: int, block_size: int, extra_blocks: int = 0) -> PagedKV:
+    """A manager holding `num_tokens` token slots (rounded down to whole blocks), each
+    sequence `extra_blocks` more for its sliding-window layers."""
+    kv = KV_MANAGERS[manager].of_tokens(num_tokens, block_size)
+    kv.extra_blocks = extra_blocks
+    return kv

@@ -165,8 +165,9 @@ class SpecBatch:
     """The running batch under speculative decoding: members gain different numbers of
     tokens per round, so each keeps its own count (O(n) per round)."""
 
-    def __init__(self, block_size: int, paged: bool, spec: Speculator):
+    def __init__(self, block_size: int, paged: bool, spec: Speculator, extra_blocks: int = 0):
         self.bs, self.paged, self.spec = block_size, paged, spec
+        self.extra_blocks = extra_blocks  # a member's sliding-window blocks (PagedKV's)
         self.members: dict[Seq, None] = {}
         self.alpha: dict[Seq, float] = {}
         self.D = 0
@@ -196,7 +197,7 @@ class SpecBatch:
         return self.sum_ctx() - len(self.members)
 
     def held_blocks(self, s: Seq) -> int:
-        return -(-(s.prompt + s.generated - 1) // self.bs)
+        return -(-(s.prompt + s.generated - 1) // self.bs) + self.extra_blocks
 
     def lookahead(self) -> int:
         """Slots a round writes per sequence: its last token and k drafts (or 1 plain)."""
@@ -207,7 +208,8 @@ class SpecBatch:
         if not self.paged:
             return 0
         length = s.prompt + s.generated
-        return -(-(length - 1 + (la or self.lookahead())) // self.bs) - self.held_blocks(s)
+        return (-(-(length - 1 + (la or self.lookahead())) // self.bs) + self.extra_blocks
+                - self.held_blocks(s))
 
     def join_growth(self, s: Seq) -> int:
         """Blocks a request outside the batch would gain in its first round after joining."""
