@@ -26,6 +26,7 @@ or masked per replica. `requests_frame` / `steps_frame` give pandas frames.
 from __future__ import annotations
 
 import math
+from functools import partial
 from operator import attrgetter
 
 import numpy as np
@@ -48,30 +49,31 @@ KIND_NAMES = tuple(k.label for k in LOGGED_KINDS)  # ("prefill", "decode", "veri
 PCTS = (50, 90, 99)
 
 
-def _column(seqs: list, attr: str, dtype) -> np.ndarray:
+def _seq_column(seqs: list, attr: str, dtype) -> np.ndarray:
     return np.fromiter(map(attrgetter(attr), seqs), dtype=dtype, count=len(seqs))
 
 
 def request_table(res: RunResult) -> dict:
     """One row per request, in REQUEST_COLUMNS (+ prefill_replica when disaggregated)."""
-    seqs = res.seqs
     names = tuple(r.name for r in res.replicas)
-    arrival = _column(seqs, "arrival", float)
-    first = _column(seqs, "first_token_t", float)
+    # a fleet simulated replica by replica keeps records, not Seqs (sim/engine/records.py)
+    column = res.records.column if res.records is not None else partial(_seq_column, res.seqs)
+    arrival = column("arrival", float)
+    first = column("first_token_t", float)
     first[first < 0] = np.nan
-    status = _column(seqs, "state", object)
-    finish = _column(seqs, "finish_t", float)
+    status = column("state", object)
+    finish = column("finish_t", float)
     finish[status != FINISHED] = np.nan
-    sched = _column(seqs, "sched_t", float)
+    sched = column("sched_t", float)
     sched[sched < 0] = np.nan
-    output = _column(seqs, "output", np.int64)
+    output = column("output", np.int64)
     ttft, e2e = first - arrival, finish - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), np.nan)
     table = {
-        "id": _column(seqs, "rid", np.int64),
+        "id": column("rid", np.int64),
         "arrival_s": arrival,
-        "prompt_tokens": _column(seqs, "prompt", np.int64),
+        "prompt_tokens": column("prompt", np.int64),
         "output_tokens": output,
         "status": status,
         "first_token_s": first,
@@ -80,16 +82,16 @@ def request_table(res: RunResult) -> dict:
         "tpot_s": tpot,
         "e2e_s": e2e,
         "queue_s": sched - arrival,
-        "preemptions": _column(seqs, "preemptions", np.int64),
-        "generated_tokens": _column(seqs, "generated", np.int64),
-        "cached_tokens": _column(seqs, "cached_tokens", np.int64),
-        "reject_reason": _column(seqs, "reject_reason", object),
-        "replica": Labels(_column(seqs, "replica", np.int64), names),
+        "preemptions": column("preemptions", np.int64),
+        "generated_tokens": column("generated", np.int64),
+        "cached_tokens": column("cached_tokens", np.int64),
+        "reject_reason": column("reject_reason", object),
+        "replica": Labels(column("replica", np.int64), names),
     }
     if res.warmup is not None:  # closed loop: warm-up requests, left out of the summary
         table["warmup"] = np.asarray(res.warmup, dtype=bool)
     if any(r.role == "prefill" for r in res.replicas):  # disaggregated: where the prefill ran
-        table["prefill_replica"] = Labels(_column(seqs, "prefill_replica", np.int64) + 1,
+        table["prefill_replica"] = Labels(column("prefill_replica", np.int64) + 1,
                                           ("",) + names)
     return table
 
