@@ -25,8 +25,8 @@ from sim.engine.parallel import assign, merge, refusal
 from sim.engine.prepare import prepare
 from sim.engine.processes import simulate
 from sim.io.specload import SpecError
-from sim.io.tablefile import Labels
 from sim.io.spill import SpillDir
+from sim.io.tablefile import Labels
 from tests.test_random_scenarios import scenarios
 
 ROOT = Path(__file__).resolve().parents[1]
