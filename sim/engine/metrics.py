@@ -56,8 +56,9 @@ def _seq_column(seqs: list, attr: str, dtype) -> np.ndarray:
 def request_table(res: RunResult) -> dict:
     """One row per request, in REQUEST_COLUMNS (+ prefill_replica when disaggregated)."""
     names = tuple(r.name for r in res.replicas)
-    # a fleet simulated replica by replica keeps records, not Seqs (sim/engine/records.py)
-    column = res.records.column if res.records is not None else partial(_seq_column, res.seqs)
+    if res.records is not None:  # a fleet simulated replica by replica (sim/engine/records.py)
+        return res.records.table(names)
+    column = partial(_seq_column, res.seqs)
     arrival = column("arrival", float)
     first = column("first_token_t", float)
     first[first < 0] = np.nan

@@ -4,10 +4,11 @@ spill folder (sim/io/spill.py) replica by replica, so a fleet simulated replica 
 (sim/engine/split.py) never holds its requests as objects (~0.8 KiB each; a record is
 ~100 B on disk and nothing in memory).
 
-`RequestRecords.column(attr)` reads one field back for every request, in request order
-(each replica's rows are its requests in id order; `choice` says which replica each
-request went to): the very values `request_table` reads off the `Seq`s of a
-single-process run, so the tables and the summary computed from them are the same bytes.
+`RequestRecords.table` is the request table as lazy columns (sim/io/spill.py `Lazy`), read
+a block of requests at a time, in request order (each replica's rows are its requests in
+id order; `choice` says which replica each request went to): the very values
+`request_table` computes from the `Seq`s of a single-process run, so the files and the
+summary made from them are the same bytes.
 `SeqView` gives read-only request objects again, for code that walks `RunResult.seqs`.
 """
 
@@ -15,7 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.io.spill import SpillDir
+from sim.io.spill import Lazy, SpillDir
+from sim.io.tablefile import Labels
+from sim.policies.batch import FINISHED
 
 NUMBERS = {"rid": np.int64, "arrival": float, "prompt": np.int64, "output": np.int64,
            "first_token_t": float, "finish_t": float, "sched_t": float,
@@ -46,6 +49,7 @@ class RequestRecords:
         self.choice = np.asarray(choice, dtype=np.int64)
         self.rows: dict[int, int] = {}  # replica -> records written
         self.names: dict[str, dict[str, int]] = {a: {} for a in TEXTS}
+        self._rank: np.ndarray | None = None
 
     def add(self, replica: int, cols: dict) -> None:
         """Write replica `replica`'s records (columns_of its requests, in id order)."""
@@ -58,22 +62,87 @@ class RequestRecords:
             self.spill.append(f"q{replica}.{a}", remap[codes] if len(codes) else codes)
         self.rows[replica] = self.rows.get(replica, 0) + len(cols["rid"])
 
+    def _ranks(self) -> np.ndarray:
+        """Each request's row among its replica's records."""
+        if self._rank is None:
+            order = np.argsort(self.choice, kind="stable")
+            counts = np.bincount(self.choice, minlength=max(self.rows, default=0) + 1)
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+            rank = np.empty(self.n, dtype=np.int64)
+            rank[order] = np.arange(self.n) - starts[self.choice[order]]
+            self._rank = rank
+        return self._rank
+
+    def read(self, attr: str, lo: int, hi: int) -> np.ndarray:
+        """Field `attr` of requests lo..hi (text fields as codes into `self.names[attr]`):
+        each replica's rows among them are consecutive in its file, read in one piece."""
+        kind = np.dtype(np.int32 if attr in TEXTS else NUMBERS[attr])
+        choice, rank = self.choice[lo:hi], self._ranks()[lo:hi]
+        out = np.empty(len(choice), dtype=kind)
+        order = np.argsort(choice, kind="stable")
+        cuts = np.flatnonzero(np.diff(choice[order])) + 1
+        for seg in np.split(order, cuts) if len(order) else []:
+            r, first = int(choice[seg[0]]), int(rank[seg[0]])
+            out[seg] = np.fromfile(self.spill.file(f"q{r}.{attr}"), dtype=kind, count=len(seg),
+                                   offset=first * kind.itemsize)
+        return out
+
     def column(self, attr: str, dtype=None) -> np.ndarray:
         """Field `attr` of every request, in request order (text fields as object arrays of
-        strings); `dtype` as the caller would have read it off the Seqs."""
-        text = attr in TEXTS
-        kind = np.int32 if text else np.dtype(NUMBERS[attr])
-        order = np.argsort(self.choice, kind="stable")  # requests replica by replica, in id order
-        parts = [np.fromfile(self.spill.file(f"q{r}.{attr}"), dtype=kind)
-                 for r in sorted(self.rows)]
-        stacked = np.concatenate(parts) if parts else np.zeros(0, dtype=kind)
-        if len(stacked) != self.n:
-            raise RuntimeError(f"request records: {len(stacked)} rows for {self.n} requests")
-        out = np.empty(self.n, dtype=kind)
-        out[order] = stacked
-        if text:
+        strings), in memory."""
+        out = self.read(attr, 0, self.n)
+        if attr in TEXTS:
             return np.array(tuple(self.names[attr]), dtype=object)[out]
         return out if dtype is None else out.astype(dtype, copy=False)
+
+    def table(self, replica_names: tuple[str, ...]) -> dict:
+        """The request table (sim/engine/metrics.py REQUEST_COLUMNS) as lazy columns read
+        a block at a time: the same values, computed the same way, as `request_table`
+        computes from Seqs."""
+        n, read = self.n, self.read
+        finished = self.names["state"].get(FINISHED, -1)
+
+        def field(attr: str) -> Lazy:
+            return Lazy(n, NUMBERS[attr], lambda lo, hi: read(attr, lo, hi))
+
+        def text(attr: str) -> Lazy:
+            names = np.array(tuple(self.names[attr]) or ("",), dtype=object)
+            return Lazy(n, object, lambda lo, hi: names[read(attr, lo, hi)])
+
+        def first(lo: int, hi: int) -> np.ndarray:
+            x = read("first_token_t", lo, hi)
+            x[x < 0] = np.nan
+            return x
+
+        def finish(lo: int, hi: int) -> np.ndarray:
+            x = read("finish_t", lo, hi)
+            x[read("state", lo, hi) != finished] = np.nan
+            return x
+
+        def sched(lo: int, hi: int) -> np.ndarray:
+            x = read("sched_t", lo, hi)
+            x[x < 0] = np.nan
+            return x
+
+        def tpot(lo: int, hi: int) -> np.ndarray:
+            arrival, output = read("arrival", lo, hi), read("output", lo, hi)
+            ttft, e2e = first(lo, hi) - arrival, finish(lo, hi) - arrival
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), np.nan)
+
+        def minus(f):
+            return Lazy(n, float, lambda lo, hi: f(lo, hi) - read("arrival", lo, hi))
+
+        return {
+            "id": field("rid"), "arrival_s": field("arrival"), "prompt_tokens": field("prompt"),
+            "output_tokens": field("output"), "status": text("state"),
+            "first_token_s": Lazy(n, float, first), "finish_s": Lazy(n, float, finish),
+            "ttft_s": minus(first), "tpot_s": Lazy(n, float, tpot), "e2e_s": minus(finish),
+            "queue_s": minus(sched), "preemptions": field("preemptions"),
+            "generated_tokens": field("generated"), "cached_tokens": field("cached_tokens"),
+            "reject_reason": text("reject_reason"),
+            "replica": Labels(self.choice, replica_names),
+        }
 
     def __len__(self) -> int:
         return self.n
