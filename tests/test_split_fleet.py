@@ -244,3 +244,16 @@ def test_the_streamed_summary_selects_exact_percentiles_from_disk(monkeypatch):
               "goodput"):
         assert apart.summary[k] == whole[k], k
     assert 0 < whole["goodput"]["fraction_met"] < 1
+
+
+def test_a_fleet_that_splits_is_sized_by_its_records_not_its_request_objects(monkeypatch):
+    from sim.engine import hostmem
+
+    rr = load_scenario(ROOT / "scenarios/fleet_routers.yaml", {"cluster.router.policy": "random"})
+    lo = load_scenario(ROOT / "scenarios/fleet_routers.yaml")  # least_outstanding
+    assert split.may_split(rr) and not split.may_split(lo)
+    # 25 M requests: 37 GB as objects, 1.7 GB as records
+    monkeypatch.setenv(hostmem.ENV, "4")
+    hostmem.check_host_memory(rr, 25_000_000)
+    with pytest.raises(SpecError, match="1,500 B per request"):
+        hostmem.check_host_memory(lo, 25_000_000)

@@ -36,16 +36,11 @@ from sim.engine.prepare import prepare
 from sim.engine.recorder import StepRecorder, pooled_gaps
 from sim.engine.records import SeqView
 from sim.engine.replica import RunResult
-from sim.engine.split import Setup, records_of, simulate_replicas
+from sim.engine.split import FEEDBACK_FREE, Setup, records_of, simulate_replicas
 from sim.io.spill import SpillDir
 from sim.policies.router import make_router
 
 NOTICES = logging.getLogger("llmsim")
-# router policies that choose without looking at the replicas (the rest read their load)
-# (`length`: its pools' `within` router may read load, and `assign` would need the pools:
-# single process for now)
-FEEDBACK_FREE = {"round_robin": True, "random": True, "least_outstanding": False,
-                 "least_kv": False, "power_of_two": False, "affinity": False, "length": False}
 EXECUTORS = ("process", "ray")
 START_METHOD = "fork" if sys.platform != "win32" else "spawn"  # as sweeps start theirs
 
