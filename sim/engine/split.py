@@ -150,6 +150,7 @@ def simulate_one(setup: Setup, index: int, rng, spill: SpillDir | None,
     wl = setup.workload
     rows = np.flatnonzero(setup.choice == index)
     every = every or cfg.scenario.scheduler.policy == "static" or bool(setup.flat[rows].any())
+    uses = {k: e[2] for k, e in cfg.latency._memo.items()}  # to forget a discarded run's lookups
     while True:
         rep = build_replica(cfg, rng, acceptance=wl.acceptance,
                             prefix_tokens=wl.block_tokens if wl.prefix_hashes is not None
@@ -174,8 +175,9 @@ def simulate_one(setup: Setup, index: int, rng, spill: SpillDir | None,
             break
         every = True  # again, over every instant (its spilled files are rewritten)
         _forget(rep, spill)
-    nodes = [node] * (max(setup.choice.max(initial=0), index) + 1)  # streamed() indexes by replica
-    streamed(seqs, nodes)
+        for k, e in cfg.latency._memo.items():  # the lookup provenance counts the replay's
+            e[2] = uses.get(k, 0)
+    streamed(seqs, [node] * len(setup.configs))  # (it finds a request's node by its replica)
     rec = rep.rec
     return ReplicaResult.of(rep), rec, columns_of(seqs), env.now, every
 
