@@ -15,13 +15,14 @@ math.fsum). Replicas spill their step logs and request records into the parent's
 folder (sim/io/spill.py), so workers run on this machine: a process pool, or a local Ray
 (one this process starts, or one it is already connected to on this host).
 
-Everything else stays single-process (`refusal` says why, one line): routers that read
-the replicas' load (least outstanding, least KV, power of two, affinity: their choices
-feed back from the simulated state, stale reports included, since a report is the state
-at its instant), disaggregated fleets (the decode router and KV links join replicas),
-autoscaling (the scaler reads the fleet), closed loops (a client's next request waits
-for its last answer) and speculative decoding (acceptance draws come from the run's
-shared generator, in the order the replicas step).
+Everything else is simulated whole, in one process (`refusal` says why, one line):
+routers that read the replicas' load (least outstanding, least KV, power of two,
+affinity: their choices feed back from the simulated state, stale reports included,
+since a report is the state at its instant), disaggregated fleets (the decode router and
+KV links join replicas), autoscaling (the scaler reads the fleet), closed loops (a
+client's next request waits for its last answer), speculative decoding (acceptance
+draws come from the run's shared generator, in the order the replicas step) and
+pipeline-parallel replicas (their own engine process).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ START_METHOD = "fork" if sys.platform != "win32" else "spawn"  # as sweeps start
 
 
 def refusal(sc: Scenario, configs: list, workload) -> str | None:
-    """Why this run cannot be split across processes (None: it can)."""
+    """Why this run cannot be split by replica (None: it can)."""
     cluster = sc.cluster
     if cluster is None or len(configs) < 2:
         return "one replica"
