@@ -1,5 +1,6 @@
-"""A fleet behind a feedback-free router simulated in several processes writes the same
-bytes as the single-process run; every other run stays single-process and says why."""
+"""A fleet behind a feedback-free router simulated replica by replica in several processes
+writes the same bytes as the single-process run; every other run stays single-process and
+says why."""
 
 from __future__ import annotations
 
@@ -36,15 +37,15 @@ def _files(out, folder: Path) -> dict:
 def test_a_parallel_fleet_writes_the_single_process_bytes(scenario, router, workers, tmp_path):
     sets = {**SHORT, "cluster.router.policy": router}
     path = ROOT / f"scenarios/{scenario}.yaml"
-    single = runner.run(path, sets)
+    single = runner.run(path, sets, split=False)
     split = runner.run(path, sets, workers=workers)
-    assert split.engine.startswith(f"{workers} processes")
+    assert f"simulated apart, on {workers} processes" in split.engine
     assert _files(split, tmp_path / "split") == _files(single, tmp_path / "single")
 
 
 def test_a_parallel_fleet_that_spills_its_logs_writes_the_same_bytes(tmp_path, monkeypatch):
     sets = {**SHORT, "cluster.router.policy": "round_robin"}
-    single = _files(runner.run(FLEET, sets), tmp_path / "single")
+    single = _files(runner.run(FLEET, sets, split=False), tmp_path / "single")
     monkeypatch.setattr(recorder, "MEMORY_ROWS", 64)
     monkeypatch.setattr(recorder, "MIN_REPLICA_ROWS", 50)
     split = runner.run(FLEET, sets, workers=2)
@@ -95,6 +96,6 @@ def test_a_refused_run_says_so_once_and_runs_single_process(caplog, tmp_path):
 def test_a_parallel_fleet_on_ray_writes_the_same_bytes(tmp_path):
     pytest.importorskip("ray")
     sets = {**SHORT, "cluster.router.policy": "round_robin"}
-    single = _files(runner.run(FLEET, sets), tmp_path / "single")
+    single = _files(runner.run(FLEET, sets, split=False), tmp_path / "single")
     split = runner.run(FLEET, sets, workers=2, executor="ray")
     assert _files(split, tmp_path / "split") == single

@@ -3,13 +3,15 @@ Azure conversation trace's rate for one hour (~1.24 M requests, the trace's leng
 wrapping around, Poisson arrivals at 64 x 5.38 req/s).
 
     python benchmarks/speed/fleet_speed.py [--replicas 64] [--router round_robin] [--write DIR]
-        [--workers N [--executor ray]]
+        [--workers N [--executor ray]] [--no-split]
 
 Runs the scenario once, as `llmsim run` does, and prints the engine's wall time
 (iterations/s, simulated requests/s), the whole run's wall and CPU time and the peak
 resident memory (ru_maxrss; with --workers, also the largest worker's: RUSAGE_CHILDREN).
---workers N simulates the replicas N processes at a time (sim/engine/parallel.py: the
-same results). With --write, also the time to write requests.csv,
+A round-robin or random fleet is simulated replica by replica, each replica alone with
+its own requests (sim/engine/split.py: the same results); --no-split simulates it whole,
+in one engine, as before. --workers N spreads the replicas over N processes
+(sim/engine/parallel.py). With --write, also the time to write requests.csv,
 steps.csv and summary.json. The test suite runs `--replicas 2 --hours 0.005 --write DIR`.
 """
 
@@ -54,10 +56,13 @@ def main() -> None:
     ap.add_argument("--write", help="also write the run's tables into this (new) folder")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--executor", default="process", choices=("process", "ray"))
+    ap.add_argument("--no-split", action="store_true",
+                    help="the whole fleet in one engine (not replica by replica)")
     a = ap.parse_args()
     sc = scenario(a.replicas, a.router, a.hours)
     t0, c0 = time.perf_counter(), time.process_time()
-    out = run(sc, workers=a.workers, executor=a.executor)  # what `llmsim run` does
+    out = run(sc, workers=a.workers, executor=a.executor,  # what `llmsim run` does
+              split=not a.no_split)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     iters = sum(r.steps.rows() for r in out.result.replicas)
     sim_s = out.summary["simulate_wall_s"]

@@ -70,7 +70,8 @@ def cmd_run(a) -> int:
     if a.trace_out:
         check_out_file(a.trace_out, flag="--trace-out", ours=_is_llmsim_trace)
     out = _run_naming_sets(sc, sets, progress=not a.no_progress and sys.stderr.isatty(),
-                           workers=a.workers, executor=a.executor, step_cache=default_folder())
+                           workers=a.workers, executor=a.executor, split=not a.no_split,
+                           step_cache=default_folder())
     out.write(dest, plots=a.plots, fmt=a.format)
     if a.trace_out:
         from sim.report.perfetto import replica_parts, write_trace
@@ -83,7 +84,7 @@ def cmd_run(a) -> int:
     print(table([out.scenario.name], [out.summary]))
     if out.summary.get("per_replica"):
         print("\n" + replica_table(out.summary["per_replica"]))
-    if a.workers > 1:
+    if out.engine != "single process":
         print(f"\nengine: {out.engine}")
     if out.summary.get("pipeline"):
         print("\n" + stage_table(out.summary["pipeline"]))
@@ -220,9 +221,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--trace-out", metavar="TRACE.json", help="also write a Perfetto/Chrome trace")
     r.add_argument("--workers", type=whole_number, default=1, metavar="N",
-                   help="simulate a fleet behind a feedback-free router (round_robin, random) "
-                        "in N processes, same results; other runs stay single-process and "
-                        "say why (default 1)")
+                   help="a fleet behind a feedback-free router (round_robin, random) is "
+                        "simulated replica by replica, same results: spread them over N "
+                        "processes; other runs stay single-process and say why (default 1)")
+    r.add_argument("--no-split", action="store_true",
+                   help="simulate a feedback-free fleet whole, in one engine, not replica by "
+                        "replica (the same results, slower)")
     r.add_argument("--executor", choices=("process", "ray"), default="process",
                    help="where --workers run: a local process pool (default) or Ray")
     r.add_argument("--interval", type=int, nargs="?", const=1, default=0, metavar="SEEDS",

@@ -1,9 +1,10 @@
 """The simulation: a replica built from a scenario in one place (`build`, `memory`),
 its state changes (`replica`, `moves`) beside its KV accounting (`kvaccount`), its record
 (`recorder`) and its port to the fleet (`port`, `handoff`), the SimPy processes
-(`processes`; `parallel`, a feedback-free fleet split across processes; `pipeline`'s
-process for a pipeline-parallel replica, which imports simpy when it runs; the only modules
-that import simpy; `closedloop`: what closed-loop users share), what a run leaves
-(`results`, `metrics`, `plots`; `bigstats`: exact figures of logs spilled to disk) and the
+(`processes`; `pipeline`'s process for a pipeline-parallel replica, which imports simpy
+when it runs; the only modules that import simpy; `closedloop`: what closed-loop users
+share; `split`, a feedback-free fleet simulated replica by replica, and `parallel`, its
+replicas spread over processes), what a run leaves (`results`, `records`: requests as
+columns on disk, `metrics`, `plots`; `bigstats`: exact figures of logs spilled to disk) and the
 Python API behind `llmsim run` (`runner`), with the memory it needs known first (`hostmem`).
 """

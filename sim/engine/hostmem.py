@@ -8,6 +8,8 @@ about 1.75 KB per request and 175 B per iteration by least squares (1.75-2.4 KB 
 90-175 B from pairs of points; issue 19 quotes ~150 B per iteration). A run
 whose estimate is over the memory available is refused before anything is generated
 or simulated, in one line, instead of a MemoryError after minutes.
+A fleet simulated replica by replica (sim/engine/split.py: round robin, random) keeps
+its requests as records on disk, not objects: its floor per request is PER_RECORD_B.
 
 The estimate is a floor, so that no run that fits is refused: the measured costs rounded
 down, and the fewest iterations the workload allows (every replica decoding its largest
@@ -26,9 +28,14 @@ import os
 
 from sim.config.scenario import Scenario
 from sim.engine.recorder import MEMORY_ROWS
+from sim.engine.split import may_split
 from sim.io.specload import SpecError
 
 PER_REQUEST_B = 1500  # measured 1.75-2.4 KB (benchmarks/speed/host_memory.py), rounded down: a floor
+# a fleet simulated replica by replica (sim/engine/split.py) keeps its requests as records
+# on disk: in memory only the workload's columns and the split's (arrival, prompt, output,
+# max tokens, clock, instant, replica, row: 8 x 8 B), derived; a floor
+PER_RECORD_B = 64
 PER_ITERATION_B = 90  # measured 90-175 B per step-log row, the low end: a floor
 BASE_B = 60 * 2**20  # interpreter, numpy, model and profile tables (measured 56-76 MiB)
 ENV = "LLMSIM_MEMORY_LIMIT_GIB"
@@ -83,11 +90,12 @@ def _widest_step(sc: Scenario) -> int:
     return max(1, max(widths)) * (1 + max(drafts))
 
 
-def estimate_bytes(requests: int, output_tokens: int = 0, widest_step: int = 1) -> int:
+def estimate_bytes(requests: int, output_tokens: int = 0, widest_step: int = 1,
+                   per_request: int = PER_REQUEST_B) -> int:
     """A floor on a run's peak memory: base + per request + per iteration (the fewest)."""
     iterations = -(-output_tokens // max(1, widest_step))
     iterations = min(iterations, MEMORY_ROWS)  # past these, a run's steps go to disk
-    return BASE_B + PER_REQUEST_B * requests + PER_ITERATION_B * iterations
+    return BASE_B + per_request * requests + PER_ITERATION_B * iterations
 
 
 def check_host_memory(sc: Scenario, requests: int | None = None, output_tokens: int = 0) -> None:
@@ -98,11 +106,12 @@ def check_host_memory(sc: Scenario, requests: int | None = None, output_tokens: 
     avail = available_bytes()
     if avail is None:
         return
-    need = estimate_bytes(n, output_tokens, _widest_step(sc) if output_tokens else 1)
+    per = PER_RECORD_B if may_split(sc) else PER_REQUEST_B
+    need = estimate_bytes(n, output_tokens, _widest_step(sc) if output_tokens else 1, per)
     if need > avail:
         what = f"{n:,} requests" + (f" and {output_tokens:,} output tokens" if output_tokens else "")
         raise SpecError(sc.file or "<scenario>", "workload.num_requests",
                         f"{what} need at least {need / 2**30:.1f} GiB of memory (estimate: "
-                        f"{PER_REQUEST_B:,} B per request, {PER_ITERATION_B} B per iteration, measured) "
+                        f"{per:,} B per request, {PER_ITERATION_B} B per iteration) "
                         f"and {avail / 2**30:.1f} GiB is available (allowed: fewer requests, or "
                         f"{ENV}=<GiB> to run anyway)")

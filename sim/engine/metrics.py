@@ -26,12 +26,14 @@ or masked per replica. `requests_frame` / `steps_frame` give pandas frames.
 from __future__ import annotations
 
 import math
+from functools import partial
 from operator import attrgetter
 
 import numpy as np
 
 from sim.engine import bigstats
 from sim.engine.replica import ReplicaResult, RunResult
+from sim.engine.reqsummary import request_figures
 from sim.io.spill import Constant, is_lazy
 from sim.io.tablefile import Labels, Table, frame, num_rows
 from sim.policies.batch import FINISHED
@@ -48,30 +50,32 @@ KIND_NAMES = tuple(k.label for k in LOGGED_KINDS)  # ("prefill", "decode", "veri
 PCTS = (50, 90, 99)
 
 
-def _column(seqs: list, attr: str, dtype) -> np.ndarray:
+def _seq_column(seqs: list, attr: str, dtype) -> np.ndarray:
     return np.fromiter(map(attrgetter(attr), seqs), dtype=dtype, count=len(seqs))
 
 
 def request_table(res: RunResult) -> dict:
     """One row per request, in REQUEST_COLUMNS (+ prefill_replica when disaggregated)."""
-    seqs = res.seqs
     names = tuple(r.name for r in res.replicas)
-    arrival = _column(seqs, "arrival", float)
-    first = _column(seqs, "first_token_t", float)
+    if res.records is not None:  # a fleet simulated replica by replica (sim/engine/records.py)
+        return res.records.table(names)
+    column = partial(_seq_column, res.seqs)
+    arrival = column("arrival", float)
+    first = column("first_token_t", float)
     first[first < 0] = np.nan
-    status = _column(seqs, "state", object)
-    finish = _column(seqs, "finish_t", float)
+    status = column("state", object)
+    finish = column("finish_t", float)
     finish[status != FINISHED] = np.nan
-    sched = _column(seqs, "sched_t", float)
+    sched = column("sched_t", float)
     sched[sched < 0] = np.nan
-    output = _column(seqs, "output", np.int64)
+    output = column("output", np.int64)
     ttft, e2e = first - arrival, finish - arrival
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), np.nan)
     table = {
-        "id": _column(seqs, "rid", np.int64),
+        "id": column("rid", np.int64),
         "arrival_s": arrival,
-        "prompt_tokens": _column(seqs, "prompt", np.int64),
+        "prompt_tokens": column("prompt", np.int64),
         "output_tokens": output,
         "status": status,
         "first_token_s": first,
@@ -80,16 +84,16 @@ def request_table(res: RunResult) -> dict:
         "tpot_s": tpot,
         "e2e_s": e2e,
         "queue_s": sched - arrival,
-        "preemptions": _column(seqs, "preemptions", np.int64),
-        "generated_tokens": _column(seqs, "generated", np.int64),
-        "cached_tokens": _column(seqs, "cached_tokens", np.int64),
-        "reject_reason": _column(seqs, "reject_reason", object),
-        "replica": Labels(_column(seqs, "replica", np.int64), names),
+        "preemptions": column("preemptions", np.int64),
+        "generated_tokens": column("generated", np.int64),
+        "cached_tokens": column("cached_tokens", np.int64),
+        "reject_reason": column("reject_reason", object),
+        "replica": Labels(column("replica", np.int64), names),
     }
     if res.warmup is not None:  # closed loop: warm-up requests, left out of the summary
         table["warmup"] = np.asarray(res.warmup, dtype=bool)
     if any(r.role == "prefill" for r in res.replicas):  # disaggregated: where the prefill ran
-        table["prefill_replica"] = Labels(_column(seqs, "prefill_replica", np.int64) + 1,
+        table["prefill_replica"] = Labels(column("prefill_replica", np.int64) + 1,
                                           ("",) + names)
     return table
 
@@ -238,38 +242,29 @@ def _measured(req) -> tuple[np.ndarray | None, float | None]:
 
 def summarize(req, steps, res: RunResult, slo=None) -> dict:
     """The run summary. `req`: the request table (or frame); the step figures are summed
-    from each replica's step log in `res` (the rows of `steps`, which is not read again)."""
+    from each replica's step log in `res` (the rows of `steps`, which is not read again).
+    A table of request records on disk (sim/engine/records.py) is read a block at a time
+    (sim/engine/reqsummary.py: the same floats)."""
     del steps
     keep, t0 = _measured(req)
-    if keep is not None:
-        req = {k: np.asarray(req[k])[keep] for k in ("status", "arrival_s", "finish_s",
-               "output_tokens", "prompt_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s",
-               "preemptions")}
-    status = np.asarray(req["status"], dtype=object)
-    done = status == FINISHED
-    n_fin = int(done.sum())
-    arrival = _col(req, "arrival_s")
-    _, duration = _duration(arrival, _col(req, "finish_s"), done)
+    if keep is None and res.records is not None and is_lazy(req["arrival_s"]):
+        fig = request_figures(req, slo, res.records.spill, FINISHED)
+    else:
+        fig = _request_figures(req if keep is None else {
+            k: np.asarray(req[k])[keep] for k in ("status", "arrival_s", "finish_s",
+            "output_tokens", "prompt_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s",
+            "preemptions")}, slo)
+    duration = fig["duration_s"]
     sums = [StepSums(r, t0) for r in res.replicas]
     busy = sum(s.busy for s in sums)
     by_kind = sum(s.by_kind for s in sums)
-    out_tokens = int(_col(req, "output_tokens", np.int64)[done].sum())
-    in_tokens = int(_col(req, "prompt_tokens", np.int64)[done].sum())
     s = {
-        "requests": {
-            "total": len(arrival),
-            "finished": n_fin,
-            "rejected": int((status == "rejected").sum()),
-        },
-        "duration_s": duration,
-        "request_throughput": n_fin / duration,
-        "output_token_throughput": out_tokens / duration,
-        "total_token_throughput": (out_tokens + in_tokens) / duration,
-        "ttft_s": _stats(_col(req, "ttft_s")[done]),
-        "tpot_s": _stats(_col(req, "tpot_s")[done]),
+        **{k: fig[k] for k in ("requests", "duration_s", "request_throughput",
+                               "output_token_throughput", "total_token_throughput",
+                               "ttft_s", "tpot_s")},
         "itl_s": weighted_stats(*itl_table(res).values()),
-        "e2e_s": _stats(_col(req, "e2e_s")[done]),
-        "queue_s": _stats(_col(req, "queue_s")[done]),
+        "e2e_s": fig["e2e_s"],
+        "queue_s": fig["queue_s"],
         "gpu_busy_fraction": min(1.0, busy / duration / len(res.replicas)),
         "gpu_kernel_fraction": _fraction(sum(r.kernel_busy_s for r in res.replicas)
                                          / duration / len(res.replicas)),
@@ -280,12 +275,37 @@ def summarize(req, steps, res: RunResult, slo=None) -> dict:
                if by_kind[k]},
         },
         "mean_batch_size": sum(s.seqs_dur for s in sums) / busy if busy else 0.0,
-        "preemptions": int(_col(req, "preemptions", np.int64).sum()),
+        "preemptions": fig["preemptions"],
         "kv": _kv_figures(sums, res),
     }
-    s["goodput"] = goodput({k: _col(req, k)[done] for k in ("ttft_s", "tpot_s", "e2e_s")},
-                           duration, slo)
+    s["goodput"] = fig["goodput"]
     return s
+
+
+def _request_figures(req, slo) -> dict:
+    """summarize's request figures from a table (or frame) in memory."""
+    status = np.asarray(req["status"], dtype=object)
+    done = status == FINISHED
+    n_fin = int(done.sum())
+    arrival = _col(req, "arrival_s")
+    _, duration = _duration(arrival, _col(req, "finish_s"), done)
+    out_tokens = int(_col(req, "output_tokens", np.int64)[done].sum())
+    in_tokens = int(_col(req, "prompt_tokens", np.int64)[done].sum())
+    return {
+        "requests": {
+            "total": len(arrival),
+            "finished": n_fin,
+            "rejected": int((status == "rejected").sum()),
+        },
+        "duration_s": duration,
+        "request_throughput": n_fin / duration,
+        "output_token_throughput": out_tokens / duration,
+        "total_token_throughput": (out_tokens + in_tokens) / duration,
+        **{k: _stats(_col(req, k)[done]) for k in ("ttft_s", "tpot_s", "e2e_s", "queue_s")},
+        "preemptions": int(_col(req, "preemptions", np.int64).sum()),
+        "goodput": goodput({k: _col(req, k)[done] for k in ("ttft_s", "tpot_s", "e2e_s")},
+                           duration, slo),
+    }
 
 
 def _kv_figures(sums: list[StepSums], res: RunResult) -> dict:

@@ -1,27 +1,28 @@
-"""Parallel fleets: the replicas of a fleet whose router needs no feedback, simulated in
-separate processes and merged, with the very results of the single-process run.
+"""Fleets split by replica: the replicas of a fleet whose router needs no feedback,
+simulated apart (sim/engine/split.py: each alone with its own requests, so its leaps run
+to its own next event), one after another in this process or spread over processes, and
+merged, with the very results of the single-process run.
 
 A router that never looks at the replicas' state (round robin, random: `FEEDBACK_FREE`)
 sends each request where it would have sent it whatever happened on the replicas, so
 every request's replica is decided up front, with the run's router object making the
-same draws in the same order (`assign`). Each worker then simulates its share of the
-replicas alone (`simulate_part`): it replays every arrival instant of the workload (the
-arrivals process yields at each, as in the whole run, and dispatches only its own
-requests), so the SimPy events of its replicas fall in the same order as in the whole
-run, ties included. The parent merges the requests (by id), the replicas' results (by
-index), their pooled inter-token gaps, the end time (the latest worker's clock) and the
-step-time memos' use counts (the lookup provenance sums them exactly: math.fsum).
-Workers spill their step logs into the parent's folder (sim/io/spill.py), so they run on
-this machine: a process pool, or a local Ray (one this process starts, or one it is
-already connected to on this host).
+same draws in the same order (`assign`). (No router hashes a fixed key: `affinity` keeps
+a key's replica but moves it when that replica is busier, which is feedback.) The parent
+merges the requests (records, by id: sim/engine/records.py), the replicas' results (by
+index), their pooled inter-token gaps, the end time (the latest replica's clock) and,
+from workers, the step-time memos' use counts (the lookup provenance sums them exactly:
+math.fsum). Replicas spill their step logs and request records into the parent's
+folder (sim/io/spill.py), so workers run on this machine: a process pool, or a local Ray
+(one this process starts, or one it is already connected to on this host).
 
-Everything else stays single-process (`refusal` says why, one line): routers that read
-the replicas' load (least outstanding, least KV, power of two, affinity: their choices
-feed back from the simulated state, stale reports included, since a report is the state
-at its instant), disaggregated fleets (the decode router and KV links join replicas),
-autoscaling (the scaler reads the fleet), closed loops (a client's next request waits
-for its last answer) and speculative decoding (acceptance draws come from the run's
-shared generator, in the order the replicas step).
+Everything else is simulated whole, in one process (`refusal` says why, one line):
+routers that read the replicas' load (least outstanding, least KV, power of two,
+affinity: their choices feed back from the simulated state, stale reports included,
+since a report is the state at its instant), disaggregated fleets (the decode router and
+KV links join replicas), autoscaling (the scaler reads the fleet), closed loops (a
+client's next request waits for its last answer), speculative decoding (acceptance
+draws come from the run's shared generator, in the order the replicas step) and
+pipeline-parallel replicas (their own engine process).
 """
 
 from __future__ import annotations
@@ -30,39 +31,23 @@ import logging
 import sys
 
 import numpy as np
-import simpy
 
 from sim.config.scenario import Scenario
-from sim.engine.build import build_fleet
-from sim.engine.closedloop import streamed
 from sim.engine.prepare import prepare
-from sim.engine.processes import (
-    Clock,
-    Fleet,
-    check_accounted,
-    leaping,
-    make_seqs,
-    prefix_views,
-    replica,
-    run_clock,
-)
-from sim.engine.recorder import StepRecorder, pooled_gaps, spill_logs
-from sim.engine.replica import ReplicaResult, RunResult
+from sim.engine.recorder import StepRecorder, pooled_gaps
+from sim.engine.records import SeqView
+from sim.engine.replica import RunResult
+from sim.engine.split import FEEDBACK_FREE, Setup, records_of, simulate_replicas
 from sim.io.spill import SpillDir
 from sim.policies.router import make_router
 
 NOTICES = logging.getLogger("llmsim")
-# router policies that choose without looking at the replicas (the rest read their load)
-# (`length`: its pools' `within` router may read load, and `assign` would need the pools:
-# single process for now)
-FEEDBACK_FREE = {"round_robin": True, "random": True, "least_outstanding": False,
-                 "least_kv": False, "power_of_two": False, "affinity": False, "length": False}
 EXECUTORS = ("process", "ray")
 START_METHOD = "fork" if sys.platform != "win32" else "spawn"  # as sweeps start theirs
 
 
 def refusal(sc: Scenario, configs: list, workload) -> str | None:
-    """Why this run cannot be split across processes (None: it can)."""
+    """Why this run cannot be split by replica (None: it can)."""
     cluster = sc.cluster
     if cluster is None or len(configs) < 2:
         return "one replica"
@@ -98,90 +83,38 @@ def parts(n: int, workers: int) -> list[list[int]]:
     return [list(range(w, n, workers)) for w in range(min(workers, n))]
 
 
-class _Preassigned:
-    """A router that replays decided choices (local indices), one per dispatch."""
-
-    uses_reports = False
-
-    def __init__(self, choices):
-        self.choices = iter(choices)
-
-    def choose(self, key, loads) -> int:
-        return next(self.choices)
-
-
-def _arrivals(env: simpy.Environment, fleet: Fleet, arrival: list, mine: list, own: list):
-    """sim/engine/processes.arrivals, yielding at every arrival instant of the workload
-    but dispatching only this worker's requests (`own`, where `mine` is true)."""
-    t = 0.0
-    k = 0
-    for a, m in zip(arrival, mine, strict=True):
-        if a > t:
-            yield env.timeout(a - t)
-            t = a
-        if m:
-            fleet.dispatch(own[k])
-            k += 1
-
-
-class _NoNode:
-    request_s = None
-
-
 def _memo_uses(lats: list) -> list[dict]:
     return [{k: e[2] for k, e in lat._memo.items()} for lat in lats]
 
 
-def simulate_part(sc: Scenario, part: list[int], choice: np.ndarray,
-                  spill_path: str | None) -> dict:
-    """Simulate replicas `part` of the scenario's fleet with their requests (`choice`: each
-    request's replica); what the parent merges."""
+def _distinct(configs: list) -> list:
+    """The distinct step-latency models of a fleet's configs."""
+    return list({id(c.latency): c.latency for c in configs}.values())
+
+
+def simulate_part(sc: Scenario, part: list[int], choice: np.ndarray, spill_path: str) -> dict:
+    """A worker: replicas `part` of the scenario's fleet, each alone with its requests
+    (`choice`: each request's replica; sim/engine/split.py), with the step-time lookups
+    it made (the parent adds them to its own memos)."""
     configs, wl, rng = prepare(sc)
-    fleet_setup = build_fleet(sc, configs, rng, acceptance=wl.acceptance,
-                              prefix_tokens=wl.block_tokens if wl.prefix_hashes is not None
-                              else None)
-    everyone = fleet_setup.replicas
-    lats = list({id(c.latency): c.latency for c in configs}.values())
+    lats = _distinct(configs)
     before = _memo_uses(lats)
-    reps = [everyone[i] for i in part]
-    local = np.full(len(everyone), -1, dtype=np.int64)
-    local[part] = np.arange(len(part))
-    mine = local[choice] >= 0
-    if spill_path is not None:  # the parent's folder; each replica its own files
-        spill_logs(reps, SpillDir(spill_path), fleet_size=len(everyone))
-    own = make_seqs(wl, min(r.st.max_model_len for r in everyone), np.flatnonzero(mine))
-    prefix_views(wl, reps)
-    env = Clock()  # a leap's end at an exact time (sim/engine/processes.py)
-    fleet = Fleet(env, reps, _Preassigned(local[choice[mine]].tolist()))
-    env.process(_arrivals(env, fleet, np.asarray(wl.arrival_s, dtype=float).tolist(),
-                          mine.tolist(), own))
-    for node in fleet.nodes:
-        env.process(replica(env, node, leap=leaping()))
-    run_clock(env)
-    check_accounted(reps, len(own))
-    nodes: list = [_NoNode()] * len(everyone)
-    for node in fleet.nodes:
-        nodes[node.rep.index] = node
-    streamed(own, nodes)
-    results = [ReplicaResult.of(r) for r in reps]
-    for r in results:
-        r.steps.spill, r.steps.then = None, None  # the parent points them at its folder
-    gaps = [(r.rec.gaps_spilled, r.rec.gaps, r.rec.weights) for r in reps]
-    memos = []
+    out = simulate_replicas(Setup(configs, wl, choice, min(c.max_model_len for c in configs)),
+                            part, spill_path, rng)
+    out["memos"] = []
     for lat, old in zip(lats, before, strict=True):
-        memos.append({k: [e[0], e[1], e[2] - old.get(k, 0), *e[3:]]
-                      for k, e in lat._memo.items() if e[2] != old.get(k, 0)})
-    return {"seqs": own, "results": results, "gaps": gaps, "end": env.now, "memos": memos}
+        out["memos"].append({k: [e[0], e[1], e[2] - old.get(k, 0), *e[3:]]
+                             for k, e in lat._memo.items() if e[2] != old.get(k, 0)})
+    return out
 
 
-def merge(outs: list[dict], n_requests: int, lats: list, spill: SpillDir) -> RunResult:
-    """One RunResult of the workers' outputs, as the single-process run returns it; the
-    workers' step-time lookups counted into `lats` (the parent's latency models)."""
-    seqs: list = [None] * n_requests
+def merge(outs: list[dict], n_requests: int, choice: np.ndarray, lats: list | None,
+          spill: SpillDir) -> RunResult:
+    """One RunResult of the workers' outputs, as the single-process run returns it (the
+    requests as records); the workers' step-time lookups counted into `lats` (the
+    parent's latency models; None: made in this process, already counted)."""
     results, recs = [], []
     for out in outs:
-        for s in out["seqs"]:
-            seqs[s.rid] = s
         for r, (spilled, gaps, weights) in zip(out["results"], out["gaps"], strict=True):
             if r.steps.spilled or spilled:
                 r.steps.spill = spill
@@ -189,42 +122,58 @@ def merge(outs: list[dict], n_requests: int, lats: list, spill: SpillDir) -> Run
             rec.log, rec.gaps, rec.weights, rec.gaps_spilled = r.steps, gaps, weights, spilled
             results.append(r)
             recs.append(rec)
-        for lat, memo in zip(lats, out["memos"], strict=True):
+        for lat, memo in zip(lats or [], out.get("memos", []), strict=True):
             for k, e in memo.items():
                 mine = lat._memo.get(k)
                 if mine is None:
                     lat._memo[k] = e
                 else:
                     mine[2] += e[2]
-    if any(s is None for s in seqs):
-        raise RuntimeError("a parallel run lost requests in the merge")
+    records = records_of(outs, n_requests, choice, spill)
     order = sorted(range(len(results)), key=lambda i: results[i].index)
     results = [results[i] for i in order]
     gaps, weights = pooled_gaps([recs[i] for i in order], [0] * len(order))
-    return RunResult(seqs, results, gaps, weights, max(o["end"] for o in outs), None)
+    end = max((e for o in outs for e in o["ends"]), default=0.0)
+    return RunResult(SeqView(records), results, gaps, weights, end, None, records)
 
 
-def simulate_parallel(sc: Scenario, configs: list, workload, workers: int,
-                      executor: str = "process") -> tuple[RunResult, SpillDir]:
-    """The run's RunResult, its replicas simulated `workers` processes at a time."""
+def simulate_split(sc: Scenario, configs: list, workload, rng: np.random.Generator,
+                   workers: int = 1, executor: str = "process") -> tuple[RunResult, int]:
+    """The run's RunResult, its replicas simulated apart (sim/engine/split.py): one after
+    another here (`workers` 1), or `workers` processes at a time; and how many replicas
+    had to replay every arrival instant (an arrival tied with one of their own events)."""
     n = len(configs)
     choice = assign(sc, workload, n)
     spill = SpillDir()
-    groups = parts(n, workers)
-    args = [(sc, g, choice, str(spill.path)) for g in groups]
-    if executor == "ray":
-        outs = _on_ray(args, workers)
-    elif executor == "process":
-        import concurrent.futures as cf
-        import multiprocessing as mp
-
-        with cf.ProcessPoolExecutor(max_workers=len(groups),
-                                    mp_context=mp.get_context(START_METHOD)) as pool:
-            outs = list(pool.map(simulate_part, *zip(*args, strict=True)))
+    if workers <= 1:
+        setup = Setup(configs, workload, choice, min(c.max_model_len for c in configs))
+        outs = [simulate_replicas(setup, list(range(n)), str(spill.path), rng)]
+        res = merge(outs, len(workload), choice, None, spill)
     else:
-        raise ValueError(f"executor {executor!r} (known: {', '.join(EXECUTORS)})")
-    lats = list({id(c.latency): c.latency for c in configs}.values())
-    return merge(outs, len(workload), lats, spill), spill
+        args = [(sc, g, choice, str(spill.path)) for g in parts(n, workers)]
+        if executor == "ray":
+            outs = _on_ray(args, workers)
+        elif executor == "process":
+            import concurrent.futures as cf
+            import multiprocessing as mp
+
+            with cf.ProcessPoolExecutor(max_workers=len(args),
+                                        mp_context=mp.get_context(START_METHOD)) as pool:
+                outs = list(pool.map(simulate_part, *zip(*args, strict=True)))
+        else:
+            raise ValueError(f"executor {executor!r} (known: {', '.join(EXECUTORS)})")
+        res = merge(outs, len(workload), choice, _distinct(configs), spill)
+    return res, sum(sum(o["every"]) for o in outs)
+
+
+def split_engine(replicas: int, router: str, workers: int, executor: str, every: int) -> str:
+    """How a split run was simulated, in words (`llmsim run` prints it)."""
+    where = (f"on {min(workers, replicas)} processes ({executor})" if workers > 1
+             else "one after another")
+    again = (f"; {every} replayed every arrival instant (an arrival tied with one of "
+             f"their own events, or static batching)" if every else "")
+    return (f"{replicas} replicas simulated apart, {where} (router {router} needs no "
+            f"feedback){again}")
 
 
 def _on_ray(args: list, workers: int) -> list[dict]:

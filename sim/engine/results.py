@@ -154,6 +154,9 @@ class RunResult:
     itl_weights: array
     end_time: float
     warmup: object | None = None  # closed loop: bool numpy array [len(seqs)], warm-up requests
+    # a fleet simulated replica by replica: the requests as records on disk
+    # (sim/engine/records.py RequestRecords; `seqs` is then a SeqView of them)
+    records: object | None = None
 
     @property
     def kv(self) -> PagedKV:

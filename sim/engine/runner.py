@@ -44,7 +44,7 @@ from sim.engine.metrics import (
     step_tables,
     summarize,
 )
-from sim.engine.parallel import refusal, simulate_parallel
+from sim.engine.parallel import refusal, simulate_split, split_engine
 from sim.engine.pipeline import pipeline_summary
 from sim.engine.prepare import Prepared, prepare
 from sim.engine.processes import simulate
@@ -75,7 +75,8 @@ class RunOutput:
     summary: dict
     result: RunResult
     itl_table: dict  # weighted inter-token gaps: gap_s, count
-    engine: str = "single process"  # or "N processes (router ... needs no feedback)"
+    # or "64 replicas apart, ... (router round_robin needs no feedback)" (split_engine)
+    engine: str = "single process"
 
     @cached_property
     def requests(self) -> pd.DataFrame:
@@ -114,23 +115,26 @@ class RunOutput:
 
 def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         progress: bool = False, workers: int = 1, executor: str = "process",
-        step_cache: Path | None = None) -> RunOutput:
+        split: bool = True, step_cache: Path | None = None) -> RunOutput:
     """Simulate a scenario (object or YAML path) and return its tables and summary.
-    `workers` > 1: a fleet behind a router that needs no feedback is simulated that many
-    processes at a time (`executor` "process" or "ray"), with the same results; any other
-    run stays single-process, saying why (sim/engine/parallel.py). `step_cache`: a folder of
-    step times remembered between runs (sim/costmodel/stepcache.py; `llmsim run` passes
-    its default); the same results, faster when warm."""
+    A fleet behind a router that needs no feedback (round robin, random) is simulated
+    replica by replica (`split`, the default; False: the whole fleet in one engine), each
+    replica alone with its own requests, with the same results (sim/engine/split.py);
+    `workers` > 1 spreads the replicas over that many processes (`executor` "process" or
+    "ray"). Any other run is simulated whole, in one process (with `workers` > 1 saying
+    why: sim/engine/parallel.py). `step_cache`: a folder of step times remembered between
+    runs (sim/costmodel/stepcache.py; `llmsim run` passes its default); the same results,
+    faster when warm."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     t0 = time.perf_counter()
     configs, wl, rng = prepare(sc)
     cache = warm(step_cache, [c.latency for c in configs])  # saved by cache.save() below
+    reason = refusal(sc, configs, wl) if split else "the whole fleet in one engine (split=False)"
+    if reason is None:
+        out = _finish(sc, configs, wl, t0, None, workers=workers, executor=executor, rng=rng)
+        cache.save()
+        return out
     if workers > 1:
-        reason = refusal(sc, configs, wl)
-        if reason is None:
-            out = _finish(sc, configs, wl, t0, None, workers=workers, executor=executor)
-            cache.save()
-            return out
         NOTICES.warning("single process (--workers %d not used): %s", workers, reason)
     engine = "single process" + (f" ({reason})" if workers > 1 else "")
     fleet = build_fleet(sc, configs, rng, acceptance=wl.acceptance, prefix_tokens=wl.block_tokens
@@ -155,16 +159,17 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
 
 
 def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float, done,
-            workers: int = 1, executor: str = "process", replicas=None) -> RunOutput:
+            workers: int = 1, executor: str = "process", replicas=None,
+            rng: np.random.Generator | None = None) -> RunOutput:
     """The tables and summary of a simulated run (`done`: (result, engine seconds,
-    autoscaling)), or of one simulated now in `workers` processes (`done` None)."""
+    autoscaling)), or of one simulated now replica by replica (`done` None), in `workers`
+    processes."""
     if done is None:
         t_sim = time.perf_counter()
-        res, _spill = simulate_parallel(sc, configs, wl, workers, executor)
+        res, every = simulate_split(sc, configs, wl, rng, workers, executor)
         t_sim = time.perf_counter() - t_sim
-        engine = (f"{min(workers, len(configs))} processes ({executor}; router "
-                  f"{sc.cluster.router.policy} needs no feedback)")
-        NOTICES.info("simulated in %s", engine)
+        engine = split_engine(len(configs), sc.cluster.router.policy, workers, executor, every)
+        NOTICES.info("simulated %s", engine)
         scaling = None
     else:
         res, t_sim, scaling = done

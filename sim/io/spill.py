@@ -10,7 +10,8 @@ object that refers to it (or at exit). A column is a raw file of fixed-width num
 followed by the rows still in memory, read by slices (`col[lo:hi]`: one `np.fromfile`),
 never mapped, so reading it back does not raise the process's resident memory beyond a
 slice. `Chain` joins columns end to end (a fleet's pooled gaps); `Constant` is a column
-of one repeated value.
+of one repeated value; `Lazy` one a function makes a slice at a time (request records
+gathered from their replicas' files, and columns computed from them).
 """
 
 from __future__ import annotations
@@ -129,6 +130,23 @@ class Constant:
         return self._read(0, self.rows) if dtype is None else self._read(0, self.rows).astype(dtype)
 
 
+class Lazy:
+    """A column of `rows` values of `dtype` that `read(lo, hi)` makes a slice at a time
+    (a column computed from others, or gathered from several files)."""
+
+    def __init__(self, rows: int, dtype, read):
+        self.rows, self.dtype, self._read = rows, np.dtype(dtype), read
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, key):
+        return _getitem(self, key)
+
+    def __array__(self, dtype=None, copy=None):
+        return self._read(0, self.rows) if dtype is None else self._read(0, self.rows).astype(dtype)
+
+
 READ_ROWS = 1 << 20  # rows read at a time when a strided slice walks a column
 
 
@@ -162,7 +180,8 @@ def blocks(col, lo: int = 0, hi: int | None = None, rows: int | None = None):
 
 
 def is_lazy(col) -> bool:
-    return isinstance(col, (DiskColumn, Chain, Constant))
+    return isinstance(col, (DiskColumn, Chain, Constant, Lazy))
 
 
-__all__ = ["SpillDir", "DiskColumn", "Chain", "Constant", "blocks", "is_lazy", "READ_ROWS"]
+__all__ = ["SpillDir", "DiskColumn", "Chain", "Constant", "Lazy", "blocks", "is_lazy",
+           "READ_ROWS"]

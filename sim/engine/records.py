@@ -1,0 +1,187 @@
+"""Request records as columns: what the request table needs of each request, taken from
+its `Seq` once the replica that served it has finished its run, then written to the run's
+spill folder (sim/io/spill.py) replica by replica, so a fleet simulated replica by replica
+(sim/engine/split.py) never holds its requests as objects (~0.8 KiB each; a record is
+~100 B on disk and nothing in memory).
+
+`RequestRecords.table` is the request table as lazy columns (sim/io/spill.py `Lazy`), read
+a block of requests at a time, in request order (each replica's rows are its requests in
+id order; `choice` says which replica each request went to): the very values
+`request_table` computes from the `Seq`s of a single-process run, so the files and the
+summary made from them are the same bytes.
+`SeqView` gives read-only request objects again, for code that walks `RunResult.seqs`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.io.spill import Lazy, SpillDir
+from sim.io.tablefile import Labels
+from sim.policies.batch import FINISHED
+
+NUMBERS = {"rid": np.int64, "arrival": float, "prompt": np.int64, "output": np.int64,
+           "first_token_t": float, "finish_t": float, "sched_t": float,
+           "preemptions": np.int64, "generated": np.int64, "cached_tokens": np.int64,
+           "replica": np.int64, "prefill_replica": np.int64}
+TEXTS = ("state", "reject_reason")
+
+
+def columns_of(seqs: list) -> dict:
+    """The record fields of `seqs` as numpy columns; text fields as (codes, names)."""
+    n = len(seqs)
+    out: dict = {a: np.fromiter((getattr(s, a) for s in seqs), dtype=t, count=n)
+                 for a, t in NUMBERS.items()}
+    for a in TEXTS:
+        names: dict[str, int] = {}
+        codes = np.fromiter((names.setdefault(getattr(s, a), len(names)) for s in seqs),
+                            dtype=np.int32, count=n)
+        out[a] = (codes, tuple(names))
+    return out
+
+
+class RequestRecords:
+    """Every request's record, replica by replica in the files `q<replica>.<field>` of the
+    run's spill folder; `column` puts a field back in request order."""
+
+    def __init__(self, n: int, choice: np.ndarray, spill: SpillDir):
+        self.n, self.spill = n, spill
+        self.choice = np.asarray(choice, dtype=np.int64)
+        self.rows: dict[int, int] = {}  # replica -> records written
+        self.names: dict[str, dict[str, int]] = {a: {} for a in TEXTS}
+        self._rank: np.ndarray | None = None
+
+    def add(self, replica: int, cols: dict) -> None:
+        """Write replica `replica`'s records (columns_of its requests, in id order)."""
+        for a in NUMBERS:
+            self.spill.append(f"q{replica}.{a}", np.ascontiguousarray(cols[a]))
+        for a in TEXTS:
+            codes, names = cols[a]
+            known = self.names[a]
+            remap = np.array([known.setdefault(x, len(known)) for x in names], dtype=np.int32)
+            self.spill.append(f"q{replica}.{a}", remap[codes] if len(codes) else codes)
+        self.rows[replica] = self.rows.get(replica, 0) + len(cols["rid"])
+
+    def _ranks(self) -> np.ndarray:
+        """Each request's row among its replica's records."""
+        if self._rank is None:
+            order = np.argsort(self.choice, kind="stable")
+            counts = np.bincount(self.choice, minlength=max(self.rows, default=0) + 1)
+            starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+            rank = np.empty(self.n, dtype=np.int64)
+            rank[order] = np.arange(self.n) - starts[self.choice[order]]
+            self._rank = rank
+        return self._rank
+
+    def read(self, attr: str, lo: int, hi: int) -> np.ndarray:
+        """Field `attr` of requests lo..hi (text fields as codes into `self.names[attr]`):
+        each replica's rows among them are consecutive in its file, read in one piece."""
+        kind = np.dtype(np.int32 if attr in TEXTS else NUMBERS[attr])
+        choice, rank = self.choice[lo:hi], self._ranks()[lo:hi]
+        out = np.empty(len(choice), dtype=kind)
+        order = np.argsort(choice, kind="stable")
+        cuts = np.flatnonzero(np.diff(choice[order])) + 1
+        for seg in np.split(order, cuts) if len(order) else []:
+            r, first = int(choice[seg[0]]), int(rank[seg[0]])
+            out[seg] = np.fromfile(self.spill.file(f"q{r}.{attr}"), dtype=kind, count=len(seg),
+                                   offset=first * kind.itemsize)
+        return out
+
+    def column(self, attr: str, dtype=None) -> np.ndarray:
+        """Field `attr` of every request, in request order (text fields as object arrays of
+        strings), in memory."""
+        out = self.read(attr, 0, self.n)
+        if attr in TEXTS:
+            return np.array(tuple(self.names[attr]), dtype=object)[out]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def table(self, replica_names: tuple[str, ...]) -> dict:
+        """The request table (sim/engine/metrics.py REQUEST_COLUMNS) as lazy columns read
+        a block at a time: the same values, computed the same way, as `request_table`
+        computes from Seqs."""
+        n, read = self.n, self.read
+        finished = self.names["state"].get(FINISHED, -1)
+
+        def field(attr: str) -> Lazy:
+            return Lazy(n, NUMBERS[attr], lambda lo, hi: read(attr, lo, hi))
+
+        def text(attr: str) -> Lazy:
+            names = np.array(tuple(self.names[attr]) or ("",), dtype=object)
+            return Lazy(n, object, lambda lo, hi: names[read(attr, lo, hi)])
+
+        def first(lo: int, hi: int) -> np.ndarray:
+            x = read("first_token_t", lo, hi)
+            x[x < 0] = np.nan
+            return x
+
+        def finish(lo: int, hi: int) -> np.ndarray:
+            x = read("finish_t", lo, hi)
+            x[read("state", lo, hi) != finished] = np.nan
+            return x
+
+        def sched(lo: int, hi: int) -> np.ndarray:
+            x = read("sched_t", lo, hi)
+            x[x < 0] = np.nan
+            return x
+
+        def tpot(lo: int, hi: int) -> np.ndarray:
+            arrival, output = read("arrival", lo, hi), read("output", lo, hi)
+            ttft, e2e = first(lo, hi) - arrival, finish(lo, hi) - arrival
+            with np.errstate(invalid="ignore", divide="ignore"):
+                return np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), np.nan)
+
+        def minus(f):
+            return Lazy(n, float, lambda lo, hi: f(lo, hi) - read("arrival", lo, hi))
+
+        return {
+            "id": field("rid"), "arrival_s": field("arrival"), "prompt_tokens": field("prompt"),
+            "output_tokens": field("output"), "status": text("state"),
+            "first_token_s": Lazy(n, float, first), "finish_s": Lazy(n, float, finish),
+            "ttft_s": minus(first), "tpot_s": Lazy(n, float, tpot), "e2e_s": minus(finish),
+            "queue_s": minus(sched), "preemptions": field("preemptions"),
+            "generated_tokens": field("generated"), "cached_tokens": field("cached_tokens"),
+            "reject_reason": text("reject_reason"),
+            "replica": Labels(self.choice, replica_names),
+        }
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Record:
+    """One request's record, read-only, with a `Seq`'s field names."""
+
+    __slots__ = (*NUMBERS, *TEXTS)
+
+
+class SeqView:
+    """`RunResult.seqs` of a run whose requests are records: request objects made on
+    first use (the whole run's at once: for tests and small runs)."""
+
+    def __init__(self, records: RequestRecords):
+        self.records = records
+        self._seqs: list[Record] | None = None
+
+    def __len__(self) -> int:
+        return self.records.n
+
+    def _all(self) -> list[Record]:
+        if self._seqs is None:
+            cols = {a: self.records.column(a).tolist() for a in (*NUMBERS, *TEXTS)}
+            seqs = []
+            for i in range(self.records.n):
+                r = Record()
+                for a, c in cols.items():
+                    setattr(r, a, c[i])
+                seqs.append(r)
+            self._seqs = seqs
+        return self._seqs
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+
+__all__ = ["NUMBERS", "TEXTS", "RequestRecords", "Record", "SeqView", "columns_of"]

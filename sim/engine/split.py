@@ -1,0 +1,242 @@
+"""A feedback-free fleet as independent simulations, one per replica, each holding only
+its own arrivals: a replica's leaps (sim/engine/processes.py `replica`) then run to its
+own next event instead of stopping at every other replica's step and every arrival of
+the fleet. Merged, the results are the single-process run's, byte for byte.
+
+Why this is exact. A router that never looks at the replicas (sim/engine/parallel.py
+`FEEDBACK_FREE`) sends each request where it would have sent it whatever happened, so
+each request's replica is decided up front (`assign`). Nothing else joins the replicas
+of such a fleet: step-time jitter draws from each replica's own generator
+(`[seed, 1, index]`, sim/costmodel/jitter.py); what a server has compiled (`seen`) is
+its own; the shared step-time memos hold exact keys (their use counts, read by the
+lookup provenance, add up the same in any order: math.fsum); gaps and step logs are
+per replica; no router report runs (feedback-free routers use none); speculative
+acceptance draws would come from the run's one generator in the order the replicas
+step, so speculating fleets are refused (sim/engine/parallel.py `refusal`).
+
+What is left is SimPy's order of events at the same instant. A replica's state changes
+only at its own events: its steps' ends, the arrivals dispatched to it (and, with a
+runtime's request latency, their entry into its queue), its wake-ups. Events at one
+instant fire in the order they were scheduled. Every one of those events is scheduled
+while one of the replica's own events is processed, so alone they come in the order
+they came in the fleet, with one exception: the arrivals process schedules its next
+instant while processing the fleet's previous one, which alone is the replica's own
+previous one. Two measures make that harmless:
+
+* an own arrival fires at the very float time it fired in the fleet (`instants`: SimPy
+  adds each gap to the clock, so the clock at an arrival is a running sum over the
+  fleet's arrival instants, not the arrival time itself), scheduled with
+  `Clock.timeout_at`;
+* an arrival can only be ordered differently from a replica event at the same instant
+  that the replica scheduled earlier: a step's end, a request's entry into the queue,
+  a static batch's deadline. After each replica's run `ties` looks for an own arrival
+  instant among its step ends and queue entries; a replica with one (floats equal to
+  the last bit: rare), or with static batching (its deadline timeouts are not logged),
+  is simulated again replaying every arrival instant of the fleet, as the fleet's
+  arrivals process yields at each (`every`: sim/engine/parallel.py's first method,
+  exact but without the longer leaps).
+
+Requests leave each replica's simulation as record columns (sim/engine/records.py), so
+the fleet never holds its requests as objects. `simulate_split` runs the replicas one
+after another in this process, or `workers` processes at a time (sim/engine/parallel.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.engine.build import build_replica
+from sim.engine.closedloop import streamed
+from sim.engine.processes import (
+    Clock,
+    Fleet,
+    check_accounted,
+    leaping,
+    make_seqs,
+    prefix_views,
+    replica,
+    run_clock,
+)
+from sim.engine.recorder import spill_logs
+from sim.engine.records import RequestRecords, columns_of
+from sim.engine.replica import ReplicaResult
+from sim.io.spill import SpillDir, blocks
+
+# router policies that choose without looking at the replicas (the rest read their load)
+# (`length`: its pools' `within` router may read load, and `assign` would need the pools:
+# single process for now)
+FEEDBACK_FREE = {"round_robin": True, "random": True, "least_outstanding": False,
+                 "least_kv": False, "power_of_two": False, "affinity": False, "length": False}
+
+
+def may_split(sc) -> bool:
+    """Whether the scenario's run can be simulated replica by replica, from its spec alone
+    (sim/engine/parallel.py `refusal` checks its replicas too; sim/engine/hostmem.py
+    sizes the run by this before its workload is drawn)."""
+    c = sc.cluster
+    return (c is not None and FEEDBACK_FREE.get(c.router.policy, False) and c.autoscale is None
+            and not c.disaggregated and sc.workload.clients is None
+            and sc.speculative.method == "none" and sc.parallel.pipeline == 1
+            and sum(g.count for g in c.groups) > 1)
+
+
+def instants(arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(clock, group) of each request: the SimPy clock when the fleet's arrivals process
+    (sim/engine/processes.py `arrivals`) dispatches it, and the index of the instant it
+    yielded for (-1: dispatched at the start, before any yield). The process keeps
+    `t`, the latest arrival time seen, and yields `timeout(a - t)` for a later one: the
+    clock is the running float sum of those gaps (numpy's cumsum adds in order)."""
+    a = np.asarray(arrival, dtype=float)
+    if len(a) == 0:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    t = np.maximum.accumulate(np.concatenate(([0.0], a)))[:-1]  # `t` before each request
+    yields = a > t
+    clock_at_yield = np.cumsum(np.where(yields, a - t, 0.0)[yields])
+    group = np.cumsum(yields) - 1
+    clock = np.where(group >= 0, clock_at_yield[np.maximum(group, 0)] if len(clock_at_yield)
+                     else 0.0, 0.0)
+    return clock, group
+
+
+def _own_arrivals(env: Clock, fleet: Fleet, seqs: list, clock: list, group: list):
+    """The fleet's arrivals process, for this replica's requests only: each dispatched at
+    the clock time, and in the order, of the fleet's run."""
+    last = -1
+    for s, t, g in zip(seqs, clock, group, strict=True):
+        if g != last:
+            last = g
+            yield env.timeout_at(t)
+        fleet.dispatch(s)
+
+
+def _every_arrival(env: Clock, fleet: Fleet, arrival: list, mine: np.ndarray, seqs: list):
+    """The fleet's arrivals process itself, yielding at every arrival instant of the fleet
+    (the same timeouts, so the same order at every instant), dispatching only `seqs`
+    (the requests where `mine` is true)."""
+    t = 0.0
+    k = 0
+    for a, m in zip(arrival, mine.tolist(), strict=True):
+        if a > t:
+            yield env.timeout(a - t)
+            t = a
+        if m:
+            fleet.dispatch(seqs[k])
+            k += 1
+
+
+class Setup:
+    """What every replica's simulation of one run shares: the workload and its clock
+    times, each request's replica, the fleet's shortest context window."""
+
+    def __init__(self, configs: list, workload, choice: np.ndarray, max_len: int):
+        self.configs, self.workload, self.choice, self.max_len = configs, workload, choice, max_len
+        self.clock, self.group = instants(workload.arrival_s)
+        self.arrival = np.asarray(workload.arrival_s, dtype=float)
+        # an instant whose gap the clock's rounding swallowed fires at the time it was
+        # scheduled: alone, it would not be ordered as in the fleet
+        g = self.group
+        self.flat = np.zeros(len(g), dtype=bool)
+        if len(g) > 1:
+            starts = np.flatnonzero(np.diff(g) > 0) + 1
+            self.flat[starts] = self.clock[starts] == self.clock[starts - 1]
+
+
+def simulate_one(setup: Setup, index: int, rng, spill: SpillDir | None,
+                 every: bool = False) -> tuple:
+    """Replica `index` alone with its own requests: (its result, its recorder, its
+    requests' record columns, the clock at its end, whether it was replayed over every
+    instant). Replays over every instant itself when `ties` finds the short way unsafe."""
+    cfg = setup.configs[index]
+    wl = setup.workload
+    rows = np.flatnonzero(setup.choice == index)
+    every = every or cfg.scenario.scheduler.policy == "static" or bool(setup.flat[rows].any())
+    uses = {k: e[2] for k, e in cfg.latency._memo.items()}  # to forget a discarded run's lookups
+    while True:
+        rep = build_replica(cfg, rng, acceptance=wl.acceptance,
+                            prefix_tokens=wl.block_tokens if wl.prefix_hashes is not None
+                            else None, index=index)
+        if spill is not None:
+            spill_logs([rep], spill, fleet_size=len(setup.configs))
+        seqs = make_seqs(wl, setup.max_len, rows)
+        prefix_views(wl, [rep])
+        env = Clock()
+        fleet = Fleet(env, [rep], None)
+        if every:
+            env.process(_every_arrival(env, fleet, setup.arrival.tolist(),
+                                       setup.choice == index, seqs))
+        else:
+            env.process(_own_arrivals(env, fleet, seqs, setup.clock[rows].tolist(),
+                                      setup.group[rows].tolist()))
+        node = fleet.nodes[0]
+        env.process(replica(env, node, leap=leaping()))
+        run_clock(env)
+        check_accounted([rep], len(seqs))
+        if every or not ties(rep, node, setup.clock[rows], seqs):
+            break
+        every = True  # again, over every instant (its spilled files are rewritten)
+        _forget(rep, spill)
+        for k, e in cfg.latency._memo.items():  # the lookup provenance counts the replay's
+            e[2] = uses.get(k, 0)
+    streamed(seqs, [node] * len(setup.configs))  # (it finds a request's node by its replica)
+    rec = rep.rec
+    return ReplicaResult.of(rep), rec, columns_of(seqs), env.now, every
+
+
+def ties(rep, node, clock: np.ndarray, seqs: list) -> bool:
+    """Whether one of the replica's own arrival instants equals a time the replica had
+    scheduled before it: a step's end or a request's entry into its queue."""
+    own = np.unique(clock)
+    if len(own) == 0:
+        return False
+
+    def hits(times: np.ndarray) -> bool:
+        i = np.minimum(np.searchsorted(own, times), len(own) - 1)
+        return bool((own[i] == times).any())
+
+    for _, t_end in blocks(rep.rec.log.column("t_end")):
+        if hits(t_end):
+            return True
+    if node.request_s is not None:
+        receive, per_token = node.request_s[:2]
+        prompt = np.fromiter((s.prompt for s in seqs), dtype=np.int64, count=len(seqs))
+        if hits(clock + (receive + per_token * prompt)):
+            return True
+    return False
+
+
+def _forget(rep, spill: SpillDir | None) -> None:
+    """Remove the files a replica's first, discarded, simulation spilled."""
+    log = rep.rec.log
+    if spill is None or log.spill is None:
+        return
+    for f in spill.path.glob(f"{log.key}.*"):
+        f.unlink()
+
+
+def simulate_replicas(setup: Setup, indices: list[int], spill_path: str | None,
+                      seed_rng=None) -> dict:
+    """Replicas `indices` one after another (a worker's share, or all of them): what the
+    parent merges (sim/engine/parallel.py `merge_split`)."""
+    spill = SpillDir(spill_path) if spill_path is not None else None
+    out = {"results": [], "gaps": [], "records": [], "ends": [], "every": []}
+    for i in indices:
+        result, rec, records, end, every = simulate_one(setup, i, seed_rng, spill)
+        result.steps.spill, result.steps.then = None, None  # the parent points them at its folder
+        out["results"].append(result)
+        out["gaps"].append((rec.gaps_spilled, rec.gaps, rec.weights))
+        out["records"].append(records)
+        out["ends"].append(end)
+        out["every"].append(every)
+    return out
+
+
+def records_of(outs: list[dict], n: int, choice: np.ndarray, spill: SpillDir) -> RequestRecords:
+    """The workers' request columns as one run's records, in request order."""
+    recs = RequestRecords(n, choice, spill)
+    for out in outs:
+        for r, cols in zip(out["results"], out["records"], strict=True):
+            recs.add(r.index, cols)
+    return recs
+
+
+__all__ = ["FEEDBACK_FREE", "may_split", "Setup", "instants", "simulate_one", "simulate_replicas", "records_of", "ties"]
