@@ -121,9 +121,10 @@ def test_runs_stop_at_the_next_arrival_with_jitter(monkeypatch, tmp_path):
 
 def test_runs_stop_at_another_replicas_event_in_a_fleet(monkeypatch, tmp_path):
     # a fast and a slow replica (eager steps on an A100): the fast one's runs end at
-    # the slow one's step ends
+    # the slow one's step ends (a router that reads the replicas keeps them in one engine;
+    # round robin would simulate each replica apart, sim/engine/split.py)
     data = scenario(12, 4.0, (200, 600), cluster={
-        "router": {"policy": "round_robin"},
+        "router": {"policy": "least_outstanding"},
         "groups": [{"name": "fast", "count": 1},
                    {"name": "slow", "count": 1, "gpu": "a100-80gb",
                     "runtime": "h200-eager-reference"}]})
