@@ -217,3 +217,13 @@ def test_a_curve_point_carries_the_step_models_interval_and_the_plot_shades_the_
     fig = plot_curves(table, knees)
     shaded = [a for a in fig.axes[:3] if any(isinstance(c, PolyCollection) for c in a.collections)]
     assert len(shaded) == 3  # TTFT, TPOT and E2E panels shade their p99's interval
+
+
+def test_an_edited_bands_file_is_read_again(tmp_path):
+    from sim.planning.uncertainty import load_bands
+
+    f = tmp_path / "bands.yaml"
+    f.write_text("classes:\n  measured: {interval90: 0.25, source: a}\n")
+    assert load_bands(str(f))["measured"]["interval90"] == 0.25
+    f.write_text("classes:\n  measured: {interval90: 0.125, source: b, tags: [exact]}\n")
+    assert load_bands(str(f))["measured"] == {"tags": ["exact"], "interval90": 0.125, "source": "b"}

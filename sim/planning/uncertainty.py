@@ -26,8 +26,9 @@ moves by more than its step time: its interval is then a floor.
 from __future__ import annotations
 
 import math
-from functools import cache
+from pathlib import Path
 
+from sim.io.filecache import FileCache
 from sim.io.specload import ROOT, SpecError, load_yaml
 
 BANDS_FILE = ROOT / "data" / "step_error_bands.yaml"
@@ -39,9 +40,12 @@ T95 = (6.314, 2.920, 2.353, 2.132, 2.015, 1.943, 1.895, 1.860, 1.833, 1.812, 1.7
        1.703, 1.701, 1.699, 1.697)
 
 
-@cache
 def load_bands(path: str = str(BANDS_FILE)) -> dict[str, dict]:
-    """class -> {tags, interval90, source}, from the bands file."""
+    """class -> {tags, interval90, source}, from the bands file (read again once it changes)."""
+    return _BANDS.get(Path(path).resolve(), lambda watch: _read_bands(str(watch(Path(path)))))
+
+
+def _read_bands(path: str) -> dict[str, dict]:
     classes = load_yaml(path).get("classes")
     if not isinstance(classes, dict) or not classes:
         raise SpecError(path, "classes", "missing (allowed: a mapping class -> {tags, interval90, source})")
@@ -56,6 +60,9 @@ def load_bands(path: str = str(BANDS_FILE)) -> dict[str, dict]:
         out[str(name)] = {"tags": list(rec.get("tags") or [name]), "interval90": float(interval),
                           "source": " ".join(str(rec["source"]).split())}
     return out
+
+
+_BANDS: FileCache[dict[str, dict]] = FileCache()  # by path, while the file is unchanged
 
 
 def class_shares(provenance: dict[str, float] | None) -> dict[str, float]:
