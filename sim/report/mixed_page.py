@@ -1,8 +1,8 @@
 """The report of a mixed-fleet plan (sim/planning/mixed.py): the recommendation, the
 best mix against the best single type (estimate and fleet check side by side, each with
-its 90 % interval, and as a plot), the length mix, one replica's capacity per class, and every option. Every
-value is escaped by the page writer (sim/report/document.py): text through `markup`,
-table cells as text, plot labels with mathtext off."""
+its 90 % interval, and as a plot), the length mix, one replica's capacity per class, and
+every option. Every value is escaped by the page writer (sim/report/document.py): text
+through `markup`, table cells as text, plot labels with mathtext off."""
 
 from __future__ import annotations
 
