@@ -1,5 +1,5 @@
 """Mixed-fleet plans on the workload's own arrival process, with more than two length
-classes, and with ranges on their figures."""
+classes, and with 90 % intervals on their figures."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from sim.io.specload import SpecError
-from sim.planning.mixed import load_mixed_plan, options, rate_ranges, replicas_for
+from sim.planning.mixed import load_mixed_plan, options, rate_intervals, replicas_for
 from sim.planning.mixed_stream import class_spans, length_mix
 from sim.planning.planspec import SearchSpec
 
@@ -187,51 +187,63 @@ def test_a_bursty_mixed_plan_checks_the_mix_and_the_single_type_on_the_same_requ
     assert n["mix"] == n["single"]
     rec = r["recommended"]
     assert rec is not None
-    lo, hi = rec["usd_per_hour_range"]
+    lo, hi = rec["usd_per_hour_interval90"]
     assert lo <= rec["usd_per_hour"] <= hi
+    assert not any("_range" in k or "band" in k for k in rec)  # one word, one thing: interval90
     for k in ("ttft", "tpot"):
-        a, b = rec[f"{k}_p99_range_s"]
+        a, b = rec[f"{k}_p99_interval90_s"]
         assert a <= rec[f"{k}_p99_s"] <= b
 
 
-# ---- ranges --------------------------------------------------------------------------------
+# ---- 90 % intervals --------------------------------------------------------------------------
 
-def test_a_pools_rate_range_is_the_bisection_bracket_widened_by_the_band():
-    # rate 2 sustained, 3 failed, band 10 %: [2 x 0.9, 3 x 1.1] = [1.8, 3.3]
-    got = rate_ranges({("g", "all"): {"rate": 2.0, "fail_rate": 3.0, "model_band": 0.1}})[("g", "all")]
+def test_a_pools_rate_interval_is_the_bisection_bracket_widened_by_the_step_models_error():
+    # rate 2 sustained, 3 failed, 90 % error b = 10 %: [2 x 0.9, 3 x 1.1] = [1.8, 3.3]
+    got = rate_intervals({("g", "all"): {"rate": 2.0, "fail_rate": 3.0, "interval90_model": 0.1}})[("g", "all")]
     assert got == pytest.approx((1.8, 3.3))
-    # no failing rate found: the sustained rate x (1 + band) is the top
-    got = rate_ranges({("g", "all"): {"rate": 2.0, "fail_rate": None, "model_band": 0.1}})[("g", "all")]
+    # no failing rate found: the sustained rate x (1 + b) is the top
+    got = rate_intervals({("g", "all"): {"rate": 2.0, "fail_rate": None, "interval90_model": 0.1}})[("g", "all")]
     assert got == pytest.approx((1.8, 2.2))
 
 
-def test_an_options_replica_and_dollar_ranges_follow_from_its_pools_rate_ranges():
-    # target 10 + 10 % = 11 req/s, one class of share 1 at rate 2 (range 1.8-3.3), $3/h:
+def test_an_options_replica_and_dollar_intervals_follow_from_its_pools_rate_intervals():
+    # target 10 + 10 % = 11 req/s, one class of share 1 at rate 2 (interval 1.8-3.3), $3/h:
     # replicas ceil(11/3.3) = 4 .. ceil(11/1.8) = 7, $12 .. $21; the estimate ceil(11/2) = 6
     opts = options(10, {}, {("g", "all"): 2.0}, {"g": 3.0}, SearchSpec(),
-                   rate_ranges={("g", "all"): (1.8, 3.3)})
+                   rate_intervals={("g", "all"): (1.8, 3.3)})
     assert opts[0]["pools"][0]["replicas"] == 6 == replicas_for(10, 1, 2.0, SearchSpec())
-    assert opts[0]["pools"][0]["replicas_range"] == (4, 7)
-    assert opts[0]["usd_per_hour_range"] == (12.0, 21.0)
+    assert opts[0]["pools"][0]["replicas_interval90"] == (4, 7)
+    assert opts[0]["usd_per_hour_interval90"] == (12.0, 21.0)
+    # n+1: one spare on each end of the interval, 5 .. 8 replicas
+    opts = options(10, {}, {("g", "all"): 2.0}, {"g": 3.0}, SearchSpec(redundancy="n+1"),
+                   rate_intervals={("g", "all"): (1.8, 3.3)})
+    assert opts[0]["pools"][0]["replicas_interval90"] == (5, 8)
 
 
-def test_a_checked_fleets_replica_range_moves_each_pool_by_the_band():
+def test_a_checked_fleets_intervals_move_each_pool_and_each_p99_by_the_step_models_error():
     from sim.planning.capacity import SLO
-    from sim.planning.mixed_check import fleet_ranges
+    from sim.planning.mixed_check import fleet_intervals
     from sim.planning.mixedspec import MixedPlanSpec, MixedSpec
     from sim.planning.uncertainty import load_bands
 
     spec = MixedPlanSpec("s", 4, SLO(ttft_p99_s=1), MixedSpec(("a", "b"), (10,)))
-    prov = {"exact": 1.0}  # all step time on exact lookups of measured tables: the measured band
-    band = load_bands()["measured"]["band"]
+    prov = {"exact": 1.0}  # all step time on exact lookups of measured tables: the measured class
+    b = load_bands()["measured"]["interval90"]
     tried = {"pools_at": [{"name": "short", "gpu": "a", "replicas": 4}, {"name": "long", "gpu": "b", "replicas": 1}],
              "lookup_provenance": prov, "ttft_p99_seeds_s": [0.5, 0.7], "tpot_p99_seeds_s": [0.02, 0.03]}
-    got = fleet_ranges(spec, tried, {"a": 1.0, "b": 3.0})
-    assert got["model_band"] == pytest.approx(band)
-    short = (math.ceil(4 / (1 + band) - 1e-9), math.ceil(4 / (1 - band) - 1e-9))
-    assert got["replicas_range"]["short"] == short
-    assert got["usd_per_hour_range"][0] == short[0] * 1.0 + got["replicas_range"]["long"][0] * 3.0
-    assert got["ttft_p99_range_s"] == pytest.approx((0.5 * (1 - band), 0.7 * (1 + band)))
+    got = fleet_intervals(spec, tried, {"a": 1.0, "b": 3.0})
+    assert got["interval90_model"] == pytest.approx(b) and got["measured_share"] == 1.0
+    # each replica's capacity moves by b: 4 replicas' load needs 4 / (1 +- b) of them
+    short = (math.ceil(4 / (1 + b) - 1e-9), math.ceil(4 / (1 - b) - 1e-9))
+    assert got["replicas_interval90"]["short"] == short
+    assert got["usd_per_hour_interval90"][0] == short[0] * 1.0 + got["replicas_interval90"]["long"][0] * 3.0
+    # two seeds: exp(mean log +- t(0.95, 1) s sqrt(1 + 1/2)), t = 6.314 (tables), s the logs'
+    # sample deviation |ln 0.7 - ln 0.5| / sqrt 2; then / (1 + b) low, / (1 - b) high
+    mean, s = (math.log(0.5) + math.log(0.7)) / 2, abs(math.log(0.7) - math.log(0.5)) / math.sqrt(2)
+    h = 6.314 * s * math.sqrt(1.5)
+    assert got["ttft_p99_interval90_s"] == pytest.approx((math.exp(mean - h) / (1 + b), math.exp(mean + h) / (1 - b)))
+    assert got["e2e_p99_interval90_s"] is None  # no seeds measured it
+    assert not any("_range" in k or "band" in k for k in got)
 
 
 def test_the_day_plan_reads_the_public_rate_profile():

@@ -38,8 +38,12 @@ def test_a_mixed_plan_report_compares_the_mix_with_the_best_single_type(browser,
     assert rec["fleet"] in got["text"] and f"{rec['usd_per_hour']:.4g}" in got["text"]
     assert single["fleet"] in got["text"] and "saves" in got["text"]
     assert "gamma" in got["text"]  # the arrival process it was sized on
-    lo, hi = rec["usd_per_hour_range"]
-    assert f"{lo:.2f} - {hi:.2f}" in got["text"]  # the range of the recommendation
+    lo, hi = rec["usd_per_hour_interval90"]
+    assert f"90 % interval ${lo:.2f} - {hi:.2f}" in got["text"]  # the recommendation's 90 % interval
+    lo, hi = rec["ttft_p99_interval90_s"]
+    assert f"{lo:.3g} - {hi:.3g}" in got["text"]
+    # one word, one thing: no typical-error "band" and no separate "range" figures
+    assert "band" not in got["text"].replace("step_error_bands", "") and "range" not in got["text"]
     assert "1025-4096" in got["text"]  # the middle class of the three-class split
     assert got["images"] and all(ok and w > 0 for ok, w in got["images"])
     assert got["external"] == []
@@ -122,6 +126,18 @@ def test_a_mixed_plan_written_before_its_kind_was_recorded_still_renders(tmp_pat
     del plan["kind"]
     rep = build_report(_mixed_folder(tmp_path, plan))
     assert rep.title.startswith("llmsim plan (mixed fleet)")
+
+
+def test_a_mixed_plan_written_before_its_90_percent_intervals_renders_them_as_dashes(tmp_path):
+    def strip(v):
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if "interval90" not in k and k != "measured_share"}
+        return [strip(x) for x in v] if isinstance(v, list) else v
+
+    plan = strip(json.loads(MIXED.read_text()))
+    rep = build_report(_mixed_folder(tmp_path, plan))
+    checks = rep.sections[0].tables[0][1]
+    assert set(checks["usd_per_hour_interval90"]) == {"-"} and set(checks["interval90_model"]) == {"-"}
 
 
 def _rewrite(folder: Path, plan: dict) -> None:

@@ -35,11 +35,13 @@ The scenario's own `cluster:` (if any) is replaced: the plan builds the fleets i
    classes, every (Ti, Tj] with more) and sum over k of C(thresholds, k - 1) x G^k
    options, priced by arithmetic. The single types are options too, so the cheapest
    option never costs more than the best single type.
-4. **Ranges** (`sim/planning/uncertainty.py`): each pool's sustained rate moves within
-   [rate x (1 - band), fail rate x (1 + band)] (the bisection's bracket widened by the
-   step model's error band over the lookups behind it), so its replicas and dollars have
-   a range; a checked fleet's p99s range over its seeds widened by its band, and carry
-   the 90 % prediction interval; its replicas per pool range as (n - spare) / (1 +- band).
+4. **90 % intervals** (`sim/planning/uncertainty.py`, as the rate plans): each pool's
+   sustained rate lies in its `rate_interval`, [rate x (1 - b), fail rate x (1 + b)]
+   (the bisection's bracket widened by b, the step model's `interval_band` over the
+   lookups at the sustained rate), so its replicas (`replicas_needed`) and dollars have a
+   90 % interval; a checked fleet's p99s have their `latency_interval` over its seeds
+   ([seed low / (1 + b), seed high / (1 - b)]), and its replicas per pool theirs from the
+   pool's capacity moving by b (`sim/planning/mixed_check.py`).
 5. **The check** (`sim/planning/mixed_check.py`): the cheapest mix and the best single
    type simulated as whole fleets (the length router with the pool's own router within)
    on the same traffic at the target plus the margin for `search.fleet_traffic_s` (600 s)
@@ -75,13 +77,22 @@ from sim.planning.mixedspec import (  # noqa: F401  (the plan's spec, re-exporte
     spans,
 )
 from sim.planning.planspec import SearchSpec, load_prices
-from sim.planning.uncertainty import model_band, stands_on
+from sim.planning.uncertainty import (
+    fmt_range,
+    interval_band,
+    interval_columns,
+    measured_share,
+    rate_interval,
+    replicas_needed,
+    stands_on,
+)
 
 # ---- per-pool capacity -----------------------------------------------------------------
 
 def pool_capacity(spec: MixedPlanSpec, gpu: str, path: Path, kind: str) -> dict:
     """One replica of `gpu` on the (sub-)workload in `path`: its sustained rate, the
-    lowest failing rate, and the step model's band over the lookups at the sustained rate."""
+    lowest failing rate, and the half-width b of the step model's 90 % error interval over
+    the lookups at the sustained rate (`interval_band`)."""
     from sim.config.scenario import load_scenario
     from sim.planning.mixed_stream import steady_for
     from sim.planning.plan import _runner
@@ -100,7 +111,8 @@ def pool_capacity(spec: MixedPlanSpec, gpu: str, path: Path, kind: str) -> dict:
     prov = cap.at_rate.summaries[0].get("lookup_provenance") if cap.at_rate else None
     return {"gpu": gpu, "rate": cap.rate, "fail_rate": cap.fail_rate, "probes": len(cap.probes),
             "broke": "; ".join(cap.at_fail.broke) if cap.at_fail else "", "note": "",
-            "model_band": model_band(prov), "stands_on": stands_on(prov)}
+            "interval90_model": interval_band(prov), "measured_share": measured_share(prov),
+            "stands_on": stands_on(prov)}
 
 
 def _jobs(spec: MixedPlanSpec, mix: dict) -> list[tuple]:
@@ -138,22 +150,25 @@ def replicas_for(rate: float, share: float, capacity: float, search: SearchSpec)
 
 
 def options(target: float, shares: dict[tuple, float], caps: dict, gpu_usd_h: dict[str, float],
-            search: SearchSpec, classes: int = 2, rate_ranges: dict | None = None) -> list[dict]:
+            search: SearchSpec, classes: int = 2, rate_intervals: dict | None = None) -> list[dict]:
     """Every single type and every split into 2 to `classes` length classes (a strictly
     increasing choice of the thresholds that `shares`' classes (lo, hi] are cut at) with
     every GPU type on each class, sized and priced, cheapest first (ties: fewer pools,
     then fewer replicas). `caps`: (gpu, 'all' | (lo, hi)) -> sustained rate of one
-    replica; `rate_ranges`: the same keys -> (low, high) rate, for replica and $ ranges."""
+    replica; `rate_intervals`: the same keys -> the rate's 90 % interval (low, high), for
+    the replicas' and dollars' 90 % intervals."""
     out = []
     gpus = sorted({g for g, _ in caps})
-    rr = rate_ranges or {}
+    rr = rate_intervals or {}
+    extra = 1 if search.redundancy == "n+1" else 0
 
     def pool(name: str, g: str, key, share: float) -> dict:
         p = {"name": name, "gpu": g, "replicas": replicas_for(target, share, caps[(g, key)], search),
              "share": share, "sustained_rate": caps[(g, key)]}
         if (g, key) in rr:
-            lo, hi = rr[(g, key)]
-            p["replicas_range"] = (replicas_for(target, share, hi, search), replicas_for(target, share, lo, search))
+            p["replicas_interval90"] = (replicas_needed(search.sizing_rate(target) * share, rr[(g, key)], extra,
+                                                        search.min_replicas)
+                                        if rr[(g, key)][0] > 0 else None)
         return p
 
     splits = [()] + [c for k in range(2, classes + 1)
@@ -172,10 +187,9 @@ def options(target: float, shares: dict[tuple, float], caps: dict, gpu_usd_h: di
             o = {"kind": "mix" if cuts else "single", "threshold": cuts[0] if len(cuts) == 1 else None,
                  "thresholds": list(cuts), "pools": pools,
                  "usd_per_hour": sum(p["replicas"] * gpu_usd_h[p["gpu"]] for p in pools)}
-            if all("replicas_range" in p for p in pools) and all(p["replicas_range"][1] is not None
-                                                                 for p in pools):
-                o["usd_per_hour_range"] = tuple(sum(p["replicas_range"][i] * gpu_usd_h[p["gpu"]] for p in pools)
-                                                for i in (0, 1))
+            if all(p.get("replicas_interval90") for p in pools):
+                o["usd_per_hour_interval90"] = tuple(sum(p["replicas_interval90"][i] * gpu_usd_h[p["gpu"]]
+                                                         for p in pools) for i in (0, 1))
             out.append(o)
     for o in out:
         o["label"] = describe(o)
@@ -203,11 +217,10 @@ def gpu_prices(spec: MixedPlanSpec, prices: dict[str, float]) -> dict[str, float
 
 # ---- the plan --------------------------------------------------------------------------
 
-def rate_ranges(caps: dict) -> dict:
-    """(gpu, class) -> the sustained rate's range [rate x (1 - band), fail rate x (1 + band)]:
-    the bisection's bracket widened by the step model's band (sim/planning/uncertainty.py)."""
-    return {k: (v["rate"] * (1 - v.get("model_band", 0.0)),
-                (v.get("fail_rate") or v["rate"]) * (1 + v.get("model_band", 0.0)))
+def rate_intervals(caps: dict) -> dict:
+    """(gpu, class) -> the sustained rate's 90 % interval, `rate_interval` of the bisection's
+    bracket [rate, fail rate] and the capacity's `interval90_model` (sim/planning/uncertainty.py)."""
+    return {k: rate_interval(v["rate"], v.get("fail_rate") or v["rate"], v.get("interval90_model", 0.0))
             for k, v in caps.items()}
 
 
@@ -223,7 +236,7 @@ def run_mixed_plan(spec: MixedPlanSpec, prices_path: str | None = None, workers:
         caps = capacities(spec, mix, workers)
         rates = {k: v["rate"] for k, v in caps.items()}
         opts = options(spec.target_rate, mix["shares"], rates, usd, spec.search, spec.mixed.classes,
-                       rate_ranges(caps))
+                       rate_intervals(caps))
         singles = [o for o in opts if o["kind"] == "single"]
         mixes = [o for o in opts if o["kind"] == "mix"]
         result: dict[str, Any] = {
@@ -236,7 +249,7 @@ def run_mixed_plan(spec: MixedPlanSpec, prices_path: str | None = None, workers:
                                         for k, v in mix["interarrival_cv"].items()},
                     "mean_output_tokens": mix["mean_output_tokens"]},
             "capacity": [{"gpu": g, "workload": k if k == "all" else span_label(*k), **v,
-                          "sustained_rate_range": rate_ranges({0: v})[0]} for (g, k), v in caps.items()],
+                          "sustained_rate_interval90": rate_intervals({0: v})[0]} for (g, k), v in caps.items()],
             "search_cost": {"capacity_searches": len(caps), "options": len(opts)},
             "options": opts, "best_single": singles[0] if singles else None,
             "best_mix": mixes[0] if mixes else None}
@@ -250,34 +263,30 @@ def run_mixed_plan(spec: MixedPlanSpec, prices_path: str | None = None, workers:
     if rec is not None:
         per_usd = 1e6 / (spec.target_rate * mix["mean_output_tokens"] * 3600)
         rec = {**rec, "usd_per_m_output_tokens": rec["usd_per_hour"] * per_usd,
-               "usd_per_m_output_tokens_range": tuple(u * per_usd for u in rec["usd_per_hour_range"]),
+               "usd_per_m_output_tokens_interval90": tuple(u * per_usd for u in rec["usd_per_hour_interval90"]),
                "kind": "mix" if len(rec["pools"]) > 1 else "single"}
     result["recommended"] = rec
     return result
 
 
 def write_mixed_plan(result: dict, out_dir: str | Path) -> Path:
-    """plan.json (everything) and options.csv (every option sized) in an output folder."""
+    """plan.json (everything) and options.csv (every option sized; each 90 % interval as its
+    `_low`/`_high` columns) in an output folder."""
     import json
 
     from sim.io.outdir import write_output
 
     def write(folder: Path) -> None:
         (folder / "plan.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-        pd.DataFrame([{"option": o["label"], "kind": o["kind"], "threshold": o["threshold"],
-                       "thresholds": " ".join(map(str, o["thresholds"])), "usd_per_hour": o["usd_per_hour"],
-                       "usd_per_hour_range": _range_text(o.get("usd_per_hour_range"), "{:.2f}"),
-                       **{f"{p['name']}_{k}": p[k] for p in o["pools"] for k in ("gpu", "replicas",
-                                                                                 "share", "sustained_rate")}}
-                      for o in result["options"]]).to_csv(folder / "options.csv", index=False)
+        pd.DataFrame([interval_columns(
+            {"option": o["label"], "kind": o["kind"], "threshold": o["threshold"],
+             "thresholds": " ".join(map(str, o["thresholds"])), "usd_per_hour": o["usd_per_hour"],
+             "usd_per_hour_interval90": o.get("usd_per_hour_interval90"),
+             **{f"{p['name']}_{k}": p.get(k) for p in o["pools"]
+                for k in ("gpu", "replicas", "replicas_interval90", "share", "sustained_rate")}})
+            for o in result["options"]]).to_csv(folder / "options.csv", index=False)
 
     return write_output(out_dir, "plan", write, {"name": result["name"]})
-
-
-def _range_text(r, fmt: str = "{:.3g}") -> str:
-    from sim.planning.uncertainty import fmt_range
-
-    return fmt_range(r, fmt)
 
 
 def mixed_lines(result: dict) -> list[str]:
@@ -289,11 +298,11 @@ def mixed_lines(result: dict) -> list[str]:
              f"length mix ({m['requests']:,} requests drawn, seed {m['seed']}), by {result['length_by']} "
              "tokens: " + ", ".join(f"{float(s):.0%} {k}" for k, s in m["class_share"].items()),
              "one replica's sustained rate (req/s, steady probes on the sub-workload it receives; "
-             "range: seed bracket + step-model band):"]
+             "90 % interval: seed bracket + the step model's 90 % error):"]
     by_gpu: dict[str, list[str]] = {}
     for c in result["capacity"]:
         by_gpu.setdefault(c["gpu"], []).append(
-            f"{c['workload']} {c['rate']:.2f} ({_range_text(c.get('sustained_rate_range'), '{:.2f}')})")
+            f"{c['workload']} {c['rate']:.2f} ({fmt_range(c.get('sustained_rate_interval90'), '{:.2f}')})")
     lines += [f"  {g}: " + ", ".join(v) for g, v in by_gpu.items()]
     cost = result.get("search_cost")
     if cost:
@@ -303,8 +312,8 @@ def mixed_lines(result: dict) -> list[str]:
         o = result[key]
         if o is not None:
             lines.append(f"{name} (estimate): {o['label']}, ${o['usd_per_hour']:.2f}/hour"
-                         + (f" (range ${_range_text(o['usd_per_hour_range'], '{:.2f}')})"
-                            if o.get("usd_per_hour_range") else ""))
+                         + (f" (90 % interval ${fmt_range(o['usd_per_hour_interval90'], '{:.2f}')})"
+                            if o.get("usd_per_hour_interval90") else ""))
     for key, c in result["checks"].items():
         lines.append(f"fleet check of the {key.replace('_', ' ')}: {c['fleet']} at {c['rate']:g} req/s for "
                      f"{c['traffic_s']:g} s, seeds {c['seeds']}: SLOs {'hold' if c['holds'] else 'DO NOT hold'}, "
@@ -317,10 +326,10 @@ def mixed_lines(result: dict) -> list[str]:
     else:
         lines.append(f"recommended: {rec['fleet']} ({rec['kind']}), ${rec['usd_per_hour']:.2f}/hour, "
                      f"${rec['usd_per_m_output_tokens']:.3f}/M output tokens (its fleet check)")
-        lines.append(f"  how sure: ${_range_text(rec['usd_per_hour_range'], '{:.2f}')}/hour, "
-                     f"TTFT99 {_range_text(rec['ttft_p99_range_s'], '{:.3f}')} s, "
-                     f"TPOT99 {_range_text(rec['tpot_p99_range_s'], '{:.3f}')} s (seed spread + the step "
-                     f"model's ±{rec['model_band']:.0%} band; lookups {rec['stands_on_lookups']})")
+        lines.append(f"  90 % intervals: ${fmt_range(rec['usd_per_hour_interval90'], '{:.2f}')}/hour, "
+                     f"TTFT99 {fmt_range(rec['ttft_p99_interval90_s'], '{:.3f}')} s, "
+                     f"TPOT99 {fmt_range(rec['tpot_p99_interval90_s'], '{:.3f}')} s (seed spread + the step "
+                     f"model's 90 % error ±{rec['interval90_model']:.0%}; lookups {rec['stands_on_lookups']})")
         single = result["checks"].get("best_single")
         if single and single["holds"] and rec["kind"] == "mix":
             lines.append(f"  saves {1 - rec['usd_per_hour'] / single['usd_per_hour']:.0%} against the best "

@@ -8,10 +8,12 @@ The traffic is the plan's workload (`sim/planning/mixed_stream.py`): Poisson ove
 drawn lengths, or the workload's own stream replayed (seed i: its own window), so every
 option checked sees the same requests at the same times on a seed.
 
-Ranges of the fleet that holds: its p99s over the seeds, widened by the step model's
-band over the fleet's lookups, and their 90 % prediction intervals
-(`sim/planning/uncertainty.py`); per pool, replicas (n - spare) / (1 +- band) rounded up
-(+ the spare): a step model off by e moves every replica's capacity by e.
+90 % intervals of the fleet that holds (`sim/planning/uncertainty.py`, b the step model's
+`interval_band` over the fleet's lookups): its p99s' `latency_interval` over the seeds,
+[seed low / (1 + b), seed high / (1 - b)]; per pool, the replicas needed when each
+replica's capacity moves within its `rate_interval` [1 - b, 1 + b] of what the check
+found (`replicas_needed` of the pool's serving replicas: (n - spare) / (1 +- b) rounded
+up, + the spare), and $/hour from those.
 """
 
 from __future__ import annotations
@@ -22,7 +24,14 @@ from sim.planning.capacity import SLO, violations
 from sim.planning.mixed_stream import steady_for, stream_overrides, traffic
 from sim.planning.mixedspec import POOL_NAMES, MixedPlanSpec, _base, _scenario_path, describe
 from sim.planning.steady import window, windowed_summary
-from sim.planning.uncertainty import model_band, prediction_interval, stands_on
+from sim.planning.uncertainty import (
+    interval_band,
+    latency_interval,
+    measured_share,
+    rate_interval,
+    replicas_needed,
+    stands_on,
+)
 
 
 def fleet_cluster(spec: MixedPlanSpec, option: dict) -> dict:
@@ -135,32 +144,29 @@ def check_option(spec: MixedPlanSpec, option: dict, gpu_usd_h: dict[str, float],
     last = [t for t in tries if t["holds"]][-1] if any(t["holds"] for t in tries) else tries[-1]
     opt["pools"] = last["pools_at"]
     return {"option": option["label"], "fleet": last["fleet"], "pools": opt["pools"], "holds": last["holds"],
-            **fleet_ranges(spec, last, gpu_usd_h),
+            **fleet_intervals(spec, last, gpu_usd_h),
             "usd_per_hour": last["usd_per_hour"], "ttft_p99_s": last["ttft_p99_s"],
             "tpot_p99_s": last["tpot_p99_s"], "e2e_p99_s": last["e2e_p99_s"], "seeds": seeds,
             "rate": spec.search.sizing_rate(spec.target_rate), "traffic_s": spec.search.fleet_traffic_s,
             "fleets_run": len(tries), "tries": tries}
 
 
-def fleet_ranges(spec: MixedPlanSpec, tried: dict, gpu_usd_h: dict[str, float]) -> dict:
-    """Ranges of a checked fleet (module docstring): replicas per pool and $/hour from the
-    step model's band over its lookups; p99s over its seeds widened by that band, and
-    their 90 % prediction intervals."""
+def fleet_intervals(spec: MixedPlanSpec, tried: dict, gpu_usd_h: dict[str, float]) -> dict:
+    """90 % intervals of a checked fleet (module docstring): replicas per pool and $/hour;
+    p99s over its seeds. b is the step model's `interval_band` over the fleet's lookups."""
     prov = tried.get("lookup_provenance")
-    band = model_band(prov)
+    b = interval_band(prov)
     extra = 1 if spec.search.redundancy == "n+1" else 0
-    ranges = {}
-    for p in tried["pools_at"]:
-        serving = max(p["replicas"] - extra, 1)
-        ranges[p["name"]] = tuple(max(spec.search.min_replicas, math.ceil(serving / f - 1e-9) + extra)
-                                  for f in (1 + band, max(1 - band, 1e-9)))
-    out = {"model_band": band, "stands_on_lookups": stands_on(prov), "replicas_range": ranges,
-           "usd_per_hour_range": tuple(sum(ranges[p["name"]][i] * gpu_usd_h[p["gpu"]] for p in tried["pools_at"])
-                                       for i in (0, 1))}
+    # each pool's load in units of one replica's capacity as checked: its serving replicas
+    reps = {p["name"]: replicas_needed(max(p["replicas"] - extra, 1), rate_interval(1.0, 1.0, b), extra,
+                                       spec.search.min_replicas)
+            for p in tried["pools_at"]}
+    out = {"interval90_model": b, "measured_share": measured_share(prov), "stands_on_lookups": stands_on(prov),
+           "replicas_interval90": reps,
+           "usd_per_hour_interval90": tuple(sum(reps[p["name"]][i] * gpu_usd_h[p["gpu"]]
+                                                for p in tried["pools_at"]) for i in (0, 1))}
     for k in ("ttft", "tpot", "e2e"):
-        vals = [v for v in tried.get(f"{k}_p99_seeds_s", []) if v is not None]
-        out[f"{k}_p99_range_s"] = (min(vals) * (1 - band), max(vals) * (1 + band)) if vals else None
-        out[f"{k}_p99_interval90_s"] = prediction_interval(vals[0], prov, vals) if vals else None
+        out[f"{k}_p99_interval90_s"] = latency_interval(tried.get(f"{k}_p99_seeds_s") or [], b)
     return out
 
 

@@ -1,8 +1,8 @@
 """The report of a mixed-fleet plan (sim/planning/mixed.py): the recommendation, the
-best mix against the best single type (estimate, range and fleet check side by side, and
-as a plot), the length mix, one replica's capacity per class, and every option. Every
-value is escaped by the page writer (sim/report/document.py): text through `markup`,
-table cells as text, plot labels with mathtext off."""
+best mix against the best single type (estimate and fleet check side by side, each with
+its 90 % interval, and as a plot), the length mix, one replica's capacity per class, and
+every option. Every value is escaped by the page writer (sim/report/document.py): text
+through `markup`, table cells as text, plot labels with mathtext off."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from sim.report.document import Report, Section, fmt_cell, markup, png
 
-OPTION_COLUMNS = ["label", "kind", "thresholds", "usd_per_hour", "usd_per_hour_range"]
+OPTION_COLUMNS = ["label", "kind", "thresholds", "usd_per_hour", "usd_per_hour_interval90"]
 SHOWN_OPTIONS = 40  # the cheapest options in the page's table (options.csv holds them all)
 
 
@@ -24,6 +24,12 @@ def _rng(r, fmt: str = "{:.3g}") -> str:
     return fmt.format(lo) if lo == hi else f"{fmt.format(lo)} - {fmt.format(hi)}"
 
 
+def _pct(v) -> str:
+    """A half-width b as '±9%' ('-' when missing)."""
+    b = _num(v)
+    return "-" if math.isnan(b) else f"±{b:.0%}"
+
+
 def _num(v) -> float:
     try:
         return float(v)
@@ -32,8 +38,8 @@ def _num(v) -> float:
 
 
 def comparison_plot(plan: dict) -> Figure:
-    """$/hour of the best mix and the best single type: the estimate with its range, and
-    the fleet check's cost with its range, side by side."""
+    """$/hour of the best mix and the best single type: the estimate and the fleet check's
+    cost side by side, each with its 90 % interval."""
     fig = Figure(figsize=(7, 3.6), layout="constrained")
     ax = fig.subplots()
     names, checks = [], plan.get("checks") or {}
@@ -48,7 +54,7 @@ def comparison_plot(plan: dict) -> Figure:
             if not src:
                 continue
             y = _num(src.get("usd_per_hour"))
-            lo, hi = (list(map(_num, src["usd_per_hour_range"])) if src.get("usd_per_hour_range")
+            lo, hi = (list(map(_num, src["usd_per_hour_interval90"])) if src.get("usd_per_hour_interval90")
                       else (y, y))
             ax.bar(i + dx, y, width=0.28, color=color, alpha=0.8, label=what)
             if not (math.isnan(lo) or math.isnan(hi)):
@@ -56,7 +62,7 @@ def comparison_plot(plan: dict) -> Figure:
     ax.set_xticks([i for i, _ in names], [n for _, n in names], fontsize=7)
     for t in ax.get_xticklabels():
         t.set_parse_math(False)  # a GPU or plan name is text, never mathtext
-    ax.set_ylabel("$/hour (bar: figure; whisker: range)")
+    ax.set_ylabel("$/hour (bar: figure; whisker: 90 % interval)")
     handles, labels = ax.get_legend_handles_labels()
     seen = dict(zip(labels, handles, strict=True))
     ax.legend(seen.values(), seen.keys(), fontsize=8)
@@ -66,11 +72,11 @@ def comparison_plot(plan: dict) -> Figure:
 
 def _check_row(key: str, c: dict) -> dict:
     return {"fleet": f"{key.replace('_', ' ')}: {c.get('fleet')}", "holds": c.get("holds"),
-            "usd_per_hour": c.get("usd_per_hour"), "usd_per_hour_range": _rng(c.get("usd_per_hour_range"), "{:.2f}"),
-            "ttft_p99_s": c.get("ttft_p99_s"), "ttft_p99_range_s": _rng(c.get("ttft_p99_range_s")),
-            "tpot_p99_s": c.get("tpot_p99_s"), "tpot_p99_range_s": _rng(c.get("tpot_p99_range_s")),
-            "ttft_p99_interval90_s": _rng(c.get("ttft_p99_interval90_s")),
-            "model_band": c.get("model_band"), "fleets_run": c.get("fleets_run"),
+            "usd_per_hour": c.get("usd_per_hour"),
+            "usd_per_hour_interval90": _rng(c.get("usd_per_hour_interval90"), "{:.2f}"),
+            "ttft_p99_s": c.get("ttft_p99_s"), "ttft_p99_interval90_s": _rng(c.get("ttft_p99_interval90_s")),
+            "tpot_p99_s": c.get("tpot_p99_s"), "tpot_p99_interval90_s": _rng(c.get("tpot_p99_interval90_s")),
+            "interval90_model": _pct(c.get("interval90_model")), "fleets_run": c.get("fleets_run"),
             "estimate": c.get("option")}
 
 
@@ -79,12 +85,15 @@ def mixed_sections(plan: dict) -> Report:
     arrival = (plan.get("arrival") or {}).get("label", "Poisson at the probed rate")
     text = []
     if rec:
-        text.append(markup("Recommended: <b>{}</b> ({}), ${}/hour (range ${}), ${} per million output "
-                           "tokens, p99 TTFT {} s (range {}), p99 TPOT {} s (range {}): its fleet check.",
+        text.append(markup("Recommended: <b>{}</b> ({}), ${}/hour (90 % interval ${}), ${} per million "
+                           "output tokens (90 % interval ${}), p99 TTFT {} s (90 % interval {}), p99 TPOT "
+                           "{} s (90 % interval {}): its fleet check.",
                            rec.get("fleet"), rec.get("kind"), fmt_cell(rec.get("usd_per_hour")),
-                           _rng(rec.get("usd_per_hour_range"), "{:.2f}"), fmt_cell(rec.get("usd_per_m_output_tokens")),
-                           fmt_cell(rec.get("ttft_p99_s")), _rng(rec.get("ttft_p99_range_s")),
-                           fmt_cell(rec.get("tpot_p99_s")), _rng(rec.get("tpot_p99_range_s"))))
+                           _rng(rec.get("usd_per_hour_interval90"), "{:.2f}"),
+                           fmt_cell(rec.get("usd_per_m_output_tokens")),
+                           _rng(rec.get("usd_per_m_output_tokens_interval90"), "{:.3f}"),
+                           fmt_cell(rec.get("ttft_p99_s")), _rng(rec.get("ttft_p99_interval90_s")),
+                           fmt_cell(rec.get("tpot_p99_s")), _rng(rec.get("tpot_p99_interval90_s"))))
         single = checks.get("best_single")
         if single and single.get("holds") and rec.get("kind") == "mix":
             saved = 1 - _num(rec.get("usd_per_hour")) / _num(single.get("usd_per_hour"))
@@ -96,16 +105,17 @@ def mixed_sections(plan: dict) -> Report:
         text.append(markup("<span class='bad'>No checked fleet meets the SLOs.</span>"))
     text += [markup("Arrivals: {}. Both fleets were simulated on the same traffic (the target plus the "
                     "margin, fresh seeds; the length router, each pool's own router within).", arrival),
-             "Ranges: each figure's seed spread widened by the step model's error band over the lookups "
-             "behind it (data/step_error_bands.yaml); a pool's replicas from its sustained rate's range "
-             "(the bisection's bracket widened by the band). 90 % interval: the step model's held-out "
-             "90 % error (sim/planning/uncertainty.py)."]
+             "90 % intervals (sim/planning/uncertainty.py): each figure's spread over seeds (a sustained "
+             "rate's: the bisection's bracket) widened by b, the step model's 90 % error, the "
+             "share-weighted interval90 of the lookup classes behind it (data/step_error_bands.yaml): a "
+             "latency's [seed low / (1 + b), seed high / (1 - b)], a rate's [low x (1 - b), high x (1 + b)]; "
+             "replicas and dollars follow from the rates' intervals."]
     if rec and rec.get("stands_on_lookups"):
-        text.append(markup("The recommended fleet's step time stands on: {} (band ±{}).",
-                           rec["stands_on_lookups"], f"{_num(rec.get('model_band')):.0%}"))
+        text.append(markup("The recommended fleet's step time stands on: {} (its 90 % error {}).",
+                           rec["stands_on_lookups"], _pct(rec.get("interval90_model"))))
     table = pd.DataFrame([_check_row(k, c) for k, c in checks.items()])
     est = pd.DataFrame([{"option": f"{k.replace('_', ' ')}: {o.get('label')}", "usd_per_hour": o.get("usd_per_hour"),
-                         "usd_per_hour_range": _rng(o.get("usd_per_hour_range"), "{:.2f}"),
+                         "usd_per_hour_interval90": _rng(o.get("usd_per_hour_interval90"), "{:.2f}"),
                          **{f"pool {i + 1}": f"{p.get('replicas')} x {p.get('gpu')} ({_num(p.get('share')):.0%}, "
                             f"{_num(p.get('sustained_rate')):.3g} req/s each)"
                             for i, p in enumerate(o.get("pools") or [])}}
@@ -117,9 +127,9 @@ def mixed_sections(plan: dict) -> Report:
     cvs = m.get("interarrival_cv") or {}
     mix_table = pd.DataFrame([{"class (tokens)": k, "share": v, "inter-arrival CV": cvs.get(k)}
                               for k, v in shares.items()])
-    caps = pd.DataFrame([{k: c.get(k) for k in ("gpu", "workload", "rate", "fail_rate", "model_band", "probes",
-                                                "broke", "note")}
-                         | {"sustained_rate_range": _rng(c.get("sustained_rate_range"))}
+    caps = pd.DataFrame([{k: c.get(k) for k in ("gpu", "workload", "rate", "fail_rate", "probes", "broke", "note")}
+                         | {"sustained_rate_interval90": _rng(c.get("sustained_rate_interval90")),
+                            "interval90_model": _pct(c.get("interval90_model"))}
                          for c in plan.get("capacity") or []])
     cost = plan.get("search_cost") or {}
     secs.append(Section("length mix and capacity", [
@@ -133,7 +143,7 @@ def mixed_sections(plan: dict) -> Report:
     rows = pd.DataFrame([{"option": o.get("label"), "kind": o.get("kind"),
                           "thresholds": " ".join(map(str, o.get("thresholds") or [o.get("threshold")])),
                           "usd_per_hour": o.get("usd_per_hour"),
-                          "usd_per_hour_range": _rng(o.get("usd_per_hour_range"), "{:.2f}")}
+                          "usd_per_hour_interval90": _rng(o.get("usd_per_hour_interval90"), "{:.2f}")}
                          for o in opts[:SHOWN_OPTIONS]])
     secs.append(Section("options", [f"The {min(len(opts), SHOWN_OPTIONS)} cheapest of {len(opts)} options "
                                     "(estimates from one replica's capacity; all in options.csv)."],
