@@ -151,15 +151,65 @@ class Capacity:
 
 def max_rate(run_at, slo: SLO, seeds: list[int], need: int | None = None, rate_start: float = 4.0,
              rate_min: float = 0.05, rate_max: float = 1024.0, rel_tol: float = 0.08,
-             max_probes: int = 16) -> Capacity:
-    """Bisection (in log rate) for the highest rate whose probe passes."""
+             max_probes: int = 16, lazy: bool = True) -> Capacity:
+    """Bisection (in log rate) for the highest rate whose probe passes.
+
+    `lazy` (when every seed must pass): a probe runs its first seed only, and the other
+    seeds run at the answer alone. That is the exhaustive search's answer whenever a seed
+    that passes at a rate also passes at every lower rate (what the bisection already
+    assumes of the rate): a first seed that fails decides a probe either way, and a
+    passing probe below the answer would pass its other seeds too, since they pass at the
+    answer. When another seed fails at the answer, the search runs again from the start
+    with that failure known (every run is kept, so the replay costs nothing up to there),
+    until the answer passes every seed. The probes a search made, the answer's and the
+    first failing rate's are the exhaustive search's; the passing probes below the answer
+    list their first seed only (`runs` counts the runs made)."""
     need = len(seeds) if need is None else need
+    done: dict[tuple[float, int], dict] = {}
+
+    def run(rate: float, seed: int) -> dict:
+        if (rate, seed) not in done:
+            done[(rate, seed)] = run_at(rate, seed)
+        return done[(rate, seed)]
+
+    args = (rate_start, rate_min, rate_max, rel_tol, max_probes)
+    if not lazy or len(seeds) < 2 or need < len(seeds):
+        return _bisect(lambda r: probe(run, r, seeds, slo, need), *args)
+    while True:
+        cap = _bisect(lambda r: _optimistic(run, done, r, seeds, slo), *args)
+        if cap.at_rate is None:
+            return cap
+        full = probe(run, cap.at_rate.rate, seeds, slo, need)
+        if full.passed:
+            cap.probes = [full if p is cap.at_rate else p for p in cap.probes]
+            cap.at_rate = full
+            return cap
+
+
+def _optimistic(run, done: dict, rate: float, seeds: list[int], slo: SLO) -> Probe:
+    """A probe that runs its first seed and takes the other seeds from the runs already
+    made (a known failure fails it; one not run yet is taken to pass)."""
+    summaries, passed = [], 0
+    for i, seed in enumerate(seeds):
+        if i and (rate, seed) not in done:
+            break
+        s = run(rate, seed)
+        summaries.append(s)
+        v = violations(s, slo)
+        if v:
+            return Probe(rate, False, passed, len(summaries), summaries, v)
+        passed += 1
+    return Probe(rate, True, passed, len(summaries), summaries, [])
+
+
+def _bisect(probe_at, rate_start: float, rate_min: float, rate_max: float, rel_tol: float,
+            max_probes: int) -> Capacity:
     probes: list[Probe] = []
     lo: Probe | None = None
     hi: Probe | None = None
     r = rate_start
     while len(probes) < max_probes:
-        p = probe(run_at, r, seeds, slo, need)
+        p = probe_at(r)
         probes.append(p)
         if p.passed:
             lo = p if lo is None or p.rate > lo.rate else lo
