@@ -159,11 +159,11 @@ def max_rate(run_at, slo: SLO, seeds: list[int], need: int | None = None, rate_s
     that passes at a rate also passes at every lower rate (what the bisection already
     assumes of the rate): a first seed that fails decides a probe either way, and a
     passing probe below the answer would pass its other seeds too, since they pass at the
-    answer. When another seed fails at the answer, the search runs again from the start
-    with that failure known (every run is kept, so the replay costs nothing up to there),
-    until the answer passes every seed. The probes a search made, the answer's and the
-    first failing rate's are the exhaustive search's; the passing probes below the answer
-    list their first seed only (`runs` counts the runs made)."""
+    answer. When another seed fails at the answer (the seeds disagree), the exhaustive
+    search runs, keeping every run made (its probes up to where the paths part cost
+    nothing). The probes a search made, the answer's and the first failing rate's are the
+    exhaustive search's; the passing probes below the answer list their first seed only
+    (`runs` counts the runs made)."""
     need = len(seeds) if need is None else need
     done: dict[tuple[float, int], dict] = {}
 
@@ -175,31 +175,16 @@ def max_rate(run_at, slo: SLO, seeds: list[int], need: int | None = None, rate_s
     args = (rate_start, rate_min, rate_max, rel_tol, max_probes)
     if not lazy or len(seeds) < 2 or need < len(seeds):
         return _bisect(lambda r: probe(run, r, seeds, slo, need), *args)
-    while True:
-        cap = _bisect(lambda r: _optimistic(run, done, r, seeds, slo), *args)
-        if cap.at_rate is None:
-            return cap
-        full = probe(run, cap.at_rate.rate, seeds, slo, need)
-        if full.passed:
-            cap.probes = [full if p is cap.at_rate else p for p in cap.probes]
-            cap.at_rate = full
-            return cap
-
-
-def _optimistic(run, done: dict, rate: float, seeds: list[int], slo: SLO) -> Probe:
-    """A probe that runs its first seed and takes the other seeds from the runs already
-    made (a known failure fails it; one not run yet is taken to pass)."""
-    summaries, passed = [], 0
-    for i, seed in enumerate(seeds):
-        if i and (rate, seed) not in done:
-            break
-        s = run(rate, seed)
-        summaries.append(s)
-        v = violations(s, slo)
-        if v:
-            return Probe(rate, False, passed, len(summaries), summaries, v)
-        passed += 1
-    return Probe(rate, True, passed, len(summaries), summaries, [])
+    cap = _bisect(lambda r: probe(run, r, seeds[:1], slo, 1), *args)  # the first seed
+    if cap.at_rate is None:
+        return cap
+    full = probe(run, cap.at_rate.rate, seeds, slo, need)
+    if full.passed:
+        cap.probes = [full if p is cap.at_rate else p for p in cap.probes]
+        cap.at_rate = full
+        return cap
+    # the seeds disagree: the exhaustive search, every run made so far kept
+    return _bisect(lambda r: probe(run, r, seeds, slo, need), *args)
 
 
 def _bisect(probe_at, rate_start: float, rate_min: float, rate_max: float, rel_tol: float,

@@ -81,7 +81,7 @@ def capacity(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
         run_at = _runner(scen, base, sc, rule, spec.slo.bounds(), spec.arrival)
         seeds = [sc.seed + i for i in range(s.seeds)]
         cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
-                       s.rel_tol, s.max_probes)
+                       s.rel_tol, s.max_probes, s.lazy_seeds)
     except SpecError as e:
         return {**row, "status": "skipped", "note": f"refused by the scenario: {e.path}: {e.message}"}
     out = {**row, **_capacity_row(cap, unit.pools[0].gpu), "gpus_per_replica": unit.gpus,
