@@ -58,14 +58,22 @@ def test_lazy_seeds_run_the_other_seeds_at_the_answer_only():
 
 
 def test_a_seed_failing_at_the_answer_replays_the_search_to_the_exhaustive_answer():
-    # seed 1 breaks from 5 req/s, seed 0 from 10: the lazy answer (~9.5) fails seed 1, and
-    # the exhaustive search runs, reusing seed 0's runs below 5 req/s
+    # seed 1 breaks from 5 req/s, seed 0 from 10: seed 1 fails at the lazy answer (~9.9) and
+    # at 8, passes at 4; from 8 on (the split) the search runs every seed
     full, lazy, calls_full, calls_lazy = _both({0: 10.0, 1: 5.0}, rate_start=1.0, rel_tol=0.05)
     _same_answer(full, lazy)
     assert lazy.rate < 5.0 <= lazy.fail_rate
-    assert len(set(calls_lazy)) == len(calls_lazy)  # the exhaustive search re-runs nothing
-    first = {c for c in calls_lazy if c[1] == 0 and c not in calls_full}  # seed 0 past 5 req/s
-    assert len(calls_lazy) == len(calls_full) + len(first) + 1  # + the failed check at the answer
+    assert len(set(calls_lazy)) == len(calls_lazy)  # nothing runs twice
+    # saved: seed 1 below 4 req/s, where it passes; past the split every seed runs
+    assert set(calls_full) - set(calls_lazy) == {(1.0, 1), (2.0, 1)}
+
+
+def test_seeds_disagreeing_at_the_answer_only_save_the_runs_below_it():
+    # seed 1 breaks from 9.7 req/s, seed 0 from 10: 1, 2, 4, 8 pass both, then the bracket
+    full, lazy, calls_full, calls_lazy = _both({0: 10.0, 1: 9.7}, rate_start=1.0, rel_tol=0.05)
+    _same_answer(full, lazy)
+    assert len(calls_lazy) < len(calls_full)
+    assert {(r, s) for r, s in calls_full if s == 1 and r <= 4.0} & set(calls_lazy) == set()
 
 
 def test_need_fewer_than_every_seed_is_searched_as_before():

@@ -159,10 +159,12 @@ def max_rate(run_at, slo: SLO, seeds: list[int], need: int | None = None, rate_s
     that passes at a rate also passes at every lower rate (what the bisection already
     assumes of the rate): a first seed that fails decides a probe either way, and a
     passing probe below the answer would pass its other seeds too, since they pass at the
-    answer. When another seed fails at the answer (the seeds disagree), the exhaustive
-    search runs, keeping every run made (its probes up to where the paths part cost
-    nothing). The probes a search made, the answer's and the first failing rate's are the
-    exhaustive search's; the passing probes below the answer list their first seed only
+    answer. When another seed fails at the answer (the seeds disagree), the other seeds run
+    at the passing rates from the answer down until every seed passes at one; the search
+    is then the exhaustive one up to the first probe where another seed failed, and from
+    there on every probe runs every seed (every run made so far kept). The probes a search
+    made, the answer's and the first failing rate's are the exhaustive search's; the
+    passing probes below the answer list their first seed only
     (`runs` counts the runs made)."""
     need = len(seeds) if need is None else need
     done: dict[tuple[float, int], dict] = {}
@@ -175,16 +177,37 @@ def max_rate(run_at, slo: SLO, seeds: list[int], need: int | None = None, rate_s
     args = (rate_start, rate_min, rate_max, rel_tol, max_probes)
     if not lazy or len(seeds) < 2 or need < len(seeds):
         return _bisect(lambda r: probe(run, r, seeds, slo, need), *args)
-    cap = _bisect(lambda r: probe(run, r, seeds[:1], slo, 1), *args)  # the first seed
-    if cap.at_rate is None:
-        return cap
-    full = probe(run, cap.at_rate.rate, seeds, slo, need)
-    if full.passed:
-        cap.probes = [full if p is cap.at_rate else p for p in cap.probes]
-        cap.at_rate = full
-        return cap
-    # the seeds disagree: the exhaustive search, every run made so far kept
-    return _bisect(lambda r: probe(run, r, seeds, slo, need), *args)
+    first = _bisect(lambda r: probe(run, r, seeds[:1], slo, 1), *args)  # the first seed only
+    passes = [i for i, p in enumerate(first.probes) if p.passed]  # rising in rate and in time
+    known: dict[float, Probe] = {}
+    split = None  # the first passing probe (in order) where another seed fails
+    for i in reversed(passes):
+        full = known[first.probes[i].rate] = probe(run, first.probes[i].rate, seeds, slo, need)
+        if full.passed:
+            break
+        split = i
+    if split is None:  # every seed passes at the answer: so at every passing rate below it
+        return _swap(first, known)
+    # the exhaustive search's path is this one up to `split`, which fails: from there on,
+    # every probe runs every seed (the runs made so far kept)
+    made = [0]
+
+    def probe_at(r: float) -> Probe:
+        made[0] += 1
+        if r in known:
+            return known[r]
+        if made[0] <= split:  # before the split: as the first search went
+            return probe(run, r, seeds[:1], slo, 1)
+        return probe(run, r, seeds, slo, need)
+    return _swap(_bisect(probe_at, *args), known)
+
+
+def _swap(cap: Capacity, known: dict[float, Probe]) -> Capacity:
+    """`cap` with its probes at the rates every seed ran at replaced by those full probes."""
+    cap.probes = [known.get(p.rate, p) for p in cap.probes]
+    cap.at_rate = known.get(cap.at_rate.rate, cap.at_rate) if cap.at_rate else None
+    cap.at_fail = known.get(cap.at_fail.rate, cap.at_fail) if cap.at_fail else None
+    return cap
 
 
 def _bisect(probe_at, rate_start: float, rate_min: float, rate_max: float, rel_tol: float,
