@@ -149,23 +149,27 @@ class Capacity:
         return (min(vals), max(vals)) if vals else None
 
 
+# the other seeds of a lazy search run at every passing rate from this share of the answer up
+LAZY_BELOW = 0.5
+
+
 def max_rate(run_at, slo: SLO, seeds: list[int], need: int | None = None, rate_start: float = 4.0,
              rate_min: float = 0.05, rate_max: float = 1024.0, rel_tol: float = 0.08,
              max_probes: int = 16, lazy: bool = True) -> Capacity:
     """Bisection (in log rate) for the highest rate whose probe passes.
 
-    `lazy` (when every seed must pass): a probe runs its first seed only, and the other
-    seeds run at the answer alone. That is the exhaustive search's answer whenever a seed
-    that passes at a rate also passes at every lower rate (what the bisection already
-    assumes of the rate): a first seed that fails decides a probe either way, and a
-    passing probe below the answer would pass its other seeds too, since they pass at the
-    answer. When another seed fails at the answer (the seeds disagree), the other seeds run
-    at the passing rates from the answer down until every seed passes at one; the search
-    is then the exhaustive one up to the first probe where another seed failed, and from
-    there on every probe runs every seed (every run made so far kept). The probes a search
-    made, the answer's and the first failing rate's are the exhaustive search's; the
-    passing probes below the answer list their first seed only
-    (`runs` counts the runs made)."""
+    `lazy` (when every seed must pass): the search runs the first seed of each probe, then
+    the other seeds at each rate it passed from LAZY_BELOW (half) of its answer up, lowest
+    first. Where they pass too, that is the exhaustive search's answer and path whenever a
+    seed passing at a rate also passes at half that rate and below (what the bisection
+    already assumes of the rate, over a factor of 2 at most): a first seed that fails
+    decides a probe either way. At the first passing rate where another seed fails, and
+    at the passing rates below it down to one where every seed passes (the split: the
+    lowest of them that fails), the exhaustive search's path leaves this one: the search runs again, as before
+    up to the split, which now fails, and from there every probe runs every seed (every run
+    made is kept, so nothing runs twice). The answer's probe and the first failing rate's
+    are the exhaustive search's; passing probes under half the answer list their first
+    seed only (`runs` counts the runs made)."""
     need = len(seeds) if need is None else need
     done: dict[tuple[float, int], dict] = {}
 
@@ -181,12 +185,21 @@ def max_rate(run_at, slo: SLO, seeds: list[int], need: int | None = None, rate_s
     passes = [i for i, p in enumerate(first.probes) if p.passed]  # rising in rate and in time
     known: dict[float, Probe] = {}
     split = None  # the first passing probe (in order) where another seed fails
-    for i in reversed(passes):
-        full = known[first.probes[i].rate] = probe(run, first.probes[i].rate, seeds, slo, need)
-        if full.passed:
+    for i in passes:  # every seed, at each passing rate from LAZY_BELOW x the answer up
+        r = first.probes[i].rate
+        if r >= LAZY_BELOW * first.rate:
+            known[r] = probe(run, r, seeds, slo, need)
+            if not known[r].passed:
+                split = i
+                break
+    below = [i for i in passes if split is not None and i < split and first.probes[i].rate not in known]
+    for i in reversed(below):  # a seed failing there may fail lower down: down to a pass
+        r = first.probes[i].rate
+        known[r] = probe(run, r, seeds, slo, need)
+        if known[r].passed:
             break
         split = i
-    if split is None:  # every seed passes at the answer: so at every passing rate below it
+    if split is None:  # every seed passes there: taken to pass at the lower rates too
         return _swap(first, known)
     # the exhaustive search's path is this one up to `split`, which fails: from there on,
     # every probe runs every seed (the runs made so far kept)
