@@ -192,10 +192,11 @@ def max_rate(run_at, slo: SLO, seeds: list[int], need: int | None = None, rate_s
             if not known[r].passed:
                 split = i
                 break
-    below = [i for i in passes if split is not None and i < split and first.probes[i].rate not in known]
+    below = [i for i in passes if split is not None and i < split]
     for i in reversed(below):  # a seed failing there may fail lower down: down to a pass
         r = first.probes[i].rate
-        known[r] = probe(run, r, seeds, slo, need)
+        if r not in known:
+            known[r] = probe(run, r, seeds, slo, need)
         if known[r].passed:
             break
         split = i
