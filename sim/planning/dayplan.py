@@ -25,6 +25,11 @@ For each candidate of the plan's grid (GPU types, tensor degree, ...):
 attainment is at least `day.attainment` (a rejected request, e.g. a prompt over the
 context window, counts as a miss; every request is accounted for by the engine's own
 check); ties go to the higher attainment. Every figure of the plan says what it stands on.
+
+Fleets are screened (`day.screen`, on by default; sim/planning/dayscreen.py): run
+cheapest estimate first, each day stops once the fleet can no longer be the
+recommendation (its attainment cannot reach the target, or its cost already passes the
+best passing fleet's), with the same recommendation as running every whole day.
 """
 
 from __future__ import annotations
