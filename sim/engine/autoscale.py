@@ -43,7 +43,7 @@ class Stopped(Exception):  # noqa: N818 (a stop, not an error)
 
 @contextmanager
 def watching(watch: Callable) -> Iterator[None]:
-    """Runs inside the block call `watch(now, lifecycle, seqs)` at every scrape."""
+    """Inside the block, autoscaled runs call `watch(now, lifecycle, seqs)` at every scrape."""
     token = SCRAPE_WATCH.set(watch)
     try:
         yield

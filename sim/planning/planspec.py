@@ -46,7 +46,7 @@ class SearchSpec:
     rate_max: float = field(default=1024.0, metadata={"gt": 0})
     rel_tol: float = field(default=0.1, metadata={"gt": 0})  # stop when hi/lo <= 1 + rel_tol
     max_probes: int = field(default=14, metadata={"ge": 2})
-    # other seeds run at the bisection's answer only (sim/planning/capacity.py max_rate)
+    # the other seeds run only where the first passed, from half the answer up (capacity.py)
     lazy_seeds: bool = True
     max_replicas: int = field(default=256, metadata={"ge": 1})
     fleet_checks: int = field(default=3, metadata={"ge": 1})  # candidates checked as fleets, at most
