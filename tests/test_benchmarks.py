@@ -25,6 +25,7 @@ SMOKE = {
                                 "--workers", "1"],
     "speed/overload.py": ["--requests", "2000"],
     "speed/plan_speed.py": ["--plan", "{tmp}/plan.yaml", "--workers", "1"],
+    "speed/plan_reuse.py": ["--plan", "{tmp}/plan.yaml", "--workers", "1"],
     "speed/sweep_speed.py": ["--configs", "4", "--requests", "20", "--no-ray"],
     "speed/host_memory.py": ["--smoke"],
     "speed/moe_speed.py": ["--requests", "40", "--repeat", "1"],
@@ -112,7 +113,8 @@ def test_autoscale_day_speed_runs_a_short_autoscaled_day(tmp_path):
 
 def test_day_plan_speed_plans_a_short_day(tmp_path):
     out = ok("speed/day_plan_speed.py", tmp_path)
-    assert re.search(r"^day plan: 0.02 h day at mean 2 req/s, GPUs l40s: 2 days simulated", out, re.M), out
+    assert re.search(r"^day plan \(screened\): 0.02 h day at mean 2 req/s, GPUs l40s: [12] fleets simulated "
+                     r"whole \([\d,]+ requests\), [01] screened", out, re.M), out
     assert "lower bound" in out and "recommended:" in out
 
 
@@ -130,6 +132,14 @@ def test_plan_speed_times_a_one_candidate_plan(tmp_path):
     out = ok("speed/plan_speed.py", tmp_path)
     assert "1 candidates (0 skipped)" in out, out
     assert "recommended h200-sxm tp1 continuous" in out, out
+
+
+def test_plan_reuse_gives_the_exhaustive_answer_with_no_more_runs(tmp_path):
+    (tmp_path / "plan.yaml").write_text(TINY_PLAN.replace("seeds: 1", "seeds: 2"))
+    out = ok("speed/plan_reuse.py", tmp_path)
+    runs = [int(x) for x in re.findall(r"; (\d+) probe runs", out)]
+    assert len(runs) == 2 and runs[1] <= runs[0], out  # before (every seed), after (lazy)
+    assert "same recommendation: True" in out and "sustained rates moved: none" in out, out
 
 
 def test_sweep_speed_gets_the_same_rows_from_each_executor(tmp_path):

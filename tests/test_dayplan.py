@@ -152,7 +152,7 @@ def _day_plan(tmp_path: Path, name: str = "day") -> Path:
         "slo: {ttft_p99_s: 1.0, tpot_p99_s: 0.05}\n"
         "search: {seeds: 1}\n"
         "router: {policy: least_outstanding}\n"
-        "day:\n  attainment: 0.99\n  window_s: 60\n  seeds: 1\n"
+        "day:\n  attainment: 0.99\n  window_s: 60\n  seeds: 1\n  screen: false\n"  # every day whole
         "  policies: {utilization: [0.5], slo: [0.99], schedule: [1.0]}\n")
     return f
 

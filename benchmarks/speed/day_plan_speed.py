@@ -7,17 +7,22 @@ whole days simulated per GPU type), SLOs p99 TTFT <= 2 s and TPOT <= 100 ms, att
 target 99 %.
 
     python benchmarks/speed/day_plan_speed.py [--hours 24] [--rate 10] [--gpus l40s,a100-80gb]
+    python benchmarks/speed/day_plan_speed.py --plan plans/day_8b.yaml [--no-screen]
 
 `--hours` is the day's length and its cycle's period (a compressed day: the same cosine in
-fewer hours). Prints the wall and CPU time of the whole plan (this process and its
-workers), the day simulations and requests it simulated, and the recommendation.
+fewer hours); `--plan` times a plan file instead. Fleets are screened (`day.screen`,
+sim/planning/dayscreen.py) unless `--no-screen` (every fleet's whole day, as before the
+screen). Prints the load average, the wall and CPU time of the whole plan (this process
+and its workers), the fleets simulated whole and screened, and the recommendation.
 The test suite runs `--hours 0.02 --rate 2 --gpus l40s --policies schedule`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import os
 import resource
 import sys
 import tempfile
@@ -31,7 +36,8 @@ from sim.planning.dayplan import day_lines, run_day_plan  # noqa: E402
 from sim.planning.planspec import load_plan  # noqa: E402
 
 
-def files(folder: Path, hours: float, rate: float, gpus: list[str], policies: str | None) -> Path:
+def files(folder: Path, hours: float, rate: float, gpus: list[str], policies: str | None,
+          screen: bool = True) -> Path:
     scen = {
         "name": "day_plan_speed", "seed": 1, "model": "llama-3-8b", "gpu": gpus[0], "runtime": "vllm",
         "slo": {"ttft_s": 2.0, "tpot_s": 0.1},
@@ -44,7 +50,7 @@ def files(folder: Path, hours: float, rate: float, gpus: list[str], policies: st
                      "duration_s": 3600 * hours},
     }
     (folder / "scenario.json").write_text(json.dumps(scen))
-    day: dict = {"attainment": 0.99, "window_s": max(60.0, 3600 * hours / 24), "seeds": 1}
+    day: dict = {"attainment": 0.99, "window_s": max(60.0, 3600 * hours / 24), "seeds": 1, "screen": screen}
     if policies:
         day["policies"] = {"schedule": [1.0]} if policies == "schedule" else json.loads(policies)
     plan = {"name": "day_plan_speed", "scenario": "scenario.json",
@@ -61,18 +67,32 @@ def main() -> None:
     ap.add_argument("--gpus", default="l40s,a100-80gb")
     ap.add_argument("--policies", default=None, help="'schedule', or a JSON policy -> thresholds map")
     ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--plan", type=Path, default=None, help="time this plan file instead")
+    ap.add_argument("--no-screen", action="store_true", help="simulate every fleet's whole day")
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        spec = load_plan(files(Path(tmp), a.hours, a.rate, a.gpus.split(","), a.policies))
+        if a.plan is not None:
+            spec = load_plan(a.plan)
+            spec = dataclasses.replace(spec, day=dataclasses.replace(spec.day, screen=not a.no_screen))
+            object.__setattr__(spec, "file", str(a.plan))
+            what = f"{a.plan}"
+        else:
+            spec = load_plan(files(Path(tmp), a.hours, a.rate, a.gpus.split(","), a.policies,
+                                   not a.no_screen))
+            what = f"{a.hours:g} h day at mean {a.rate:g} req/s, GPUs {a.gpus}"
+        load = os.getloadavg()[0]
         t0, c0 = time.perf_counter(), time.process_time()
         result = run_day_plan(spec, workers=a.workers)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     ok = [f for f in result["fleets"] if f["status"] == "ok"]
+    screened = sum(f["status"] == "screened" for f in result["fleets"])
     requests = sum(f["requests"] * len(f["seeds"]) for f in ok)
-    print(f"day plan: {a.hours:g} h day at mean {a.rate:g} req/s, GPUs {a.gpus}: {len(ok)} days "
-          f"simulated ({requests:,} requests), probes for {len(result['candidates'])} GPU types")
-    print(f"  wall {wall:6.1f} s, CPU {cpu + kids.ru_utime + kids.ru_stime:6.1f} s (this process and its workers)")
+    print(f"day plan ({'screened' if spec.day.screen else 'every whole day'}): {what}: {len(ok)} fleets "
+          f"simulated whole ({requests:,} requests), {screened} screened, probes for "
+          f"{len(result['candidates'])} candidates")
+    print(f"  wall {wall:6.1f} s, CPU {cpu + kids.ru_utime + kids.ru_stime:6.1f} s (this process and its "
+          f"workers); load average {load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print("\n".join(day_lines(result)))
 
 

@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +30,25 @@ from sim.config.cluster import AutoscaleSpec
 from sim.io.specload import ROOT, SpecError, load_yaml
 from sim.policies.autoscale import HPAPolicy, SchedulePolicy, SLOPolicy
 from sim.policies.batch import FINISHED, REJECTED
+
+# watch(now, lifecycle, seqs), called at every scrape of an autoscaled run while set (a
+# planner screening fleets: sim/planning/dayscreen.py); it reads and never changes the
+# run, and raises `Stopped` to end the run there (the run then returns nothing)
+SCRAPE_WATCH: ContextVar[Callable | None] = ContextVar("llmsim_scrape_watch", default=None)
+
+
+class Stopped(Exception):  # noqa: N818 (a stop, not an error)
+    """A scrape watch ended the run early; `args[0]` says why."""
+
+
+@contextmanager
+def watching(watch: Callable) -> Iterator[None]:
+    """Inside the block, autoscaled runs call `watch(now, lifecycle, seqs)` at every scrape."""
+    token = SCRAPE_WATCH.set(watch)
+    try:
+        yield
+    finally:
+        SCRAPE_WATCH.reset(token)
 
 PROVISIONING_FILE = ROOT / "data" / "autoscale" / "provisioning.yaml"
 GB = 1e9

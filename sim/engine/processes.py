@@ -25,7 +25,7 @@ import numpy as np
 import simpy
 
 from sim.config.cluster import Link
-from sim.engine.autoscale import Attainment, Lifecycle
+from sim.engine.autoscale import SCRAPE_WATCH, Attainment, Lifecycle
 from sim.engine.closedloop import ClosedLoop, streamed
 from sim.engine.decoderun import decode_run
 from sim.engine.handoff import (
@@ -227,8 +227,11 @@ def autoscaler(env: simpy.Environment, fleet: Fleet, policy, seqs: list[Seq], fi
                 fleet.ready = sorted([*fleet.ready, i])
         return up
 
+    watch = SCRAPE_WATCH.get()  # a planner's screen (reads only; may stop the run)
     while sum(r.done for r in reps) < total:
         now = env.now
+        if watch is not None:
+            watch(now, lc, seqs)
         retire(fleet, now)
         ready = fleet.ready
         metric = sum(reps[i].port.load.outstanding for i in ready) / len(ready) / per

@@ -149,17 +149,89 @@ class Capacity:
         return (min(vals), max(vals)) if vals else None
 
 
+# the other seeds of a lazy search run at every passing rate from this share of the answer up
+LAZY_BELOW = 0.5
+
+
 def max_rate(run_at, slo: SLO, seeds: list[int], need: int | None = None, rate_start: float = 4.0,
              rate_min: float = 0.05, rate_max: float = 1024.0, rel_tol: float = 0.08,
-             max_probes: int = 16) -> Capacity:
-    """Bisection (in log rate) for the highest rate whose probe passes."""
+             max_probes: int = 16, lazy: bool = True) -> Capacity:
+    """Bisection (in log rate) for the highest rate whose probe passes.
+
+    `lazy` (when every seed must pass): the search runs the first seed of each probe, then
+    the other seeds at each rate it passed from LAZY_BELOW (half) of its answer up, lowest
+    first. Where they pass too, that is the exhaustive search's answer and path whenever a
+    seed passing at a rate also passes at half that rate and below (what the bisection
+    already assumes of the rate, over a factor of 2 at most): a first seed that fails
+    decides a probe either way. At the first passing rate where another seed fails, and
+    at the passing rates below it down to one where every seed passes (the split: the
+    lowest of them that fails), the exhaustive search's path leaves this one: the search runs again, as before
+    up to the split, which now fails, and from there every probe runs every seed (every run
+    made is kept, so nothing runs twice). The answer's probe and the first failing rate's
+    are the exhaustive search's; passing probes under half the answer list their first
+    seed only (`runs` counts the runs made)."""
     need = len(seeds) if need is None else need
+    done: dict[tuple[float, int], dict] = {}
+
+    def run(rate: float, seed: int) -> dict:
+        if (rate, seed) not in done:
+            done[(rate, seed)] = run_at(rate, seed)
+        return done[(rate, seed)]
+
+    args = (rate_start, rate_min, rate_max, rel_tol, max_probes)
+    if not lazy or len(seeds) < 2 or need < len(seeds):
+        return _bisect(lambda r: probe(run, r, seeds, slo, need), *args)
+    first = _bisect(lambda r: probe(run, r, seeds[:1], slo, 1), *args)  # the first seed only
+    passes = [i for i, p in enumerate(first.probes) if p.passed]  # rising in rate and in time
+    known: dict[float, Probe] = {}
+    split = None  # the first passing probe (in order) where another seed fails
+    for i in passes:  # every seed, at each passing rate from LAZY_BELOW x the answer up
+        r = first.probes[i].rate
+        if r >= LAZY_BELOW * first.rate:
+            known[r] = probe(run, r, seeds, slo, need)
+            if not known[r].passed:
+                split = i
+                break
+    below = [i for i in passes if split is not None and i < split]
+    for i in reversed(below):  # a seed failing there may fail lower down: down to a pass
+        r = first.probes[i].rate
+        if r not in known:
+            known[r] = probe(run, r, seeds, slo, need)
+        if known[r].passed:
+            break
+        split = i
+    if split is None:  # every seed passes there: taken to pass at the lower rates too
+        return _swap(first, known)
+    # the exhaustive search's path is this one up to `split`, which fails: from there on,
+    # every probe runs every seed (the runs made so far kept)
+    made = [0]
+
+    def probe_at(r: float) -> Probe:
+        made[0] += 1
+        if r in known:
+            return known[r]
+        if made[0] <= split:  # before the split: as the first search went
+            return probe(run, r, seeds[:1], slo, 1)
+        return probe(run, r, seeds, slo, need)
+    return _swap(_bisect(probe_at, *args), known)
+
+
+def _swap(cap: Capacity, known: dict[float, Probe]) -> Capacity:
+    """`cap` with its probes at the rates every seed ran at replaced by those full probes."""
+    cap.probes = [known.get(p.rate, p) for p in cap.probes]
+    cap.at_rate = known.get(cap.at_rate.rate, cap.at_rate) if cap.at_rate else None
+    cap.at_fail = known.get(cap.at_fail.rate, cap.at_fail) if cap.at_fail else None
+    return cap
+
+
+def _bisect(probe_at, rate_start: float, rate_min: float, rate_max: float, rel_tol: float,
+            max_probes: int) -> Capacity:
     probes: list[Probe] = []
     lo: Probe | None = None
     hi: Probe | None = None
     r = rate_start
     while len(probes) < max_probes:
-        p = probe(run_at, r, seeds, slo, need)
+        p = probe_at(r)
         probes.append(p)
         if p.passed:
             lo = p if lo is None or p.rate > lo.rate else lo

@@ -25,6 +25,11 @@ For each candidate of the plan's grid (GPU types, tensor degree, ...):
 attainment is at least `day.attainment` (a rejected request, e.g. a prompt over the
 context window, counts as a miss; every request is accounted for by the engine's own
 check); ties go to the higher attainment. Every figure of the plan says what it stands on.
+
+Fleets are screened (`day.screen`, on by default; sim/planning/dayscreen.py): run
+cheapest estimate first, each day stops once the fleet can no longer be the
+recommendation (its attainment cannot reach the target, or its cost already passes the
+best passing fleet's), with the same recommendation as running every whole day.
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ def capacity(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
         run_at = _runner(scen, base, sc, rule, spec.slo.bounds(), spec.arrival)
         seeds = [sc.seed + i for i in range(s.seeds)]
         cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
-                       s.rel_tol, s.max_probes)
+                       s.rel_tol, s.max_probes, s.lazy_seeds)
     except SpecError as e:
         return {**row, "status": "skipped", "note": f"refused by the scenario: {e.path}: {e.message}"}
     out = {**row, **_capacity_row(cap, unit.pools[0].gpu), "gpus_per_replica": unit.gpus,
@@ -91,28 +96,53 @@ def capacity(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     return out
 
 
-def simulate_day(scen: str, overrides: dict, seeds: list[int]) -> dict:
-    """The day's figures of one fleet over `seeds` (a worker's job: small results only)."""
+def simulate_day(scen: str, overrides: dict, seeds: list[int], screen: dict | None = None) -> dict:
+    """The day's figures of one fleet over `seeds` (a worker's job: small results only).
+    `screen` (sim/planning/dayscreen.py): {attainment, usd_per_replica_hour, best_usd,
+    floors_h}: stop as soon as the fleet cannot be the recommendation."""
+    from sim.engine.autoscale import Stopped, watching
     from sim.engine.runner import run
+    from sim.planning.dayscreen import DayWatch, screened_row, seed_limit
 
-    days = []
-    for seed in seeds:
+    days: list[dict] = []
+    for j, seed in enumerate(seeds):
         try:
-            out = run(scen, {**overrides, "seed": seed})
+            sc = load_scenario(scen, {**overrides, "seed": seed})
+            if screen is None:
+                out = run(sc)
+            else:
+                limit = seed_limit(screen["best_usd"], screen["usd_per_replica_hour"], len(seeds),
+                                   [d["replica_hours"] for d in days], screen["floors_h"][j + 1:])
+                if limit < screen["floors_h"][j]:
+                    return screened_row("dearer than the best passing fleet before its day is run "
+                                        "(its fewest replicas x each day's last arrival)")
+                slo = {k: getattr(sc.slo, k) for k in ("ttft_s", "tpot_s", "e2e_s")} if sc.slo else {}
+                with watching(DayWatch(slo, screen["attainment"], limit)):
+                    out = run(sc)
         except SpecError as e:
             return {"status": "skipped", "note": f"refused by the scenario: {e.path}: {e.message}"}
-        s = out.summary
-        a, e = s["autoscale"], s["energy"]
-        days.append({"seed": seed, "requests": s["requests"]["total"],
-                     "rejected": s["requests"]["rejected"], "slo_attainment": a["slo_attainment"],
-                     "gpu_hours": a["gpu_hours"], "replica_hours": a["replica_hours"],
-                     "peak_ready": a["peak_ready"], "end_s": out.result.end_time,
-                     "delay_s": a["provisioning"]["delay_s"],
-                     "energy_mwh": e["energy_j"] / 3.6e9 if e.get("available") else None,
-                     "kwh_per_m_output_tokens": e.get("kwh_per_m_output_tokens"),
-                     "output_tokens": int(out.request_table["generated_tokens"].sum()),
-                     "ttft_p99_s": s["ttft_s"]["p99"], "tpot_p99_s": s["tpot_s"]["p99"],
-                     "windows": a["windows"], "timeline": len(a["timeline"])})
+        except Stopped as e:
+            return screened_row(f"seed {seed}: {e.args[0]}")
+        days.append(_day_figures(seed, out))
+    return _fleet_figures(days, seeds)
+
+
+def _day_figures(seed: int, out) -> dict:
+    s = out.summary
+    a, e = s["autoscale"], s["energy"]
+    return {"seed": seed, "requests": s["requests"]["total"],
+            "rejected": s["requests"]["rejected"], "slo_attainment": a["slo_attainment"],
+            "gpu_hours": a["gpu_hours"], "replica_hours": a["replica_hours"],
+            "peak_ready": a["peak_ready"], "end_s": out.result.end_time,
+            "delay_s": a["provisioning"]["delay_s"],
+            "energy_mwh": e["energy_j"] / 3.6e9 if e.get("available") else None,
+            "kwh_per_m_output_tokens": e.get("kwh_per_m_output_tokens"),
+            "output_tokens": int(out.request_table["generated_tokens"].sum()),
+            "ttft_p99_s": s["ttft_s"]["p99"], "tpot_p99_s": s["tpot_s"]["p99"],
+            "windows": a["windows"], "timeline": len(a["timeline"])}
+
+
+def _fleet_figures(days: list[dict], seeds: list[int]) -> dict:
     worst = min(days, key=lambda d: d["slo_attainment"] if d["slo_attainment"] is not None else -1)
     mean = {k: sum(d[k] for d in days) / len(days) for k in ("gpu_hours", "replica_hours")}
     energy = [d["energy_mwh"] for d in days]
@@ -196,12 +226,15 @@ def run_day_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers:
         for row, over in _fleets(spec, cand, cap, rates, auto, router, delay, entry["static"]):
             jobs.append((len(per_cand) - 1, row, over))
     seeds = [sc.seed + i for i in range(spec.day.seeds)]
-    results = _pmap(simulate_day, [(scen, over, seeds) for _, _, over in jobs], workers, progress, "day")
+    if spec.day.screen:
+        results = _screened(spec, scen, jobs, per_cand, seeds, duration, workers, progress)
+    else:
+        results = _pmap(simulate_day, [(scen, over, seeds) for _, _, over in jobs], workers, progress, "day")
     fleets = []
     for (k, row, _), res in zip(jobs, results, strict=True):
         cap = per_cand[k]["capacity"]
         f = {**row, **res}
-        if res["status"] == "ok":
+        if res["status"] == "ok":  # (a screened fleet has no day figures: dayscreen.py)
             f["usd"] = res["replica_hours"] * cap["usd_per_replica_hour"]
             f["meets"] = (res["slo_attainment"] is not None
                           and res["slo_attainment"] >= spec.day.attainment - 1e-12)
@@ -221,6 +254,41 @@ def run_day_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers:
             "recommended": rec,
             "stands_on": "sustained rate: steady-state probes (simulated); bound and static peak: "
                          "analytic over it; fleets: whole days simulated with the autoscaler"}
+
+
+def _screened(spec: PlanSpec, scen: str, jobs: list, per_cand: list[dict], seeds: list[int],
+              duration: float, workers: int, progress: bool) -> list[dict]:
+    """Every fleet's day, screened (sim/planning/dayscreen.py): cheapest estimate first,
+    each stopped once it can no longer be the recommendation."""
+    from sim.planning.dayscreen import estimate_usd, fewest_replicas, floor_hours, run_screened
+
+    last = _last_arrivals(spec, scen, seeds)
+    todo = []
+    for k, row, over in jobs:
+        usd_h = per_cand[k]["capacity"]["usd_per_replica_hour"]
+        todo.append({"args": (scen, over, seeds),
+                     "estimate": estimate_usd(row, per_cand[k]["bound"]["usd"], usd_h, duration),
+                     "screen": {"attainment": spec.day.attainment, "usd_per_replica_hour": usd_h,
+                                "floors_h": floor_hours(fewest_replicas(row), last, len(seeds))}})
+    return run_screened(simulate_day, todo, workers, progress)
+
+
+def _last_arrivals(spec: PlanSpec, scen: str, seeds: list[int]) -> list[float] | None:
+    """Each seed's last arrival over the day (every fleet of the plan replays the same
+    requests: its candidate changes no workload field); None when a candidate does."""
+    import numpy as np
+
+    from sim.workload.requests import generate
+
+    if any(k.startswith(("workload", "seed")) for k in spec.candidates):
+        return None
+    out = []
+    for seed in seeds:
+        sc = load_scenario(scen, {**_base(spec), "seed": seed})
+        wl = generate(sc.workload, np.random.default_rng(sc.seed), file=sc.file or None,
+                      path="workload", base_dir=sc.base_dir or None)
+        out.append(float(wl.arrival_s[-1]) if len(wl) else 0.0)
+    return out
 
 
 def _delay(scen: str, over: dict, auto: AutoscaleSpec, file) -> float:

@@ -12,6 +12,7 @@ day:
     slo: [0.99]               # windowed SLO attainment (sim/policies/autoscale.py SLOPolicy)
     schedule: [1.0, 1.25]     # the bound's schedule at each window's peak rate x factor
   max_replicas: null      # the autoscaler's ceiling; default 2 x static peak
+  screen: true            # stop fleets that can no longer be the pick (false: every whole day)
 ```
 """
 
@@ -30,6 +31,8 @@ class DaySpec:
     policies: dict[str, tuple[float, ...]] = field(default_factory=lambda: {
         "utilization": (0.5, 0.7), "queue": (4.0, 8.0), "slo": (0.99,), "schedule": (1.0, 1.25)})
     max_replicas: int | None = field(default=None, metadata={"ge": 1, "le": 4096})
+    # stop a fleet's day once it can no longer be the pick (sim/planning/dayscreen.py)
+    screen: bool = True
 
     def check(self):
         for k, values in self.policies.items():

@@ -165,7 +165,7 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     run_at = _runner(scen, base, sc, rule, spec.slo.bounds(), spec.arrival)
     seeds = [sc.seed + i for i in range(s.seeds)]
     cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
-                   s.rel_tol, s.max_probes)
+                   s.rel_tol, s.max_probes, s.lazy_seeds)
     row = {**_capacity_row(cap, gpu), "arrival": process(sc, spec.arrival)}
     if cap.rate <= 0:
         return {**row, "status": "infeasible", "note": "SLOs broken even at the lowest rate tried"}

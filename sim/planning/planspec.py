@@ -46,6 +46,8 @@ class SearchSpec:
     rate_max: float = field(default=1024.0, metadata={"gt": 0})
     rel_tol: float = field(default=0.1, metadata={"gt": 0})  # stop when hi/lo <= 1 + rel_tol
     max_probes: int = field(default=14, metadata={"ge": 2})
+    # the other seeds run only where the first passed, from half the answer up (capacity.py)
+    lazy_seeds: bool = True
     max_replicas: int = field(default=256, metadata={"ge": 1})
     fleet_checks: int = field(default=3, metadata={"ge": 1})  # candidates checked as fleets, at most
     fleet_traffic_s: float = field(default=600.0, metadata={"gt": 0})  # a fleet check's traffic
