@@ -339,9 +339,8 @@ def window_power(lc: Lifecycle, configs: list, kernel_s: list[float], steps: lis
         busy = np.zeros(n_win)
         t0, t1 = steps[i]["t_start"], steps[i]["t_end"]
         if len(t0):
-            cum = np.concatenate(([0.0], np.cumsum(t1 - t0)))  # busy seconds before each step
-            busy = np.diff(_busy_until(edges, t0, t1, cum))
-            total = cum[-1]
+            until, total = _busy_until(edges, t0, t1)
+            busy = np.diff(until)
             busy *= kernel_s[i] / total if total > 0 else 0.0
         joules += gpus * (power.idle_w * up + (power.board_w - power.idle_w) * busy)
     width = np.diff(edges)
@@ -353,10 +352,23 @@ def _overlap(edges: np.ndarray, a: float, b: float) -> np.ndarray:
     return np.clip(np.minimum(edges[1:], b) - np.maximum(edges[:-1], a), 0.0, None)
 
 
-def _busy_until(edges: np.ndarray, t0: np.ndarray, t1: np.ndarray, cum: np.ndarray) -> np.ndarray:
-    """Step seconds before each time in `edges` (steps are back to back or apart, in order)."""
-    k = np.searchsorted(t0, edges, side="right") - 1  # the last step started at or before
-    out = np.where(k >= 0, cum[np.maximum(k, 0)], 0.0)
-    inside = np.where(k >= 0, np.clip(edges - t0[np.maximum(k, 0)], 0.0,
-                                      (t1 - t0)[np.maximum(k, 0)]), 0.0)
-    return out + inside
+def _busy_until(edges: np.ndarray, t0, t1, block: int = 1 << 20) -> tuple[np.ndarray, float]:
+    """Step seconds before each time in `edges` (steps are back to back or apart, in order),
+    and all steps' seconds. `t0`, `t1` are arrays or a spilled step log's disk columns
+    (sim/io/spill.py), read `block` rows at a time; the running sum is carried from block
+    to block in the same order as one `np.cumsum`, so the figures are the same bits."""
+    n = len(t0)
+    out = np.zeros(len(edges))
+    carry = 0.0
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
+        a, b = np.asarray(t0[lo:hi], dtype=float), np.asarray(t1[lo:hi], dtype=float)
+        d = b - a
+        cum = np.cumsum(np.concatenate(([carry], d)))  # busy seconds before each step
+        k = np.searchsorted(a, edges, side="right") - 1  # the last step started at or before
+        later = float(t0[hi]) if hi < n else math.inf  # the next block's first start
+        here = (k >= 0) & (edges < later)
+        kk = k[here]
+        out[here] = cum[kk] + np.clip(edges[here] - a[kk], 0.0, d[kk])
+        carry = float(cum[-1])
+    return out, carry
