@@ -169,6 +169,7 @@ def confidence(result: dict) -> list[str]:
              f"TPOT99 {fmt_range(rec['tpot_p99_interval90_s'], '{:.3f}')} s "
              f"(seed spread over {rec['seeds']} seed(s) + the step model's 90 % error "
              f"±{rec['interval90_model']:.0%})",
+             *([f"  the seed term stands on {rec['seed_term']}"] if rec.get("seed_term") else []),
              f"  robust? {rec['candidate']} x {rec['replicas']}: {rec['robust']['words']}",
              f"  the step time behind it: {rec['stands_on_lookups']} "
              f"({rec['measured_share']:.0%} rests on measurement; data/step_error_bands.yaml, "

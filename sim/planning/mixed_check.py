@@ -10,7 +10,8 @@ option checked sees the same requests at the same times on a seed.
 
 90 % intervals of the fleet that holds (`sim/planning/uncertainty.py`, b the step model's
 `interval_band` over the fleet's lookups): its p99s' `latency_interval` over the seeds,
-[seed low / (1 + b), seed high / (1 - b)]; per pool, the replicas needed when each
+[seed low / (1 + b), seed high / (1 - b)], the seed term pooled over the plan's comparable
+seed groups (`pooled_p99s`: its probes and the fleets tried that held; `seed_pool`); per pool, the replicas needed when each
 replica's capacity moves within its `rate_interval` [1 - b, 1 + b] of what the check
 found (`replicas_needed` of the pool's serving replicas: (n - spare) / (1 +- b) rounded
 up, + the spare), and $/hour from those.
@@ -28,6 +29,8 @@ from sim.planning.uncertainty import (
     interval_band,
     latency_interval,
     measured_share,
+    p99_intervals,
+    pool_words,
     rate_interval,
     replicas_needed,
     stands_on,
@@ -141,7 +144,7 @@ def check_option(spec: MixedPlanSpec, option: dict, gpu_usd_h: dict[str, float],
                 else:
                     lo = p["replicas"]
             p["replicas"] = hi
-    last = [t for t in tries if t["holds"]][-1] if any(t["holds"] for t in tries) else tries[-1]
+    last = _last(tries)
     opt["pools"] = last["pools_at"]
     return {"option": option["label"], "fleet": last["fleet"], "pools": opt["pools"], "holds": last["holds"],
             **fleet_intervals(spec, last, gpu_usd_h),
@@ -168,6 +171,27 @@ def fleet_intervals(spec: MixedPlanSpec, tried: dict, gpu_usd_h: dict[str, float
     for k in ("ttft", "tpot", "e2e"):
         out[f"{k}_p99_interval90_s"] = latency_interval(tried.get(f"{k}_p99_seeds_s") or [], b)
     return out
+
+
+def _last(tries: list[dict]) -> dict:
+    """The fleet a check reports: the last that held, else the last tried."""
+    return [t for t in tries if t["holds"]][-1] if any(t["holds"] for t in tries) else tries[-1]
+
+
+def tried_groups(check: dict) -> list[dict]:
+    """A check's seed groups for the pooled seed term (`uncertainty.seed_pool`): one per
+    fleet tried (passed: it held on every seed; a fleet's load is None, `comparable`)."""
+    return [{"name": f"fleet {t['fleet']}", "passed": bool(t["holds"]), "load": None,
+             "values": {f"{k}_p99": t.get(f"{k}_p99_seeds_s") or [] for k in ("ttft", "tpot", "e2e")}}
+            for t in check["tries"]]
+
+
+def pooled_p99s(check: dict, pool: dict[str, dict]) -> dict:
+    """A check's p99 intervals again, on the pooled seed term `pool`, and what it stands on."""
+    last = _last(check["tries"])
+    return {**p99_intervals({k: last.get(f"{k}_p99_seeds_s") or [] for k in ("ttft", "tpot", "e2e")},
+                            check["interval90_model"], pool),
+            "seed_term": pool_words(pool)}
 
 
 def _usd(option: dict, gpu_usd_h: dict[str, float]) -> float:
