@@ -124,6 +124,29 @@ def test_a_fleet_has_one_cost_per_million_tokens_whether_estimated_or_checked(sm
     assert res["output_tokens_per_request"]["per_request"] == mean
 
 
+def test_the_recommendations_seed_term_is_pooled_over_the_plans_passing_seed_groups(small_plan):
+    # the pool takes every fleet count that held and none that broke (seed_pool in plan.json),
+    # and the recommendation's p99 interval is exp(log-mean +- t(0.95, df) sd sqrt(1 + 1/n)) of
+    # its own seeds on the pooled sd, over (1 +- b), joined with its seeds' [lowest, highest]
+    from sim.planning.uncertainty import MIN_POOL_DF, T95
+
+    _, r = small_plan
+    rec, pool = r["recommended"], r["seed_pool"]["ttft_p99"]
+    names = set(pool["groups"])
+    for c in r["fleet_check"]["checks"]:
+        assert (f"fleet h200-sxm continuous x{c['replicas']}" in names) == c["passed"]
+    assert not any(n.startswith("h200-sxm static") for n in names)  # never passed
+    assert pool["df"] >= len(names) and pool["df"] >= MIN_POOL_DF
+    assert "pooled over" in rec["seed_term"] and f"df {pool['df']}" in rec["seed_term"]
+    at_n = next(c for c in r["fleet_check"]["checks"] if c["replicas"] == rec["replicas"])
+    vals = at_n["ttft_p99_seeds_s"]
+    mean = sum(math.log(v) for v in vals) / len(vals)
+    h = T95[pool["df"] - 1] * pool["sd_log"] * math.sqrt(1 + 1 / len(vals))
+    b = rec["interval90_model"]
+    want = (min(math.exp(mean - h), min(vals)) / (1 + b), max(math.exp(mean + h), max(vals)) / (1 - b))
+    assert rec["ttft_p99_interval90_s"] == pytest.approx(want, rel=1e-12)
+
+
 def test_continuous_batching_sustains_twice_static_at_equal_p99_latency():
     """h200-sxm, Azure 2023 conversation lengths, Poisson arrivals: the highest rate
     with p99 E2E <= 20 s, continuous (256 seqs) against static (batches of 32)."""
