@@ -144,8 +144,10 @@ def pool_words(pool: dict[str, dict] | None) -> str:
     if (p.get("df") or 0) < MIN_POOL_DF:
         return (f"each figure's own seeds (the pool's {p.get('df') or 0} degrees of freedom are under "
                 f"{MIN_POOL_DF})")
-    return (f"seed sd pooled over {len(p['groups'])} comparable seed groups (df {p['df']}; "
-            f"log-sd TTFT99 {p['sd_log']:.3f})")
+    sds = ", ".join(f"{name} {pool[f]['sd_log']:.3f}" for f, name in
+                    (("ttft_p99", "TTFT99"), ("tpot_p99", "TPOT99"), ("e2e_p99", "E2E99"))
+                    if (pool.get(f) or {}).get("sd_log") is not None)
+    return f"seed sd pooled over {len(p['groups'])} comparable seed groups (df {p['df']}; log-sd {sds})"
 
 
 def seed_interval(values: list[float | None], pool: dict | None = None) -> tuple[float, float] | None:
