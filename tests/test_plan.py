@@ -124,25 +124,32 @@ def test_a_fleet_has_one_cost_per_million_tokens_whether_estimated_or_checked(sm
     assert res["output_tokens_per_request"]["per_request"] == mean
 
 
-def test_the_recommendations_seed_term_is_pooled_over_the_plans_passing_seed_groups(small_plan):
-    # the pool takes every fleet count that held and none that broke (seed_pool in plan.json),
-    # and the recommendation's p99 interval is exp(log-mean +- t(0.95, df) sd sqrt(1 + 1/n)) of
-    # its own seeds on the pooled sd, over (1 +- b), joined with its seeds' [lowest, highest]
-    from sim.planning.uncertainty import MIN_POOL_DF, T95
+def test_the_seed_term_is_pooled_over_the_plans_passing_seed_groups_of_its_kind(small_plan):
+    # the fleets' pool takes every fleet count and headroom probe that held and none that
+    # broke, the units' pool the probes and share runs (seed_pool in plan.json); with fewer
+    # than 4 df a figure's own seeds decide, else its interval is exp(log-mean +- t(0.95, df)
+    # sd sqrt(1 + 1/n)) of its own seeds on the pooled sd, over (1 +- b), joined with their range
+    from sim.planning.uncertainty import MIN_POOL_DF, T95, latency_interval
 
     _, r = small_plan
-    rec, pool = r["recommended"], r["seed_pool"]["ttft_p99"]
-    names = set(pool["groups"])
+    rec, fleet, unit = r["recommended"], r["seed_pool"]["fleet"]["ttft_p99"], r["seed_pool"]["unit"]["ttft_p99"]
+    names = set(fleet["groups"])
     for c in r["fleet_check"]["checks"]:
         assert (f"fleet h200-sxm continuous x{c['replicas']}" in names) == c["passed"]
-    assert not any(n.startswith("h200-sxm static") for n in names)  # never passed
-    assert pool["df"] >= len(names) and pool["df"] >= MIN_POOL_DF
-    assert "pooled over" in rec["seed_term"] and f"df {pool['df']}" in rec["seed_term"]
+    for t in rec["headroom"]["tried"]:
+        assert (f"headroom x{t['factor']:.3g} of the target" in names) == t["passed"]
+    assert all(n.startswith(("fleet ", "headroom ")) for n in names)
+    assert unit["groups"] and all(n.startswith("h200-sxm continuous ") for n in unit["groups"])  # static never passed
+    assert fleet["df"] >= len(names) and unit["df"] >= len(unit["groups"])
     at_n = next(c for c in r["fleet_check"]["checks"] if c["replicas"] == rec["replicas"])
-    vals = at_n["ttft_p99_seeds_s"]
+    vals, b = at_n["ttft_p99_seeds_s"], rec["interval90_model"]
+    if fleet["df"] < MIN_POOL_DF:
+        assert "own seeds" in rec["seed_term"]
+        assert rec["ttft_p99_interval90_s"] == latency_interval(vals, b)
+        return
+    assert "pooled over" in rec["seed_term"] and f"df {fleet['df']}" in rec["seed_term"]
     mean = sum(math.log(v) for v in vals) / len(vals)
-    h = T95[pool["df"] - 1] * pool["sd_log"] * math.sqrt(1 + 1 / len(vals))
-    b = rec["interval90_model"]
+    h = (T95[fleet["df"] - 1] if fleet["df"] <= 30 else 1.645) * fleet["sd_log"] * math.sqrt(1 + 1 / len(vals))
     want = (min(math.exp(mean - h), min(vals)) / (1 + b), max(math.exp(mean + h), max(vals)) / (1 - b))
     assert rec["ttft_p99_interval90_s"] == pytest.approx(want, rel=1e-12)
 

@@ -97,7 +97,7 @@ def cmd_plan(a) -> int:
     if result.get("arrival"):
         print(f"arrivals: {arrival_label(result['arrival'])}\n")
     print(candidate_table(result["candidates"]) + "\n")
-    print(range_table(result["candidates"], result.get("seed_pool")) + "\n")
+    print(range_table(result["candidates"], (result.get("seed_pool") or {}).get("unit")) + "\n")
     print("\n".join(plan_verdict(result)))
     print("\n".join(confidence(result)))
     if result.get("deployments"):

@@ -85,7 +85,7 @@ from sim.planning.uncertainty import (
     rate_interval,
     replicas_needed,
     seed_group,
-    seed_pool,
+    seed_pools,
     stands_on,
 )
 
@@ -264,10 +264,10 @@ def run_mixed_plan(spec: MixedPlanSpec, prices_path: str | None = None, workers:
         for key in ("best_mix", "best_single"):
             if result[key] is not None:
                 checks[key] = check_option(spec, result[key], usd, mix)
-    pool = seed_pool([*groups, *(g for c in checks.values() for g in tried_groups(c))])
-    for c in checks.values():  # the checked fleets' p99s on the pooled seed term
-        c.update(pooled_p99s(c, pool))
-    result["checks"], result["seed_pool"] = checks, pool
+    pools = seed_pools([*groups, *(g for c in checks.values() for g in tried_groups(c))])
+    for c in checks.values():  # the checked fleets' p99s on the fleets' pooled seed term
+        c.update(pooled_p99s(c, pools["fleet"]))
+    result["checks"], result["seed_pool"] = checks, pools
     held = [c for c in checks.values() if c["holds"]]
     rec = min(held, key=lambda c: (c["usd_per_hour"], len(c["pools"]))) if held else None
     if rec is not None:

@@ -10,11 +10,11 @@ option checked sees the same requests at the same times on a seed.
 
 90 % intervals of the fleet that holds (`sim/planning/uncertainty.py`, b the step model's
 `interval_band` over the fleet's lookups): its p99s' `latency_interval` over the seeds,
-[seed low / (1 + b), seed high / (1 - b)], the seed term pooled over the plan's comparable
-seed groups (`pooled_p99s`: its probes and the fleets tried that held; `seed_pool`); per pool, the replicas needed when each
-replica's capacity moves within its `rate_interval` [1 - b, 1 + b] of what the check
-found (`replicas_needed` of the pool's serving replicas: (n - spare) / (1 +- b) rounded
-up, + the spare), and $/hour from those.
+[seed low / (1 + b), seed high / (1 - b)], the seed term pooled over the plan's fleets
+that held (`pooled_p99s`, `tried_groups`, `seed_pools`); per pool, the replicas needed
+when each replica's capacity moves within its `rate_interval` [1 - b, 1 + b] of what the
+check found (`replicas_needed` of the pool's serving replicas: (n - spare) / (1 +- b)
+rounded up, + the spare), and $/hour from those.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from sim.planning.mixed_stream import steady_for, stream_overrides, traffic
 from sim.planning.mixedspec import POOL_NAMES, MixedPlanSpec, _base, _scenario_path, describe
 from sim.planning.steady import window, windowed_summary
 from sim.planning.uncertainty import (
+    fleet_group,
     interval_band,
     latency_interval,
     measured_share,
@@ -179,10 +180,9 @@ def _last(tries: list[dict]) -> dict:
 
 
 def tried_groups(check: dict) -> list[dict]:
-    """A check's seed groups for the pooled seed term (`uncertainty.seed_pool`): one per
-    fleet tried (passed: it held on every seed; a fleet's load is None, `comparable`)."""
-    return [{"name": f"fleet {t['fleet']}", "passed": bool(t["holds"]), "load": None,
-             "values": {f"{k}_p99": t.get(f"{k}_p99_seeds_s") or [] for k in ("ttft", "tpot", "e2e")}}
+    """A check's seed groups for the fleets' pooled seed term (`uncertainty.seed_pools`):
+    one per fleet tried (passed: it held on every seed)."""
+    return [fleet_group(f"fleet {t['fleet']}", t["holds"], {k: t.get(f"{k}_p99_seeds_s") for k in ("ttft", "tpot", "e2e")})
             for t in check["tries"]]
 
 

@@ -118,11 +118,12 @@ from sim.planning.steady import SteadyRule, steady_run
 from sim.planning.traffic import describe, probe_overrides, process, steady_rule
 from sim.planning.uncertainty import (
     candidate_intervals,
+    fleet_group,
     fleet_intervals,
     interval_columns,
     p99_intervals,
     seed_group,
-    seed_pool,
+    seed_pools,
 )
 from sim.planning.units import Unit, unit_of
 
@@ -370,13 +371,13 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
     by_row = [r.pop("seed_groups", []) for r in rows]  # kept out of plan.json and the CSV
     groups = [g for gs in by_row for g in gs]
     result.update(_fleet_checks(spec, rows, cands, groups))
-    pool = result.pop("seed_pool", None) or seed_pool(groups)
-    result["seed_pool"] = pool
+    pools = result.pop("seed_pool", None) or seed_pools(groups)
+    result["seed_pool"] = pools
     for r, gs in zip(rows, by_row, strict=True):  # each candidate's p99s at its share, pooled
         if gs and r.get("status") == "ok":
             share = gs[-1]
             r.update(p99_intervals({k: share["values"][f"{k}_p99"] for k in ("ttft", "tpot", "e2e")},
-                                   r["latency_interval90_model"], pool))
+                                   r["latency_interval90_model"], pools["unit"]))
     front = set(pareto(rows))
     for r in rows:
         r["pareto"] = r["candidate"] in front
@@ -421,11 +422,11 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict], groups: l
         done.append((i, check))
     if not done:
         return {}
-    pool = seed_pool([*(groups or []), *(g for _, c in done for g in fleet_groups(c))])
+    groups = [*(groups or []), *(g for _, c in done for g in fleet_groups(c))]
     held = [(i, c) for i, c in done if c["holds"]]
     if not held:  # no fleet checked met the SLOs: nothing is recommended
         return {"recommended": None, "fleet_check": done[0][1], "fleet_checks": [c for _, c in done],
-                "unchecked_within": 0, "seed_pool": pool}
+                "unchecked_within": 0, "seed_pool": seed_pools(groups)}
     # ties on cost are shown, and broken toward more replicas (one down hurts less), then p99 TTFT
     i, check = min(held, key=lambda ic: (ic[1]["usd_per_hour"], -ic[1]["replicas"], ic[1]["ttft_p99_s"]))
     ties = [c["candidate"] for _, c in held if c is not check
@@ -433,21 +434,28 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict], groups: l
     checked = {j for j, _ in done}
     unchecked = sum(1 for j in ranked if j not in checked
                     and rows[j]["usd_per_hour"] <= check["usd_per_hour"] * (1 + 1e-9))
-    rec = _recommended(rows[i], cands[i], check, spec, pool)
+    rec = _recommended(rows[i], cands[i], check, spec, groups)
     rec["ties"] = ties
-    return {"recommended": rec, "fleet_check": check,
-            "fleet_checks": [c for _, c in done], "unchecked_within": unchecked, "seed_pool": pool}
+    return {"recommended": rec, "fleet_check": check, "fleet_checks": [c for _, c in done],
+            "unchecked_within": unchecked, "seed_pool": seed_pools([*groups, *headroom_groups(rec["headroom"])])}
 
 
 def fleet_groups(check: dict) -> list[dict]:
-    """A fleet check's seed groups: one per replica count tried (it held: every seed met
-    the SLOs); a fleet count's load is not a probe's, so it is None (`comparable`)."""
-    return [{"name": f"fleet {check['candidate']} x{c['replicas']}", "passed": bool(c["passed"]), "load": None,
-             "values": {f"{k}_p99": c.get(f"{k}_p99_seeds_s") or [] for k in ("ttft", "tpot", "e2e")}}
+    """A fleet check's seed groups: one per replica count tried (passed: every seed met
+    the SLOs)."""
+    return [fleet_group(f"fleet {check['candidate']} x{c['replicas']}", c["passed"],
+                        {k: c.get(f"{k}_p99_seeds_s") for k in ("ttft", "tpot", "e2e")})
             for c in check["checks"]]
 
 
-def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec, pool: dict | None = None) -> dict:
+def headroom_groups(head: dict | None) -> list[dict]:
+    """The headroom search's fleet probes as seed groups (passed: every seed held)."""
+    return [fleet_group(f"headroom x{t['factor']:.3g} of the target", t["passed"],
+                        {k: t.get(f"{k}_p99_seeds_s") for k in ("ttft", "tpot", "e2e")})
+            for t in (head or {}).get("tried", [])]
+
+
+def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec, groups: list[dict] | None = None) -> dict:
     """The recommended fleet, every figure from its fleet check; the per-replica
     estimate apart under `estimate`."""
     estimate = {k: row[k] for k in ("replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
@@ -465,7 +473,8 @@ def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec, pool: dict 
                                      "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")},
             "holds": check["holds"], "redundancy": check.get("redundancy", "none"),
             "holds_one_down": check.get("holds_one_down", False), "headroom": head,
-            **fleet_intervals(spec, row, check, head, pool),
+            **fleet_intervals(spec, row, check, head,
+                              seed_pools([*(groups or []), *headroom_groups(head)])["fleet"]),
             "stands_on": f"fleet check: {check['replicas']} x {row['candidate']} behind a {check['router_label']} at "
                          f"{check.get('rate', spec.target_rate):g} req/s (target + {check.get('margin', 0):.0%} "
                          f"margin) for {check.get('traffic_s', '?')} s of traffic, seeds {check['seeds']} "

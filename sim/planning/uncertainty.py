@@ -8,14 +8,18 @@ Two sources of doubt, combined into one interval per figure:
   [lowest, highest]. s and df are **pooled** where a plan has run enough seed groups
   (`seed_pool`): s^2 = sum (n_i - 1) s_i^2 / sum (n_i - 1) over the logs of every group
   of >= 2 seeds of the same figure (p99 TTFT, TPOT, E2E) that is comparable, with
-  df = sum (n_i - 1). **Comparable** (one rule, `comparable`): every seed of the group
-  met the SLOs in steady state, and it ran at an offered load of at least `POOL_LOAD`
-  (half) of the highest load the same unit passed (a probe at rate r of a unit sustaining
-  R: r / R; a candidate at its share: share / R; a fleet check's count that held counts,
-  as it runs near the fleet's capacity). Spread grows towards saturation, so groups
-  failing or far below it (a nearly empty queue, p99 ~ the prefill alone) are left out;
-  a probe's window holds far fewer requests than a fleet check's, so its p99 varies more
-  from seed to seed and the pool overstates a fleet's spread rather than understates it.
+  df = sum (n_i - 1). **Comparable** (one rule, `comparable`, and `seed_pools` keeps two
+  pools): of the figure's kind, *unit* (one unit's steady probes and its runs at a
+  candidate's share: the candidates' p99s) or *fleet* (fleet checks and the headroom's
+  fleet probes: the checked fleets' p99s); every seed of the group met the SLOs in steady
+  state; and a unit's group ran at an offered load of at least `POOL_LOAD` (half) of the
+  highest its unit passed (a probe at rate r of a unit sustaining R: r / R; at its share:
+  share / R; a fleet that held runs near its capacity: the check moves the count until
+  one fewer breaks, the headroom probes run above it). Spread grows towards saturation,
+  so failing groups and ones far below it (a nearly empty queue, p99 ~ the prefill
+  alone) are left out. Kinds are not mixed: a fleet's p99 stands on 10x or more the
+  requests of a probe's and varies far less from seed to seed (plans/chat_8b.yaml: log-sd
+  of p99 TTFT 0.18 over 70 probe groups, 0.05 over its fleet counts).
   Below `MIN_POOL_DF` (4) degrees of freedom the figure's own seeds decide: s their
   sample sd, df = n - 1 (t(0.95, 1) = 6.3 with two seeds: wide). One seed and no pool
   measures no spread (the interval is then the step model's alone, and says so). A
@@ -106,16 +110,29 @@ def t95(df: int) -> float:
 
 
 def seed_group(name: str, summaries: list[dict], passed: bool, load: float | None) -> dict:
-    """One group of seeds run alike (a probe, a candidate at its share, a fleet count):
-    its p99s per pooled figure, whether every seed met the SLOs in steady state, and its
-    offered load as a share of the highest its unit passed (None: a fleet check's)."""
-    return {"name": name, "passed": bool(passed), "load": load,
+    """One unit's group of seeds run alike (a probe, a candidate at its share): its p99s per
+    pooled figure, whether every seed met the SLOs in steady state, and its offered load
+    as a share of the highest its unit passed."""
+    return {"name": name, "kind": "unit", "passed": bool(passed), "load": load,
             "values": {f: [(s.get(k) or {}).get("p99") for s in summaries] for f, k in POOL_FIGURES.items()}}
 
 
+def fleet_group(name: str, passed: bool, seeds_by_metric: dict[str, list]) -> dict:
+    """A fleet's group of seeds (a count checked, a headroom probe): `seeds_by_metric`
+    ttft/tpot/e2e -> each seed's p99."""
+    return {"name": name, "kind": "fleet", "passed": bool(passed), "load": None,
+            "values": {f"{k}_p99": list(v or []) for k, v in seeds_by_metric.items()}}
+
+
 def comparable(group: dict) -> bool:
-    """The pooling rule (module docstring): passed on every seed, at >= POOL_LOAD load."""
+    """The pooling rule (module docstring): passed on every seed, a unit's at >= POOL_LOAD
+    load (`seed_pools` keeps the kinds apart)."""
     return group["passed"] and (group["load"] is None or group["load"] >= POOL_LOAD - 1e-12)
+
+
+def seed_pools(groups: list[dict]) -> dict[str, dict[str, dict]]:
+    """{'unit': seed_pool of the units' groups, 'fleet': of the fleets'} (module docstring)."""
+    return {kind: seed_pool([g for g in groups if g.get("kind", "unit") == kind]) for kind in ("unit", "fleet")}
 
 
 def seed_pool(groups: list[dict]) -> dict[str, dict]:
