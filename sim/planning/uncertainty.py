@@ -19,7 +19,9 @@ Two sources of doubt, combined into one interval per figure:
   so failing groups and ones far below it (a nearly empty queue, p99 ~ the prefill
   alone) are left out. Kinds are not mixed: a fleet's p99 stands on 10x or more the
   requests of a probe's and varies far less from seed to seed (plans/chat_8b.yaml: log-sd
-  of p99 TTFT 0.18 over 70 probe groups, 0.05 over its fleet counts).
+  of p99 TTFT 0.19 over 67 unit groups, 0.06 over its 5 fleet groups). A pooled interval
+  can be wider than the figure's own t interval: two seeds that happen to agree closely
+  say little about the spread, and the pool says what it typically is.
   Below `MIN_POOL_DF` (4) degrees of freedom the figure's own seeds decide: s their
   sample sd, df = n - 1 (t(0.95, 1) = 6.3 with two seeds: wide). One seed and no pool
   measures no spread (the interval is then the step model's alone, and says so). A
