@@ -129,6 +129,7 @@ def test_the_seed_term_is_pooled_over_the_plans_passing_seed_groups_of_its_kind(
     # broke, the units' pool the probes and share runs (seed_pool in plan.json); with fewer
     # than 4 df a figure's own seeds decide, else its interval is exp(log-mean +- t(0.95, df)
     # sd sqrt(1 + 1/n)) of its own seeds on the pooled sd, over (1 +- b), joined with their range
+    # (a fleet pool under 4 df gives way to the units' pool, an upper bound, `fleet_pool`)
     from sim.planning.uncertainty import MIN_POOL_DF, T95, latency_interval
 
     _, r = small_plan
@@ -143,13 +144,15 @@ def test_the_seed_term_is_pooled_over_the_plans_passing_seed_groups_of_its_kind(
     assert fleet["df"] >= len(names) and unit["df"] >= len(unit["groups"])
     at_n = next(c for c in r["fleet_check"]["checks"] if c["replicas"] == rec["replicas"])
     vals, b = at_n["ttft_p99_seeds_s"], rec["interval90_model"]
-    if fleet["df"] < MIN_POOL_DF:
+    used = fleet if fleet["df"] >= MIN_POOL_DF else unit
+    if used["df"] < MIN_POOL_DF:
         assert "own seeds" in rec["seed_term"]
         assert rec["ttft_p99_interval90_s"] == latency_interval(vals, b)
         return
-    assert "pooled over" in rec["seed_term"] and f"df {fleet['df']}" in rec["seed_term"]
+    assert "pooled over" in rec["seed_term"] and f"df {used['df']}" in rec["seed_term"]
+    assert ("single units' probes" in rec["seed_term"]) == (used is unit)
     mean = sum(math.log(v) for v in vals) / len(vals)
-    h = (T95[fleet["df"] - 1] if fleet["df"] <= 30 else 1.645) * fleet["sd_log"] * math.sqrt(1 + 1 / len(vals))
+    h = (T95[used["df"] - 1] if used["df"] <= 30 else 1.645) * used["sd_log"] * math.sqrt(1 + 1 / len(vals))
     want = (min(math.exp(mean - h), min(vals)) / (1 + b), max(math.exp(mean + h), max(vals)) / (1 - b))
     assert rec["ttft_p99_interval90_s"] == pytest.approx(want, rel=1e-12)
 

@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 from sim.planning.uncertainty import (
     MIN_POOL_DF,
     candidate_intervals,
+    fleet_pool,
     interval_band,
     latency_interval,
     load_bands,
+    pool_words,
     rate_interval,
     replicas_needed,
     robustness,
@@ -294,3 +296,17 @@ def test_more_groups_with_the_same_spread_narrow_it_but_never_inside_its_own_see
         assert b[0] > a[0] and b[1] < a[1]  # t(0.95, df) falls while df <= 30
     for lo, hi in (a, b):
         assert lo <= min(vals) * (1 + 1e-12) and hi >= max(vals) * (1 - 1e-12)
+
+
+def test_a_fleet_stands_on_its_own_kinds_pool_else_the_units_else_its_own_seeds():
+    def pool(df: int, sd: float) -> dict:
+        return {f: {"sd_log": sd, "df": df, "groups": ["g"] * df} for f in ("ttft_p99", "tpot_p99", "e2e_p99")}
+
+    # fleets with 5 df: theirs; with 3: the units' 40 (an upper bound); both short: own seeds
+    assert fleet_pool({"fleet": pool(5, 0.05), "unit": pool(40, 0.2)})["ttft_p99"]["sd_log"] == 0.05
+    used = fleet_pool({"fleet": pool(3, 0.05), "unit": pool(40, 0.2)})
+    assert used["ttft_p99"]["sd_log"] == 0.2 and used["ttft_p99"]["kind"] == "unit"
+    assert "single units' probes" in pool_words(used) and "df 40" in pool_words(used)
+    short = fleet_pool({"fleet": pool(3, 0.05), "unit": pool(2, 0.2)})
+    assert short["ttft_p99"]["df"] == 3 and "own seeds" in pool_words(short)
+    assert seed_interval([0.5, 0.7], short["ttft_p99"]) == seed_interval([0.5, 0.7])

@@ -78,6 +78,7 @@ from sim.planning.mixedspec import (  # noqa: F401  (the plan's spec, re-exporte
 )
 from sim.planning.planspec import SearchSpec, load_prices
 from sim.planning.uncertainty import (
+    fleet_pool,
     fmt_range,
     interval_band,
     interval_columns,
@@ -266,7 +267,7 @@ def run_mixed_plan(spec: MixedPlanSpec, prices_path: str | None = None, workers:
                 checks[key] = check_option(spec, result[key], usd, mix)
     pools = seed_pools([*groups, *(g for c in checks.values() for g in tried_groups(c))])
     for c in checks.values():  # the checked fleets' p99s on the fleets' pooled seed term
-        c.update(pooled_p99s(c, pools["fleet"]))
+        c.update(pooled_p99s(c, fleet_pool(pools)))
     result["checks"], result["seed_pool"] = checks, pools
     held = [c for c in checks.values() if c["holds"]]
     rec = min(held, key=lambda c: (c["usd_per_hour"], len(c["pools"]))) if held else None

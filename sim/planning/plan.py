@@ -120,6 +120,7 @@ from sim.planning.uncertainty import (
     candidate_intervals,
     fleet_group,
     fleet_intervals,
+    fleet_pool,
     interval_columns,
     p99_intervals,
     seed_group,
@@ -474,7 +475,7 @@ def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec, groups: lis
             "holds": check["holds"], "redundancy": check.get("redundancy", "none"),
             "holds_one_down": check.get("holds_one_down", False), "headroom": head,
             **fleet_intervals(spec, row, check, head,
-                              seed_pools([*(groups or []), *headroom_groups(head)])["fleet"]),
+                              fleet_pool(seed_pools([*(groups or []), *headroom_groups(head)]))),
             "stands_on": f"fleet check: {check['replicas']} x {row['candidate']} behind a {check['router_label']} at "
                          f"{check.get('rate', spec.target_rate):g} req/s (target + {check.get('margin', 0):.0%} "
                          f"margin) for {check.get('traffic_s', '?')} s of traffic, seeds {check['seeds']} "

@@ -21,7 +21,10 @@ Two sources of doubt, combined into one interval per figure:
   requests of a probe's and varies far less from seed to seed (plans/chat_8b.yaml: log-sd
   of p99 TTFT 0.19 over 67 unit groups, 0.06 over its 5 fleet groups). A pooled interval
   can be wider than the figure's own t interval: two seeds that happen to agree closely
-  say little about the spread, and the pool says what it typically is.
+  say little about the spread, and the pool says what it typically is. A checked fleet
+  whose own kind's pool has under `MIN_POOL_DF` degrees of freedom (a mixed plan's few
+  fleets that held) stands on the units' pool instead, an upper bound on its spread
+  (`fleet_pool`).
   Below `MIN_POOL_DF` (4) degrees of freedom the figure's own seeds decide: s their
   sample sd, df = n - 1 (t(0.95, 1) = 6.3 with two seeds: wide). One seed and no pool
   measures no spread (the interval is then the step model's alone, and says so). A
@@ -157,6 +160,18 @@ def seed_pool(groups: list[dict]) -> dict[str, dict]:
     return out
 
 
+def fleet_pool(pools: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    """The pool a checked fleet's p99s stand on, per figure: the fleets' own (`seed_pools`)
+    with >= MIN_POOL_DF degrees of freedom, else the units' (a probe's p99 varies more from
+    seed to seed than a fleet's: an upper bound), else the fleets' (too few: own seeds)."""
+    out = {}
+    for f in POOL_FIGURES:
+        fleet, unit = pools["fleet"].get(f) or {}, pools["unit"].get(f) or {}
+        use = unit if (fleet.get("df") or 0) < MIN_POOL_DF <= (unit.get("df") or 0) else fleet
+        out[f] = {**use, "kind": "unit" if use is unit else "fleet"}
+    return out
+
+
 def pool_words(pool: dict[str, dict] | None) -> str:
     """What the seed term stands on, in words ('pooled over 12 seed groups (df 12) ...')."""
     p = (pool or {}).get("ttft_p99") or {}
@@ -166,7 +181,9 @@ def pool_words(pool: dict[str, dict] | None) -> str:
     sds = ", ".join(f"{name} {pool[f]['sd_log']:.3f}" for f, name in
                     (("ttft_p99", "TTFT99"), ("tpot_p99", "TPOT99"), ("e2e_p99", "E2E99"))
                     if (pool.get(f) or {}).get("sd_log") is not None)
-    return f"seed sd pooled over {len(p['groups'])} comparable seed groups (df {p['df']}; log-sd {sds})"
+    kind = {"fleet": " of fleets", "unit": " of single units' probes (an upper bound for a fleet: "
+            "too few fleet groups)"}.get(p.get("kind"), "")
+    return f"seed sd pooled over {len(p['groups'])} comparable seed groups{kind} (df {p['df']}; log-sd {sds})"
 
 
 def seed_interval(values: list[float | None], pool: dict | None = None) -> tuple[float, float] | None:
