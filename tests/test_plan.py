@@ -124,6 +124,39 @@ def test_a_fleet_has_one_cost_per_million_tokens_whether_estimated_or_checked(sm
     assert res["output_tokens_per_request"]["per_request"] == mean
 
 
+def test_the_seed_term_is_pooled_over_the_plans_passing_seed_groups_of_its_kind(small_plan):
+    # the fleets' pool takes every fleet count and headroom probe that held and none that
+    # broke, the units' pool the probes and share runs (seed_pool in plan.json); with fewer
+    # than 4 df a figure's own seeds decide, else its interval is exp(log-mean +- t(0.95, df)
+    # sd sqrt(1 + 1/n)) of its own seeds on the pooled sd, over (1 +- b), joined with their range
+    # (a fleet pool under 4 df gives way to the units' pool, an upper bound, `fleet_pool`)
+    from sim.planning.uncertainty import MIN_POOL_DF, T95, latency_interval
+
+    _, r = small_plan
+    rec, fleet, unit = r["recommended"], r["seed_pool"]["fleet"]["ttft_p99"], r["seed_pool"]["unit"]["ttft_p99"]
+    names = set(fleet["groups"])
+    for c in r["fleet_check"]["checks"]:
+        assert (f"fleet h200-sxm continuous x{c['replicas']}" in names) == c["passed"]
+    for t in rec["headroom"]["tried"]:
+        assert (f"headroom x{t['factor']:.3g} of the target" in names) == t["passed"]
+    assert all(n.startswith(("fleet ", "headroom ")) for n in names)
+    assert unit["groups"] and all(n.startswith("h200-sxm continuous ") for n in unit["groups"])  # static never passed
+    assert fleet["df"] >= len(names) and unit["df"] >= len(unit["groups"])
+    at_n = next(c for c in r["fleet_check"]["checks"] if c["replicas"] == rec["replicas"])
+    vals, b = at_n["ttft_p99_seeds_s"], rec["interval90_model"]
+    used = fleet if fleet["df"] >= MIN_POOL_DF else unit
+    if used["df"] < MIN_POOL_DF:
+        assert "own seeds" in rec["seed_term"]
+        assert rec["ttft_p99_interval90_s"] == latency_interval(vals, b)
+        return
+    assert "pooled over" in rec["seed_term"] and f"df {used['df']}" in rec["seed_term"]
+    assert ("single units' probes" in rec["seed_term"]) == (used is unit)
+    mean = sum(math.log(v) for v in vals) / len(vals)
+    h = (T95[used["df"] - 1] if used["df"] <= 30 else 1.645) * used["sd_log"] * math.sqrt(1 + 1 / len(vals))
+    want = (min(math.exp(mean - h), min(vals)) / (1 + b), max(math.exp(mean + h), max(vals)) / (1 - b))
+    assert rec["ttft_p99_interval90_s"] == pytest.approx(want, rel=1e-12)
+
+
 def test_continuous_batching_sustains_twice_static_at_equal_p99_latency():
     """h200-sxm, Azure 2023 conversation lengths, Poisson arrivals: the highest rate
     with p99 E2E <= 20 s, continuous (256 seqs) against static (batches of 32)."""

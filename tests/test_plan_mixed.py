@@ -118,6 +118,9 @@ def test_a_mixed_plan_checks_its_fleets_and_recommends_no_dearer_than_the_best_s
     # the check's pools are those of the option, each at least as many replicas as estimated
     est = {p["name"]: p["replicas"] for p in r["best_mix"]["pools"]}
     assert all(p["replicas"] >= est[p["name"]] for p in mix["pools"])
+    # one seed a group: nothing to pool, so each figure's own seed decides and says so
+    assert r["seed_pool"]["fleet"]["ttft_p99"] == {"sd_log": None, "df": 0, "groups": []}
+    assert all("own seeds" in c["seed_term"] for c in r["checks"].values())
     json.dumps(r, default=str)
 
 

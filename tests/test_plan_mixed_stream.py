@@ -246,6 +246,29 @@ def test_a_checked_fleets_intervals_move_each_pool_and_each_p99_by_the_step_mode
     assert not any("_range" in k or "band" in k for k in got)
 
 
+def test_a_checked_fleets_p99s_stand_on_the_pooled_seed_term_of_the_fleets_that_held():
+    from sim.planning.mixed_check import pooled_p99s, tried_groups
+    from sim.planning.uncertainty import seed_pool
+
+    held = {"fleet": "2 x a", "holds": True, "ttft_p99_seeds_s": [0.5, 0.7], "tpot_p99_seeds_s": [0.02, 0.02]}
+    broke = {"fleet": "1 x a", "holds": False, "ttft_p99_seeds_s": [3.0, 9.0], "tpot_p99_seeds_s": [0.1, 0.2]}
+    check = {"tries": [broke, held], "interval90_model": 0.2}
+    groups = tried_groups(check)
+    assert [g["passed"] for g in groups] == [False, True]
+    pool = seed_pool(groups)["ttft_p99"]  # the fleet that broke is left out: one group, 1 df
+    assert pool["groups"] == ["fleet 2 x a"] and pool["df"] == 1
+    # 1 df < 4: the fleet's own two seeds decide, as without a pool
+    own = pooled_p99s(check, seed_pool(groups))
+    assert "own seeds" in own["seed_term"]
+    # a pool of sd 0.1 on 10 df (given): around log-mean (ln 0.5 + ln 0.7) / 2 = ln sqrt(0.35),
+    # h = t(0.95, 10) 1.812 x 0.1 x sqrt(1.5) = 0.2219238; joined with [0.5, 0.7]; / (1 +- 0.2)
+    got = pooled_p99s(check, {"ttft_p99": {"sd_log": 0.1, "df": 10, "groups": ["x"] * 10}})
+    mid = math.sqrt(0.35)
+    lo, hi = min(mid * math.exp(-0.2219238), 0.5), max(mid * math.exp(0.2219238), 0.7)
+    assert got["ttft_p99_interval90_s"] == pytest.approx((lo / 1.2, hi / 0.8), rel=1e-6)
+    assert "pooled over 10" in got["seed_term"]
+
+
 def test_the_day_plan_reads_the_public_rate_profile():
     from sim.workload.requests import ArrivalSpec, rate_profile
 

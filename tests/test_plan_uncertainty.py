@@ -10,14 +10,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.planning.uncertainty import (
+    MIN_POOL_DF,
     candidate_intervals,
+    fleet_pool,
     interval_band,
     latency_interval,
     load_bands,
+    pool_words,
     rate_interval,
     replicas_needed,
     robustness,
     seed_interval,
+    seed_pool,
     stands_on,
 )
 
@@ -227,3 +231,82 @@ def test_an_edited_bands_file_is_read_again(tmp_path):
     assert load_bands(str(f))["measured"]["interval90"] == 0.25
     f.write_text("classes:\n  measured: {interval90: 0.125, source: b, tags: [exact]}\n")
     assert load_bands(str(f))["measured"] == {"tags": ["exact"], "interval90": 0.125, "source": "b"}
+
+
+# ---- the pooled seed term -----------------------------------------------------------------
+
+def _group(name: str, logs: list[float], passed: bool = True, load: float | None = 0.9) -> dict:
+    return {"name": name, "passed": passed, "load": load,
+            "values": {"ttft_p99": [math.exp(x) for x in logs], "tpot_p99": [], "e2e_p99": [None]}}
+
+
+def test_pooled_variance_of_given_groups_by_hand():
+    # logs (0, 0.2): deviations +-0.1, sum of squares 0.02, 1 df; (0, 0.1, 0.2): 0.01 + 0 + 0.01
+    # = 0.02, 2 df; (0.5, 0.9): +-0.2, 0.08, 1 df (a fleet count: load None counts).
+    # pooled s^2 = (0.02 + 0.02 + 0.08) / (1 + 2 + 1) = 0.03, s = 0.173205, df 4.
+    # Left out: a failing group, one under half its unit's sustained rate, one of one seed.
+    groups = [_group("a", [0.0, 0.2]), _group("b", [0.0, 0.1, 0.2]), _group("c", [0.5, 0.9], load=None),
+              _group("failed", [0.0, 3.0], passed=False), _group("idle", [0.0, 2.0], load=0.3),
+              _group("one", [1.0])]
+    pool = seed_pool(groups)
+    assert pool["ttft_p99"]["sd_log"] == pytest.approx(0.173205, rel=1e-5)
+    assert pool["ttft_p99"]["df"] == 4 and pool["ttft_p99"]["groups"] == ["a", "b", "c"]
+    assert pool["tpot_p99"] == {"sd_log": None, "df": 0, "groups": []}  # no group has two values
+    assert pool["e2e_p99"]["df"] == 0
+    assert seed_pool([_group("half", [0.0, 0.2], load=0.5)])["ttft_p99"]["df"] == 1  # 0.5 counts
+
+
+def test_the_interval_of_two_seeds_on_a_pool_by_hand():
+    # seeds 1 and e^0.2: log-mean 0.1; pool sd 0.1 on 10 df: t(0.95, 10) = 1.812,
+    # h = 1.812 x 0.1 x sqrt(1 + 1/2) = 0.1812 x 1.2247449 = 0.2219238;
+    # exp(0.1 - 0.2219238) = exp(-0.1219238) = 0.885216, exp(0.3219238) = 1.379780
+    lo, hi = seed_interval([1.0, math.exp(0.2)], {"sd_log": 0.1, "df": 10})
+    assert (lo, hi) == pytest.approx((0.885216, 1.379780), rel=1e-5)
+    # its own two seeds alone: s = 0.141421, t(0.95, 1) = 6.314: h = 6.314 x 0.141421 x 1.2247449
+    # = 1.093617, exp(0.1 -+ 1.093617) = 0.370235 .. 3.298992
+    assert seed_interval([1.0, math.exp(0.2)]) == pytest.approx((0.370235, 3.298992), rel=1e-5)
+    # the latency interval divides by 1 +- b as before
+    assert latency_interval([1.0, math.exp(0.2)], 0.25, {"sd_log": 0.1, "df": 10}) == \
+        pytest.approx((0.885216 / 1.25, 1.379780 / 0.75), rel=1e-5)
+
+
+def test_below_four_pooled_df_the_figures_own_seeds_decide():
+    vals = [0.8, 1.1]
+    assert seed_interval(vals, {"sd_log": 0.01, "df": 3}) == seed_interval(vals)
+    assert seed_interval(vals, {"sd_log": None, "df": 0}) == seed_interval(vals)
+    assert seed_interval(vals, {"sd_log": 0.01, "df": 4}) != seed_interval(vals)
+    assert seed_interval([0.3], {"sd_log": 0.01, "df": 3}) == (0.3, 0.3)  # one seed, no pool
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(MIN_POOL_DF, 20), st.integers(1, 20), st.floats(0.001, 0.5), st.floats(-3, 3),
+       st.lists(st.floats(-1, 1), min_size=1, max_size=5))
+def test_more_groups_with_the_same_spread_narrow_it_but_never_inside_its_own_seeds(
+        k, more, d, centre, own):
+    # k (then k + more) groups of two seeds each d apart in log: each adds d^2 / 2 over 1 df,
+    # so the pooled sd is d / sqrt(2) for any count and only t(0.95, df) moves (from the
+    # fallback threshold up: below it the figure's own seeds decide, whatever the pool)
+    few = seed_pool([_group(f"g{i}", [0.0, d]) for i in range(k)])["ttft_p99"]
+    many = seed_pool([_group(f"g{i}", [0.0, d]) for i in range(k + more)])["ttft_p99"]
+    assert few["sd_log"] == pytest.approx(d / math.sqrt(2)) == pytest.approx(many["sd_log"])
+    vals = [math.exp(centre + x) for x in own]
+    a, b = seed_interval(vals, few), seed_interval(vals, many)
+    assert b[0] >= a[0] * (1 - 1e-12) and b[1] <= a[1] * (1 + 1e-12)
+    if b[0] < min(vals) and b[1] > max(vals):  # not its own seeds' range
+        assert b[0] > a[0] and b[1] < a[1]  # t(0.95, df) falls while df <= 30
+    for lo, hi in (a, b):
+        assert lo <= min(vals) * (1 + 1e-12) and hi >= max(vals) * (1 - 1e-12)
+
+
+def test_a_fleet_stands_on_its_own_kinds_pool_else_the_units_else_its_own_seeds():
+    def pool(df: int, sd: float) -> dict:
+        return {f: {"sd_log": sd, "df": df, "groups": ["g"] * df} for f in ("ttft_p99", "tpot_p99", "e2e_p99")}
+
+    # fleets with 5 df: theirs; with 3: the units' 40 (an upper bound); both short: own seeds
+    assert fleet_pool({"fleet": pool(5, 0.05), "unit": pool(40, 0.2)})["ttft_p99"]["sd_log"] == 0.05
+    used = fleet_pool({"fleet": pool(3, 0.05), "unit": pool(40, 0.2)})
+    assert used["ttft_p99"]["sd_log"] == 0.2 and used["ttft_p99"]["kind"] == "unit"
+    assert "single units' probes" in pool_words(used) and "df 40" in pool_words(used)
+    short = fleet_pool({"fleet": pool(3, 0.05), "unit": pool(2, 0.2)})
+    assert short["ttft_p99"]["df"] == 3 and "own seeds" in pool_words(short)
+    assert seed_interval([0.5, 0.7], short["ttft_p99"]) == seed_interval([0.5, 0.7])

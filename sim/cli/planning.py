@@ -97,7 +97,7 @@ def cmd_plan(a) -> int:
     if result.get("arrival"):
         print(f"arrivals: {arrival_label(result['arrival'])}\n")
     print(candidate_table(result["candidates"]) + "\n")
-    print(range_table(result["candidates"]) + "\n")
+    print(range_table(result["candidates"], (result.get("seed_pool") or {}).get("unit")) + "\n")
     print("\n".join(plan_verdict(result)))
     print("\n".join(confidence(result)))
     if result.get("deployments"):
@@ -169,6 +169,7 @@ def confidence(result: dict) -> list[str]:
              f"TPOT99 {fmt_range(rec['tpot_p99_interval90_s'], '{:.3f}')} s "
              f"(seed spread over {rec['seeds']} seed(s) + the step model's 90 % error "
              f"±{rec['interval90_model']:.0%})",
+             *([f"  the seed term stands on {rec['seed_term']}"] if rec.get("seed_term") else []),
              f"  robust? {rec['candidate']} x {rec['replicas']}: {rec['robust']['words']}",
              f"  the step time behind it: {rec['stands_on_lookups']} "
              f"({rec['measured_share']:.0%} rests on measurement; data/step_error_bands.yaml, "
@@ -189,14 +190,16 @@ def confidence(result: dict) -> list[str]:
     return lines
 
 
-def range_table(rows: list[dict]) -> str:
+def range_table(rows: list[dict], pool: dict | None = None) -> str:
     """Per candidate, the 90 % interval of each figure (seed spread + the step model's 90 %
-    error) and the share of its step time that rests on measurement."""
-    from sim.planning.uncertainty import fmt_range
+    error) and the share of its step time that rests on measurement; `pool`: the plan's
+    `seed_pool`, what the p99s' seed term stands on."""
+    from sim.planning.uncertainty import fmt_range, pool_words
 
     head = (f"{'candidate':30} {'req/s 90%':>13} {'replicas':>8} {'$/h 90%':>13} {'$/M tok 90%':>13} "
             f"{'TTFT99 90%':>13} {'TPOT99 90%':>13} {'model':>5} {'measured':>8}")
     lines = ["90 % intervals (seed spread + the step model's 90 % error by what each figure stands on):",
+             *([f"  the p99s' seed term stands on {pool_words(pool)}"] if pool else []),
              head, "-" * len(head)]
     ok = [r for r in rows if r.get("status") == "ok" and r.get("sustained_rate_interval90")]
     for r in sorted(ok, key=lambda r: (r["usd_per_hour"], r["ttft_p99_at_target_s"] or 0)):

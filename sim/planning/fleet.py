@@ -228,7 +228,8 @@ def headroom(spec: PlanSpec, cand: dict, n: int, hint: float | None = None) -> d
     for _ in range(spec.search.headroom_probes):
         runs = run_seeds(spec, cand, n, target * f, seeds, None)
         ok = not any(violations(r, spec.slo) for r in runs)
-        tried.append({"factor": f, "rate": target * f, "passed": ok})
+        tried.append({"factor": f, "rate": target * f, "passed": ok,  # each seed's p99s: seed_pool
+                      **{f"{k}_p99_seeds_s": [r[f"{k}_s"]["p99"] for r in runs] for k in ("ttft", "tpot", "e2e")}})
         if ok:
             lo = f
         else:

@@ -78,12 +78,15 @@ from sim.planning.mixedspec import (  # noqa: F401  (the plan's spec, re-exporte
 )
 from sim.planning.planspec import SearchSpec, load_prices
 from sim.planning.uncertainty import (
+    fleet_pool,
     fmt_range,
     interval_band,
     interval_columns,
     measured_share,
     rate_interval,
     replicas_needed,
+    seed_group,
+    seed_pools,
     stands_on,
 )
 
@@ -109,10 +112,14 @@ def pool_capacity(spec: MixedPlanSpec, gpu: str, path: Path, kind: str) -> dict:
     cap = max_rate(run_at, spec.slo, [sc.seed + i for i in range(s.seeds)], s.need, s.rate_start,
                    s.rate_min, s.rate_max, s.rel_tol, s.max_probes)
     prov = cap.at_rate.summaries[0].get("lookup_provenance") if cap.at_rate else None
+    # the probes as seed groups for the pooled seed term (`uncertainty.seed_pool`)
+    groups = [seed_group(f"{gpu} {path.stem} probe {p.rate:.4g}/s", p.summaries,
+                         p.passed and p.seeds_passed == p.seeds_run, p.rate / cap.rate)
+              for p in cap.probes] if cap.rate > 0 else []
     return {"gpu": gpu, "rate": cap.rate, "fail_rate": cap.fail_rate, "probes": len(cap.probes),
             "broke": "; ".join(cap.at_fail.broke) if cap.at_fail else "", "note": "",
             "interval90_model": interval_band(prov), "measured_share": measured_share(prov),
-            "stands_on": stands_on(prov)}
+            "stands_on": stands_on(prov), "seed_groups": groups}
 
 
 def _jobs(spec: MixedPlanSpec, mix: dict) -> list[tuple]:
@@ -225,7 +232,7 @@ def rate_intervals(caps: dict) -> dict:
 
 
 def run_mixed_plan(spec: MixedPlanSpec, prices_path: str | None = None, workers: int | None = None) -> dict:
-    from sim.planning.mixed_check import check_option
+    from sim.planning.mixed_check import check_option, pooled_p99s, tried_groups
 
     prices = load_prices(prices_path or (str(Path(spec.file).resolve().parent / spec.prices)
                                          if spec.prices else None))
@@ -234,6 +241,7 @@ def run_mixed_plan(spec: MixedPlanSpec, prices_path: str | None = None, workers:
     with tempfile.TemporaryDirectory(prefix="llmsim-mixed-") as tmp:
         mix = length_mix(spec, Path(tmp))
         caps = capacities(spec, mix, workers)
+        groups = [g for v in caps.values() for g in v.pop("seed_groups", [])]  # not in plan.json
         rates = {k: v["rate"] for k, v in caps.items()}
         opts = options(spec.target_rate, mix["shares"], rates, usd, spec.search, spec.mixed.classes,
                        rate_intervals(caps))
@@ -257,7 +265,10 @@ def run_mixed_plan(spec: MixedPlanSpec, prices_path: str | None = None, workers:
         for key in ("best_mix", "best_single"):
             if result[key] is not None:
                 checks[key] = check_option(spec, result[key], usd, mix)
-    result["checks"] = checks
+    pools = seed_pools([*groups, *(g for c in checks.values() for g in tried_groups(c))])
+    for c in checks.values():  # the checked fleets' p99s on the fleets' pooled seed term
+        c.update(pooled_p99s(c, fleet_pool(pools)))
+    result["checks"], result["seed_pool"] = checks, pools
     held = [c for c in checks.values() if c["holds"]]
     rec = min(held, key=lambda c: (c["usd_per_hour"], len(c["pools"]))) if held else None
     if rec is not None:
@@ -330,6 +341,8 @@ def mixed_lines(result: dict) -> list[str]:
                      f"TTFT99 {fmt_range(rec['ttft_p99_interval90_s'], '{:.3f}')} s, "
                      f"TPOT99 {fmt_range(rec['tpot_p99_interval90_s'], '{:.3f}')} s (seed spread + the step "
                      f"model's 90 % error ±{rec['interval90_model']:.0%}; lookups {rec['stands_on_lookups']})")
+        if rec.get("seed_term"):
+            lines.append(f"  the seed term stands on {rec['seed_term']}")
         single = result["checks"].get("best_single")
         if single and single["holds"] and rec["kind"] == "mix":
             lines.append(f"  saves {1 - rec['usd_per_hour'] / single['usd_per_hour']:.0%} against the best "

@@ -10,10 +10,11 @@ option checked sees the same requests at the same times on a seed.
 
 90 % intervals of the fleet that holds (`sim/planning/uncertainty.py`, b the step model's
 `interval_band` over the fleet's lookups): its p99s' `latency_interval` over the seeds,
-[seed low / (1 + b), seed high / (1 - b)]; per pool, the replicas needed when each
-replica's capacity moves within its `rate_interval` [1 - b, 1 + b] of what the check
-found (`replicas_needed` of the pool's serving replicas: (n - spare) / (1 +- b) rounded
-up, + the spare), and $/hour from those.
+[seed low / (1 + b), seed high / (1 - b)], the seed term pooled over the plan's fleets
+that held (`pooled_p99s`, `tried_groups`, `seed_pools`); per pool, the replicas needed
+when each replica's capacity moves within its `rate_interval` [1 - b, 1 + b] of what the
+check found (`replicas_needed` of the pool's serving replicas: (n - spare) / (1 +- b)
+rounded up, + the spare), and $/hour from those.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from sim.planning.mixed_stream import steady_for, stream_overrides, traffic
 from sim.planning.mixedspec import POOL_NAMES, MixedPlanSpec, _base, _scenario_path, describe
 from sim.planning.steady import window, windowed_summary
 from sim.planning.uncertainty import (
+    fleet_group,
     interval_band,
     latency_interval,
     measured_share,
+    p99_intervals,
+    pool_words,
     rate_interval,
     replicas_needed,
     stands_on,
@@ -141,7 +145,7 @@ def check_option(spec: MixedPlanSpec, option: dict, gpu_usd_h: dict[str, float],
                 else:
                     lo = p["replicas"]
             p["replicas"] = hi
-    last = [t for t in tries if t["holds"]][-1] if any(t["holds"] for t in tries) else tries[-1]
+    last = _last(tries)
     opt["pools"] = last["pools_at"]
     return {"option": option["label"], "fleet": last["fleet"], "pools": opt["pools"], "holds": last["holds"],
             **fleet_intervals(spec, last, gpu_usd_h),
@@ -168,6 +172,26 @@ def fleet_intervals(spec: MixedPlanSpec, tried: dict, gpu_usd_h: dict[str, float
     for k in ("ttft", "tpot", "e2e"):
         out[f"{k}_p99_interval90_s"] = latency_interval(tried.get(f"{k}_p99_seeds_s") or [], b)
     return out
+
+
+def _last(tries: list[dict]) -> dict:
+    """The fleet a check reports: the last that held, else the last tried."""
+    return [t for t in tries if t["holds"]][-1] if any(t["holds"] for t in tries) else tries[-1]
+
+
+def tried_groups(check: dict) -> list[dict]:
+    """A check's seed groups for the fleets' pooled seed term (`uncertainty.seed_pools`):
+    one per fleet tried (passed: it held on every seed)."""
+    return [fleet_group(f"fleet {t['fleet']}", t["holds"], {k: t.get(f"{k}_p99_seeds_s") for k in ("ttft", "tpot", "e2e")})
+            for t in check["tries"]]
+
+
+def pooled_p99s(check: dict, pool: dict[str, dict]) -> dict:
+    """A check's p99 intervals again, on the pooled seed term `pool`, and what it stands on."""
+    last = _last(check["tries"])
+    return {**p99_intervals({k: last.get(f"{k}_p99_seeds_s") or [] for k in ("ttft", "tpot", "e2e")},
+                            check["interval90_model"], pool),
+            "seed_term": pool_words(pool)}
 
 
 def _usd(option: dict, gpu_usd_h: dict[str, float]) -> float:

@@ -116,7 +116,16 @@ from sim.planning.planspec import (
 )
 from sim.planning.steady import SteadyRule, steady_run
 from sim.planning.traffic import describe, probe_overrides, process, steady_rule
-from sim.planning.uncertainty import candidate_intervals, fleet_intervals, interval_columns
+from sim.planning.uncertainty import (
+    candidate_intervals,
+    fleet_group,
+    fleet_intervals,
+    fleet_pool,
+    interval_columns,
+    p99_intervals,
+    seed_group,
+    seed_pools,
+)
 from sim.planning.units import Unit, unit_of
 
 __all__ = ["ALIASES", "PlanSpec", "SearchSpec", "binding", "candidate_grid", "evaluate", "label",
@@ -190,7 +199,20 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     return {**row, "status": "ok", "note": "", **unit_fields(unit, prices), "replicas": replicas,
             "gpus": replicas * unit.gpus, "usd_per_hour": usd_h, "usd_per_m_output_tokens": usd_m,
             "ttft_p99_at_target_s": worst["ttft"], "tpot_p99_at_target_s": worst["tpot"],
-            "e2e_p99_at_target_s": worst["e2e"], **rng, **stage_fields(at_share[0])}
+            "e2e_p99_at_target_s": worst["e2e"], **rng, **stage_fields(at_share[0]),
+            "seed_groups": _seed_groups(label(cand, plan_groups(spec)), cap, at_share, share, spec)}
+
+
+def _seed_groups(name: str, cap: Capacity, at_share: list[dict], share: float, spec: PlanSpec) -> list[dict]:
+    """A candidate's seed groups for the pooled seed term (`uncertainty.seed_pool`): each
+    probe (passed: every seed run met the SLOs) and its runs at its share; the last is the
+    share's. Loads are shares of the sustained rate."""
+    from sim.planning.capacity import violations
+
+    out = [seed_group(f"{name} probe {p.rate:.4g}/s", p.summaries, p.passed and p.seeds_passed == p.seeds_run,
+                      p.rate / cap.rate) for p in cap.probes]
+    return out + [seed_group(f"{name} at share {share:.4g}/s", at_share,
+                             not any(violations(a, spec.slo) for a in at_share), share / cap.rate)]
 
 
 def stage_fields(summary: dict) -> dict:
@@ -347,7 +369,16 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
               "scenario": spec.scenario, "arrival": arrival, "candidates": rows, "recommended": None,
               "fleet_check": None, "fleet_checks": [], "unchecked_within": 0,
               "output_tokens_per_request": output_tokens_per_request(spec)}
-    result.update(_fleet_checks(spec, rows, cands))
+    by_row = [r.pop("seed_groups", []) for r in rows]  # kept out of plan.json and the CSV
+    groups = [g for gs in by_row for g in gs]
+    result.update(_fleet_checks(spec, rows, cands, groups))
+    pools = result.pop("seed_pool", None) or seed_pools(groups)
+    result["seed_pool"] = pools
+    for r, gs in zip(rows, by_row, strict=True):  # each candidate's p99s at its share, pooled
+        if gs and r.get("status") == "ok":
+            share = gs[-1]
+            r.update(p99_intervals({k: share["values"][f"{k}_p99"] for k in ("ttft", "tpot", "e2e")},
+                                   r["latency_interval90_model"], pools["unit"]))
     front = set(pareto(rows))
     for r in rows:
         r["pareto"] = r["candidate"] in front
@@ -357,10 +388,12 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
     return result
 
 
-def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
+def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict], groups: list[dict] | None = None) -> dict:
     """Check candidates as fleets, cheapest estimate first, while one's estimate is at most
     the cheapest validated cost so far (at most `search.fleet_checks`); recommend the
-    cheapest validated fleet (ties: lower p99 TTFT in its check)."""
+    cheapest validated fleet (ties: lower p99 TTFT in its check). `groups`: the
+    candidates' seed groups; with every count checked (`fleet_groups`) they make the
+    pooled seed term of the recommendation's intervals (`seed_pool` in the answer)."""
     ranked = sorted((i for i, r in enumerate(rows) if r["status"] == "ok"),
                     key=lambda i: (rows[i]["usd_per_hour"], rows[i]["ttft_p99_at_target_s"] or math.inf))
     done: list[tuple[int, dict]] = []
@@ -390,10 +423,11 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
         done.append((i, check))
     if not done:
         return {}
+    groups = [*(groups or []), *(g for _, c in done for g in fleet_groups(c))]
     held = [(i, c) for i, c in done if c["holds"]]
     if not held:  # no fleet checked met the SLOs: nothing is recommended
         return {"recommended": None, "fleet_check": done[0][1], "fleet_checks": [c for _, c in done],
-                "unchecked_within": 0}
+                "unchecked_within": 0, "seed_pool": seed_pools(groups)}
     # ties on cost are shown, and broken toward more replicas (one down hurts less), then p99 TTFT
     i, check = min(held, key=lambda ic: (ic[1]["usd_per_hour"], -ic[1]["replicas"], ic[1]["ttft_p99_s"]))
     ties = [c["candidate"] for _, c in held if c is not check
@@ -401,13 +435,28 @@ def _fleet_checks(spec: PlanSpec, rows: list[dict], cands: list[dict]) -> dict:
     checked = {j for j, _ in done}
     unchecked = sum(1 for j in ranked if j not in checked
                     and rows[j]["usd_per_hour"] <= check["usd_per_hour"] * (1 + 1e-9))
-    rec = _recommended(rows[i], cands[i], check, spec)
+    rec = _recommended(rows[i], cands[i], check, spec, groups)
     rec["ties"] = ties
-    return {"recommended": rec, "fleet_check": check,
-            "fleet_checks": [c for _, c in done], "unchecked_within": unchecked}
+    return {"recommended": rec, "fleet_check": check, "fleet_checks": [c for _, c in done],
+            "unchecked_within": unchecked, "seed_pool": seed_pools([*groups, *headroom_groups(rec["headroom"])])}
 
 
-def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec) -> dict:
+def fleet_groups(check: dict) -> list[dict]:
+    """A fleet check's seed groups: one per replica count tried (passed: every seed met
+    the SLOs)."""
+    return [fleet_group(f"fleet {check['candidate']} x{c['replicas']}", c["passed"],
+                        {k: c.get(f"{k}_p99_seeds_s") for k in ("ttft", "tpot", "e2e")})
+            for c in check["checks"]]
+
+
+def headroom_groups(head: dict | None) -> list[dict]:
+    """The headroom search's fleet probes as seed groups (passed: every seed held)."""
+    return [fleet_group(f"headroom x{t['factor']:.3g} of the target", t["passed"],
+                        {k: t.get(f"{k}_p99_seeds_s") for k in ("ttft", "tpot", "e2e")})
+            for t in (head or {}).get("tried", [])]
+
+
+def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec, groups: list[dict] | None = None) -> dict:
     """The recommended fleet, every figure from its fleet check; the per-replica
     estimate apart under `estimate`."""
     estimate = {k: row[k] for k in ("replicas", "gpus", "usd_per_hour", "usd_per_m_output_tokens",
@@ -425,7 +474,8 @@ def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec) -> dict:
                                      "ttft_p99_s", "tpot_p99_s", "e2e_p99_s", "goodput")},
             "holds": check["holds"], "redundancy": check.get("redundancy", "none"),
             "holds_one_down": check.get("holds_one_down", False), "headroom": head,
-            **fleet_intervals(spec, row, check, head),
+            **fleet_intervals(spec, row, check, head,
+                              fleet_pool(seed_pools([*(groups or []), *headroom_groups(head)]))),
             "stands_on": f"fleet check: {check['replicas']} x {row['candidate']} behind a {check['router_label']} at "
                          f"{check.get('rate', spec.target_rate):g} req/s (target + {check.get('margin', 0):.0%} "
                          f"margin) for {check.get('traffic_s', '?')} s of traffic, seeds {check['seeds']} "

@@ -2,12 +2,34 @@
 
 Two sources of doubt, combined into one interval per figure:
 
-* **seed to seed**: with n >= 2 seeds, the 90 % prediction interval of one more seed's
-  value, exp(mean(log x) +- t(0.95, n - 1) s sqrt(1 + 1/n)) over the seeds' logs (Student
-  t; figures are positive and skewed), joined with the seeds' own [lowest, highest], so
-  fewer seeds give a wider interval; one seed measures no spread (the interval is then
-  the step model's alone, and says so). A sustained rate's seed term is the bisection's
-  bracket [sustained rate, lowest failing rate], where the seeds disagree.
+* **seed to seed**: the 90 % prediction interval of one more seed's value,
+  exp(mean(log x) +- t(0.95, df) s sqrt(1 + 1/n)) around the log-mean of the figure's own n
+  seeds (Student t; figures are positive and skewed), joined with the seeds' own
+  [lowest, highest]. s and df are **pooled** where a plan has run enough seed groups
+  (`seed_pool`): s^2 = sum (n_i - 1) s_i^2 / sum (n_i - 1) over the logs of every group
+  of >= 2 seeds of the same figure (p99 TTFT, TPOT, E2E) that is comparable, with
+  df = sum (n_i - 1). **Comparable** (one rule, `comparable`, and `seed_pools` keeps two
+  pools): of the figure's kind, *unit* (one unit's steady probes and its runs at a
+  candidate's share: the candidates' p99s) or *fleet* (fleet checks and the headroom's
+  fleet probes: the checked fleets' p99s); every seed of the group met the SLOs in steady
+  state; and a unit's group ran at an offered load of at least `POOL_LOAD` (half) of the
+  highest its unit passed (a probe at rate r of a unit sustaining R: r / R; at its share:
+  share / R; a fleet that held runs near its capacity: the check moves the count until
+  one fewer breaks, the headroom probes run above it). Spread grows towards saturation,
+  so failing groups and ones far below it (a nearly empty queue, p99 ~ the prefill
+  alone) are left out. Kinds are not mixed: a fleet's p99 stands on 10x or more the
+  requests of a probe's and varies far less from seed to seed (plans/chat_8b.yaml: log-sd
+  of p99 TTFT 0.19 over 67 unit groups, 0.06 over its 5 fleet groups). A pooled interval
+  can be wider than the figure's own t interval: two seeds that happen to agree closely
+  say little about the spread, and the pool says what it typically is. A checked fleet
+  whose own kind's pool has under `MIN_POOL_DF` degrees of freedom (a mixed plan's few
+  fleets that held) stands on the units' pool instead, an upper bound on its spread
+  (`fleet_pool`).
+  Below `MIN_POOL_DF` (4) degrees of freedom the figure's own seeds decide: s their
+  sample sd, df = n - 1 (t(0.95, 1) = 6.3 with two seeds: wide). One seed and no pool
+  measures no spread (the interval is then the step model's alone, and says so). A
+  sustained rate's seed term is the bisection's bracket [sustained rate, lowest failing
+  rate], where the seeds disagree.
 * **the step model's own error**: each lookup class (measured = exact + interpolated,
   derived, extrapolated, analytic) has `interval90`, the half-width of a 90 % interval of
   the relative error of time e = modelled / measured - 1, sized from the project's
@@ -82,29 +104,119 @@ def interval_band(provenance: dict[str, float] | None) -> float:
     return sum(shares[k] * bands[k]["interval90"] for k in bands) / total
 
 
-def seed_interval(values: list[float | None]) -> tuple[float, float] | None:
+POOL_FIGURES = {"ttft_p99": "ttft_s", "tpot_p99": "tpot_s", "e2e_p99": "e2e_s"}
+POOL_LOAD = 0.5  # a group counts at >= this share of the highest load its unit passed
+MIN_POOL_DF = 4  # below this many pooled degrees of freedom, the figure's own seeds decide
+
+
+def t95(df: int) -> float:
+    """t(0.95, df): the table's up to 30 degrees of freedom, the normal's 1.645 past it."""
+    return T95[df - 1] if df <= len(T95) else 1.645
+
+
+def seed_group(name: str, summaries: list[dict], passed: bool, load: float | None) -> dict:
+    """One unit's group of seeds run alike (a probe, a candidate at its share): its p99s per
+    pooled figure, whether every seed met the SLOs in steady state, and its offered load
+    as a share of the highest its unit passed."""
+    return {"name": name, "kind": "unit", "passed": bool(passed), "load": load,
+            "values": {f: [(s.get(k) or {}).get("p99") for s in summaries] for f, k in POOL_FIGURES.items()}}
+
+
+def fleet_group(name: str, passed: bool, seeds_by_metric: dict[str, list]) -> dict:
+    """A fleet's group of seeds (a count checked, a headroom probe): `seeds_by_metric`
+    ttft/tpot/e2e -> each seed's p99."""
+    return {"name": name, "kind": "fleet", "passed": bool(passed), "load": None,
+            "values": {f"{k}_p99": list(v or []) for k, v in seeds_by_metric.items()}}
+
+
+def comparable(group: dict) -> bool:
+    """The pooling rule (module docstring): passed on every seed, a unit's at >= POOL_LOAD
+    load (`seed_pools` keeps the kinds apart)."""
+    return group["passed"] and (group["load"] is None or group["load"] >= POOL_LOAD - 1e-12)
+
+
+def seed_pools(groups: list[dict]) -> dict[str, dict[str, dict]]:
+    """{'unit': seed_pool of the units' groups, 'fleet': of the fleets'} (module docstring)."""
+    return {kind: seed_pool([g for g in groups if g.get("kind", "unit") == kind]) for kind in ("unit", "fleet")}
+
+
+def seed_pool(groups: list[dict]) -> dict[str, dict]:
+    """figure -> {sd_log, df, groups}: the seed-to-seed sd of log values pooled over the
+    comparable groups with >= 2 positive values of that figure (module docstring);
+    sd_log None where no group has two."""
+    out = {}
+    for f in POOL_FIGURES:
+        ss, df, names = 0.0, 0, []
+        for g in groups:
+            vals = [float(v) for v in g["values"].get(f) or [] if v is not None and not math.isnan(v)]
+            if not comparable(g) or len(vals) < 2 or min(vals) <= 0:
+                continue
+            logs = [math.log(v) for v in vals]
+            mean = sum(logs) / len(logs)
+            ss += sum((x - mean) ** 2 for x in logs)
+            df += len(logs) - 1
+            names.append(g["name"])
+        out[f] = {"sd_log": math.sqrt(ss / df) if df else None, "df": df, "groups": names}
+    return out
+
+
+def fleet_pool(pools: dict[str, dict[str, dict]]) -> dict[str, dict]:
+    """The pool a checked fleet's p99s stand on, per figure: the fleets' own (`seed_pools`)
+    with >= MIN_POOL_DF degrees of freedom, else the units' (a probe's p99 varies more from
+    seed to seed than a fleet's: an upper bound), else the fleets' (too few: own seeds)."""
+    out = {}
+    for f in POOL_FIGURES:
+        fleet, unit = pools["fleet"].get(f) or {}, pools["unit"].get(f) or {}
+        use = unit if (fleet.get("df") or 0) < MIN_POOL_DF <= (unit.get("df") or 0) else fleet
+        out[f] = {**use, "kind": "unit" if use is unit else "fleet"}
+    return out
+
+
+def pool_words(pool: dict[str, dict] | None) -> str:
+    """What the seed term stands on, in words ('pooled over 12 seed groups (df 12) ...')."""
+    p = (pool or {}).get("ttft_p99") or {}
+    if (p.get("df") or 0) < MIN_POOL_DF:
+        return (f"each figure's own seeds (the pool's {p.get('df') or 0} degrees of freedom are under "
+                f"{MIN_POOL_DF})")
+    sds = ", ".join(f"{name} {pool[f]['sd_log']:.3f}" for f, name in
+                    (("ttft_p99", "TTFT99"), ("tpot_p99", "TPOT99"), ("e2e_p99", "E2E99"))
+                    if (pool.get(f) or {}).get("sd_log") is not None)
+    kind = {"fleet": " of fleets", "unit": " of single units' probes (an upper bound for a fleet: "
+            "too few fleet groups)"}.get(p.get("kind"), "")
+    return f"seed sd pooled over {len(p['groups'])} comparable seed groups{kind} (df {p['df']}; log-sd {sds})"
+
+
+def seed_interval(values: list[float | None], pool: dict | None = None) -> tuple[float, float] | None:
     """The 90 % prediction interval of one more seed's value from these seeds' (module
-    docstring): [lowest, highest] joined with the Student-t interval on logs; (v, v) for
-    one seed; None for none. Non-positive values fall back to the t interval on values."""
+    docstring): [lowest, highest] joined with the Student-t interval on logs, its sd and
+    df from `pool` ({sd_log, df} of the figure, `seed_pool`) when it has >= MIN_POOL_DF
+    degrees of freedom, else from the seeds themselves; (v, v) for one seed without a
+    pool; None for none. Non-positive values fall back to the t interval on values."""
     vals = [float(v) for v in values if v is not None and not math.isnan(v)]
     if not vals:
         return None
     n = len(vals)
-    if n == 1:
-        return vals[0], vals[0]
-    t = T95[n - 2] if n - 1 <= len(T95) else 1.645
     logs = all(v > 0 for v in vals)
+    pooled = logs and pool is not None and pool.get("sd_log") is not None \
+        and (pool.get("df") or 0) >= MIN_POOL_DF
+    if n == 1 and not pooled:
+        return vals[0], vals[0]
     xs = [math.log(v) for v in vals] if logs else vals
     mean = sum(xs) / n
-    s = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    if pooled:
+        s, t = pool["sd_log"], t95(pool["df"])
+    else:
+        s, t = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)), t95(n - 1)
     h = t * s * math.sqrt(1 + 1 / n)
     lo, hi = (math.exp(mean - h), math.exp(mean + h)) if logs else (max(mean - h, 0.0), mean + h)
     return min(lo, min(vals)), max(hi, max(vals))
 
 
-def latency_interval(values: list[float | None], b: float) -> tuple[float, float] | None:
-    """A time's 90 % interval: its seed interval, widened by the step model's error b."""
-    r = seed_interval(values)
+def latency_interval(values: list[float | None], b: float,
+                     pool: dict | None = None) -> tuple[float, float] | None:
+    """A time's 90 % interval: its seed interval (`pool`: the figure's pooled {sd_log, df}),
+    widened by the step model's error b."""
+    r = seed_interval(values, pool)
     return None if r is None else (r[0] / (1 + b), r[1] / (1 - b))
 
 
@@ -159,7 +271,8 @@ def replicas_needed(sizing: float, rates: tuple[float, float], extra: int = 0, l
 def candidate_intervals(target: float, rate: float, fail_rate: float | None, at_rate_prov: dict | None,
                         share_p99s: dict[str, list[float]], share_prov: dict | None,
                         gpus_per_replica: int, usd_per_gpu_hour: float, usd_per_m: float,
-                        usd_per_hour: float, extra_replicas: int = 0, min_replicas: int = 1) -> dict:
+                        usd_per_hour: float, extra_replicas: int = 0, min_replicas: int = 1,
+                        pool: dict[str, dict] | None = None) -> dict:
     """A candidate's figures with their 90 % intervals (module docstring): `target` is the
     sizing rate, `rate` and `fail_rate` the bisection's bracket, `share_p99s` each seed's
     p99 at the candidate's share of the target."""
@@ -177,9 +290,16 @@ def candidate_intervals(target: float, rate: float, fail_rate: float | None, at_
            "latency_interval90_model": lat_b, "latency_measured_share": measured_share(share_prov),
            "seeds_at_share": max((len([v for v in vs if v is not None]) for vs in share_p99s.values()),
                                  default=0)}
-    for k, vals in share_p99s.items():
-        out[f"{k}_p99_interval90_s"] = latency_interval(vals, lat_b)
+    out.update(p99_intervals(share_p99s, lat_b, pool))
     return out
+
+
+def p99_intervals(seeds_by_metric: dict[str, list[float]], b: float,
+                  pool: dict[str, dict] | None = None) -> dict:
+    """`<metric>_p99_interval90_s` for each metric's seeds (ttft, tpot, e2e), on the pooled
+    seed term of its figure where `pool` (`seed_pool`) gives one."""
+    return {f"{k}_p99_interval90_s": latency_interval(vals, b, (pool or {}).get(f"{k}_p99"))
+            for k, vals in seeds_by_metric.items()}
 
 
 def interval_columns(row: dict) -> dict:
@@ -204,7 +324,8 @@ def fmt_range(r, fmt: str = "{:.3g}") -> str:
     return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}-{fmt.format(hi)}"
 
 
-def fleet_intervals(spec, row: dict, check: dict, head: dict | None) -> dict:
+def fleet_intervals(spec, row: dict, check: dict, head: dict | None,
+                    pool: dict[str, dict] | None = None) -> dict:
     """The recommended fleet's figures with their 90 % intervals: p99s over the check's
     seeds; replicas needed from the fleet's own capacity per unit (the target times its
     headroom, else the target, over the serving units) over its rate interval; dollars
@@ -226,8 +347,9 @@ def fleet_intervals(spec, row: dict, check: dict, head: dict | None) -> dict:
            "stands_on_lookups": stands_on(prov), "seeds": len(check.get("seeds") or []),
            "replicas_interval90": reps, "usd_per_hour_interval90": tuple(usd),
            "usd_per_m_output_tokens_interval90": tuple(u * per_usd for u in usd)}
-    for k in ("ttft", "tpot", "e2e"):
-        out[f"{k}_p99_interval90_s"] = latency_interval(at_n.get(f"{k}_p99_seeds_s") or [], b)
+    out.update(p99_intervals({k: at_n.get(f"{k}_p99_seeds_s") or [] for k in ("ttft", "tpot", "e2e")},
+                             b, pool))
+    out["seed_term"] = pool_words(pool)
     out["robust"] = robustness(check["replicas"], out, spec.slo.bounds(), usd_unit)
     return out
 
@@ -252,11 +374,12 @@ def robustness(replicas: int, iv: dict, bounds: dict[str, float | None], usd_per
         words += (f"with {hi} (+{hi - replicas}, ${hi * usd_per_unit_hour:.2f}/hour) it meets the SLOs "
                   f"across the interval; with {replicas} only if the model errs by less")
     seeds = iv.get("seeds", 0)
+    pooled = "pooled" in iv.get("seed_term", "")
     if over:
         words += (f"; at {replicas} the 90 % interval of {', '.join(over)} reaches past its SLO "
                   "(the fleet check met it on every seed"
                   + (f"; {seeds} seeds leave the seed term wide: more (search.seeds) narrow it)"
-                     if 1 < seeds < 5 else ")"))
+                     if 1 < seeds < 5 and not pooled else ")"))
     elif any(bounds.get(k) is not None for k in SLO_NAMES):
         words += f"; at {replicas} every p99 interval stays within its SLO"
     if seeds == 1:
