@@ -4,7 +4,6 @@ says why."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
@@ -15,19 +14,11 @@ import sim.engine.runner as runner
 from sim.config.scenario import load_scenario
 from sim.engine.parallel import FEEDBACK_FREE, assign, parts, refusal
 from sim.policies.router import ROUTERS
+from tests.test_spill import _files  # the outputs compared, wall times left out
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = ROOT / "scenarios/fleet_routers.yaml"
 SHORT = {"workload.duration_s": 120.0}  # the first 2 minutes of the 15: ~1,200 requests
-
-
-def _files(out, folder: Path) -> dict:
-    out.write(folder, plots=False)
-    summary = json.loads((folder / "summary.json").read_text())
-    for k in ("wall_s", "simulate_wall_s"):
-        summary.pop(k)
-    return {"requests": (folder / "requests.csv").read_bytes(),
-            "steps": (folder / "steps.csv").read_bytes(), "summary": summary}
 
 
 @pytest.mark.parametrize(("scenario", "router", "workers"), [

@@ -7,7 +7,6 @@ hypothesis-drawn fleets, and on a fleet built so that an arrival ties with a ste
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
@@ -30,18 +29,10 @@ from sim.io.specload import SpecError
 from sim.io.spill import SpillDir
 from sim.io.tablefile import Labels
 from tests.test_random_scenarios import scenarios
+from tests.test_spill import _files  # the outputs compared, wall times left out
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = {"workload.duration_s": 60.0}
-
-
-def _files(out, folder: Path) -> dict:
-    out.write(folder, plots=False)
-    summary = json.loads((folder / "summary.json").read_text())
-    for k in ("wall_s", "simulate_wall_s"):
-        summary.pop(k)
-    return {"requests": (folder / "requests.csv").read_bytes(),
-            "steps": (folder / "steps.csv").read_bytes(), "summary": summary}
 
 
 def _fleets() -> list[str]:
