@@ -45,6 +45,8 @@ def test_trace_out_replaces_a_trace_llmsim_wrote(user_cwd, capsys):
     (["curve", "b.yaml", "--rates", "1", "--ttft-bound", "-1", "--out", "cv"], "--ttft-bound"),
     (["curve", "b.yaml", "--rates", "1", "--ttft-bound", "nan", "--out", "cv"], "--ttft-bound"),
     (["plan", "p.yaml", "--workers", "0", "--out", "pl"], "--workers"),
+    (["run", "b.yaml", "--workers", "0", "--out", "rn"], "--workers"),
+    (["run", "b.yaml", "--workers", "many", "--out", "rn"], "auto or a whole number"),
 ])
 def test_worker_counts_request_counts_and_bounds_out_of_range_are_usage_errors(user_cwd, capsys, argv, needle):
     with pytest.raises(SystemExit) as e:
@@ -52,7 +54,7 @@ def test_worker_counts_request_counts_and_bounds_out_of_range_are_usage_errors(u
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and needle in err
-    assert not any((user_cwd / d).exists() for d in ("sw", "cv", "pl"))
+    assert not any((user_cwd / d).exists() for d in ("sw", "cv", "pl", "rn"))
 
 
 def test_plan_whose_only_gpu_is_unknown_is_a_one_line_error(user_cwd, refused):

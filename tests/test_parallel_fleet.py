@@ -9,10 +9,18 @@ from pathlib import Path
 
 import pytest
 
+import sim.engine.parallel as parallel
 import sim.engine.recorder as recorder
 import sim.engine.runner as runner
 from sim.config.scenario import load_scenario
-from sim.engine.parallel import FEEDBACK_FREE, assign, parts, refusal
+from sim.engine.parallel import (
+    AUTO_MIN_REQUESTS,
+    FEEDBACK_FREE,
+    assign,
+    auto_workers,
+    parts,
+    refusal,
+)
 from sim.policies.router import ROUTERS
 from tests.test_spill import _files  # the outputs compared, wall times left out
 
@@ -32,6 +40,53 @@ def test_a_parallel_fleet_writes_the_single_process_bytes(scenario, router, work
     split = runner.run(path, sets, workers=workers)
     assert f"simulated apart, on {workers} processes" in split.engine
     assert _files(split, tmp_path / "split") == _files(single, tmp_path / "single")
+
+
+def _no_prepare(sc):
+    raise AssertionError("a forked worker resolved the scenario again")
+
+
+def test_forked_workers_inherit_the_run_and_its_warm_memos(tmp_path, monkeypatch):
+    """Workers forked from the run inherit its configs (step-time memos warmed from the
+    step cache) and workload, resolving nothing again; the bytes and the lookup
+    provenance (memo uses counted in the workers, merged here) are the single run's."""
+    sets = {**SHORT, "cluster.router.policy": "round_robin"}
+    cache = tmp_path / "cache"
+    single = _files(runner.run(FLEET, sets, split=False, step_cache=cache), tmp_path / "single")
+    assert any(cache.iterdir())  # the memos the forked workers will inherit, warm
+    monkeypatch.setattr(parallel, "prepare", _no_prepare)  # (inherited by the forks)
+    split = runner.run(FLEET, sets, workers=3, step_cache=cache)
+    assert len(split.worker_usage) == 2  # this process simulated the first group itself
+    assert all(u.cpu_s > 0 and u.peak_rss_gib > 0 for u in split.worker_usage)
+    assert _files(split, tmp_path / "split") == single
+
+
+def test_spawned_workers_resolve_the_run_again_with_the_same_bytes(tmp_path, monkeypatch):
+    sets = {**SHORT, "cluster.router.policy": "random"}
+    single = _files(runner.run(FLEET, sets, split=False), tmp_path / "single")
+    monkeypatch.setattr(parallel, "START_METHOD", "spawn")
+    split = runner.run(FLEET, sets, workers=2)
+    assert len(split.worker_usage) == 2
+    assert _files(split, tmp_path / "split") == single
+
+
+def test_auto_workers_use_the_cores_only_for_a_run_large_enough():
+    big = 16 * AUTO_MIN_REQUESTS
+    assert auto_workers(16, big, cores_=2) == 2
+    assert auto_workers(3, big, cores_=8) == 3  # no more than replicas
+    assert auto_workers(16, 3 * AUTO_MIN_REQUESTS, cores_=8) == 3  # each with enough requests
+    assert auto_workers(16, 2 * AUTO_MIN_REQUESTS - 1, cores_=8) == 1
+    assert auto_workers(16, big, cores_=1) == 1
+
+
+def test_auto_workers_follow_the_run(caplog, monkeypatch):
+    monkeypatch.setattr(parallel, "AUTO_MIN_REQUESTS", 100)
+    monkeypatch.setattr(parallel, "cores", lambda: 2)
+    with caplog.at_level(logging.WARNING, logger="llmsim"):
+        split = runner.run(FLEET, {**SHORT, "cluster.router.policy": "round_robin"}, workers="auto")
+        refused = runner.run(FLEET, SHORT, workers="auto")  # least_outstanding: feedback
+    assert "on 2 processes" in split.engine
+    assert refused.engine == "single process" and not caplog.records  # silently
 
 
 def test_a_parallel_fleet_that_spills_its_logs_writes_the_same_bytes(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ steps.csv and summary.json. The test suite runs `--replicas 2 --hours 0.005 --wr
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import sys
 import time
@@ -54,27 +55,45 @@ def main() -> None:
     ap.add_argument("--router", default="round_robin")
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--write", help="also write the run's tables into this (new) folder")
-    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--workers", default="1", help="N, or auto (as `llmsim run`'s default)")
     ap.add_argument("--executor", default="process", choices=("process", "ray"))
     ap.add_argument("--no-split", action="store_true",
                     help="the whole fleet in one engine (not replica by replica)")
     a = ap.parse_args()
     sc = scenario(a.replicas, a.router, a.hours)
     t0, c0 = time.perf_counter(), time.process_time()
-    out = run(sc, workers=a.workers, executor=a.executor,  # what `llmsim run` does
+    workers = a.workers if a.workers == "auto" else int(a.workers)
+    out = run(sc, workers=workers, executor=a.executor,  # what `llmsim run` does
               split=not a.no_split)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     iters = sum(r.steps.rows() for r in out.result.replicas)
     sim_s = out.summary["simulate_wall_s"]
     print(f"{a.replicas} replicas, router {a.router}: {len(out.result.seqs):,} requests, "
           f"{iters:,} iterations")
     print(f"  simulate():           {sim_s:6.1f} s wall ({iters / sim_s:,.0f} iterations/s, "
           f"{len(out.result.seqs) / sim_s:,.0f} simulated requests/s)")
-    print(f"  sim.run() end to end: {wall:6.1f} s wall {cpu:6.1f} s cpu")
+    print(f"  sim.run() end to end: {wall:6.2f} s wall {cpu:6.2f} s cpu")
     print(f"  engine:               {out.engine}")
-    print(f"  peak RSS after run:   {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
-          + (f" (largest worker {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20:.2f}"
-             " GiB)" if a.workers > 1 else ""))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    use = out.worker_usage
+    if use:
+        print(f"  workers:              {len(use)} x ({', '.join(f'{u.cpu_s:.2f}' for u in use)}) s"
+              f" cpu, largest {max(u.peak_rss_gib for u in use):.2f} GiB; all processes "
+              f"{cpu + sum(u.cpu_s for u in use):6.1f} s cpu")
+    if kids.ru_maxrss:  # process pool: its workers, as the kernel counted them
+        print(f"  child processes:      {kids.ru_utime + kids.ru_stime:6.2f} s cpu, largest "
+              f"{kids.ru_maxrss / 2**20:.2f} GiB; with this process "
+              f"{cpu + kids.ru_utime + kids.ru_stime:6.2f} s cpu")
+    print(f"  peak RSS after run:   {rss:.2f} GiB (this process)")
+    load = os.getloadavg()
+    print(f"  load average:         {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
+          f"({os.cpu_count()} cores)")
+    if a.hours < 24:
+        k = 24 / a.hours
+        print(f"  a day (x{k:g}, linear): {wall * k / 60:6.1f} min wall, "
+              f"{(cpu + sum(u.cpu_s for u in use)) * k / 60:6.1f} min cpu, "
+              f"{len(out.result.seqs) * k / 1e6:.1f} M requests")
     if a.write:
         t5 = time.perf_counter()
         out.write(a.write, plots=False)

@@ -32,6 +32,17 @@ def whole_number(text: str) -> int:
     return value
 
 
+def workers_or_auto(text: str) -> int | str:
+    """An argparse type: "auto" or a whole number from 1 to 10**8 (worker processes)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return whole_number(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected auto or a whole number from 1 to 10^8, got '{text}'") from None
+
+
 def positive_seconds(text: str) -> float:
     """An argparse type: a finite number of seconds above 0."""
     try:

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from typing import NoReturn
 
-from sim.cli.argtypes import parse_sets, whole_number
+from sim.cli.argtypes import parse_sets, workers_or_auto
 from sim.io.specload import SpecError
 from sim.report.text import replica_table, stage_table, table
 
@@ -220,10 +220,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     common(r, "output folder (default runs/<scenario name>)")
     r.add_argument("--no-progress", action="store_true")
     r.add_argument("--trace-out", metavar="TRACE.json", help="also write a Perfetto/Chrome trace")
-    r.add_argument("--workers", type=whole_number, default=1, metavar="N",
+    r.add_argument("--workers", type=workers_or_auto, default="auto", metavar="N",
                    help="a fleet behind a feedback-free router (round_robin, random) is "
                         "simulated replica by replica, same results: spread them over N "
-                        "processes; other runs stay single-process and say why (default 1)")
+                        "processes; other runs stay single-process and say why (default "
+                        "auto: one per core when the fleet splits and has at least 5,000 "
+                        "requests per process, else 1)")
     r.add_argument("--no-split", action="store_true",
                    help="simulate a feedback-free fleet whole, in one engine, not replica by "
                         "replica (the same results, slower)")

@@ -28,7 +28,11 @@ pipeline-parallel replicas (their own engine process).
 from __future__ import annotations
 
 import logging
+import os
+import resource
 import sys
+import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -44,6 +48,39 @@ from sim.policies.router import make_router
 NOTICES = logging.getLogger("llmsim")
 EXECUTORS = ("process", "ray")
 START_METHOD = "fork" if sys.platform != "win32" else "spawn"  # as sweeps start theirs
+
+
+# `workers` "auto" (`llmsim run`'s default): one process per core, but only for a run with
+# at least this many requests per process. Below it the fork, the results' trip back
+# and each worker's cold step-time lookups cost more than the second core saves
+# (measured: benchmarks/speed/fleet_speed.py, workers 1 vs 2 at 2 to 16 replicas).
+AUTO_MIN_REQUESTS = 5_000
+
+
+class Usage(NamedTuple):
+    """What one worker's task cost: CPU seconds (resolving the scenario again included,
+    where it did) and the worker process's peak resident memory, GiB."""
+    cpu_s: float
+    peak_rss_gib: float
+
+
+def _peak_rss() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def auto_workers(replicas: int, requests: int, cores_: int | None = None) -> int:
+    """Processes for `workers` "auto": one per core, no more than replicas, and each with
+    at least AUTO_MIN_REQUESTS requests to simulate (1: this process alone)."""
+    n = min(cores_ or cores(), replicas, requests // AUTO_MIN_REQUESTS)
+    return max(1, n)
 
 
 def refusal(sc: Scenario, configs: list, workload) -> str | None:
@@ -93,18 +130,43 @@ def _distinct(configs: list) -> list:
 
 
 def simulate_part(sc: Scenario, part: list[int], choice: np.ndarray, spill_path: str) -> dict:
-    """A worker: replicas `part` of the scenario's fleet, each alone with its requests
-    (`choice`: each request's replica; sim/engine/split.py), with the step-time lookups
-    it made (the parent adds them to its own memos)."""
+    """A worker that resolves the scenario again (Ray, or a platform without fork):
+    replicas `part` of the scenario's fleet, each alone with its requests (`choice`: each
+    request's replica; sim/engine/split.py), with the step-time lookups it made (the
+    parent adds them to its own memos)."""
+    c0 = time.process_time()
     configs, wl, rng = prepare(sc)
-    lats = _distinct(configs)
+    return _run_part(Setup(configs, wl, choice, min(c.max_model_len for c in configs)), rng,
+                     part, spill_path, c0)
+
+
+# In a forked worker only: the parent's Setup and generator, inherited with the process
+# (copy on write: never pickled, the workload's arrays shared), set by the pool's
+# initializer before any task, and gone with the worker.
+_INHERITED: tuple | None = None
+
+
+def _inherit(setup: Setup, rng: np.random.Generator) -> None:
+    global _INHERITED
+    _INHERITED = (setup, rng)
+
+
+def _simulate_inherited(part: list[int], spill_path: str) -> dict:
+    """A forked worker: replicas `part` of the parent's run, on the parent's configs (their
+    step-time memos as warm as the parent's) and workload, with nothing resolved again."""
+    setup, rng = _INHERITED
+    return _run_part(setup, rng, part, spill_path, time.process_time())
+
+
+def _run_part(setup: Setup, rng, part: list[int], spill_path: str, c0: float) -> dict:
+    lats = _distinct(setup.configs)
     before = _memo_uses(lats)
-    out = simulate_replicas(Setup(configs, wl, choice, min(c.max_model_len for c in configs)),
-                            part, spill_path, rng)
+    out = simulate_replicas(setup, part, spill_path, rng)
     out["memos"] = []
     for lat, old in zip(lats, before, strict=True):
         out["memos"].append({k: [e[0], e[1], e[2] - old.get(k, 0), *e[3:]]
                              for k, e in lat._memo.items() if e[2] != old.get(k, 0)})
+    out["usage"] = Usage(time.process_time() - c0, _peak_rss())
     return out
 
 
@@ -122,7 +184,7 @@ def merge(outs: list[dict], n_requests: int, choice: np.ndarray, lats: list | No
             rec.log, rec.gaps, rec.weights, rec.gaps_spilled = r.steps, gaps, weights, spilled
             results.append(r)
             recs.append(rec)
-        for lat, memo in zip(lats or [], out.get("memos", []), strict=True):
+        for lat, memo in zip(lats or [], out.get("memos", [{}] * len(lats or [])), strict=True):
             for k, e in memo.items():
                 mine = lat._memo.get(k)
                 if mine is None:
@@ -138,32 +200,50 @@ def merge(outs: list[dict], n_requests: int, choice: np.ndarray, lats: list | No
 
 
 def simulate_split(sc: Scenario, configs: list, workload, rng: np.random.Generator,
-                   workers: int = 1, executor: str = "process") -> tuple[RunResult, int]:
+                   workers: int = 1, executor: str = "process") -> tuple[RunResult, int, list]:
     """The run's RunResult, its replicas simulated apart (sim/engine/split.py): one after
-    another here (`workers` 1), or `workers` processes at a time; and how many replicas
-    had to replay every arrival instant (an arrival tied with one of their own events)."""
+    another here (`workers` 1), or `workers` processes at a time; how many replicas had to
+    replay every arrival instant (an arrival tied with one of their own events); and each
+    worker's Usage (none when simulated here)."""
     n = len(configs)
     choice = assign(sc, workload, n)
     spill = SpillDir()
+    setup = Setup(configs, workload, choice, min(c.max_model_len for c in configs))
     if workers <= 1:
-        setup = Setup(configs, workload, choice, min(c.max_model_len for c in configs))
         outs = [simulate_replicas(setup, list(range(n)), str(spill.path), rng)]
         res = merge(outs, len(workload), choice, None, spill)
+        return res, sum(outs[0]["every"]), []
+    groups = parts(n, workers)
+    if executor == "ray":
+        outs = _on_ray([(sc, g, choice, str(spill.path)) for g in groups], workers)
+    elif executor == "process":
+        outs = _on_processes(sc, setup, rng, groups, str(spill.path))
     else:
-        args = [(sc, g, choice, str(spill.path)) for g in parts(n, workers)]
-        if executor == "ray":
-            outs = _on_ray(args, workers)
-        elif executor == "process":
-            import concurrent.futures as cf
-            import multiprocessing as mp
+        raise ValueError(f"executor {executor!r} (known: {', '.join(EXECUTORS)})")
+    res = merge(outs, len(workload), choice, _distinct(configs), spill)
+    return res, sum(sum(o["every"]) for o in outs), [o["usage"] for o in outs if "usage" in o]
 
-            with cf.ProcessPoolExecutor(max_workers=len(args),
-                                        mp_context=mp.get_context(START_METHOD)) as pool:
-                outs = list(pool.map(simulate_part, *zip(*args, strict=True)))
-        else:
-            raise ValueError(f"executor {executor!r} (known: {', '.join(EXECUTORS)})")
-        res = merge(outs, len(workload), choice, _distinct(configs), spill)
-    return res, sum(sum(o["every"]) for o in outs)
+
+def _on_processes(sc: Scenario, setup: Setup, rng, groups: list, spill_path: str) -> list[dict]:
+    """Groups of replicas in processes. Forked workers inherit the parent's Setup (the
+    configs with their step-time memos as warm as the parent's, the workload, the routes):
+    nothing is pickled to them or resolved again, and this process simulates the first
+    group itself meanwhile (one fork, one trip back and one set of cold step-time lookups
+    fewer; its memos' uses are counted here, the workers' added by `merge`). Elsewhere
+    (spawn) every group has its own process, which resolves the scenario again."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    ctx = mp.get_context(START_METHOD)
+    if START_METHOD != "fork":
+        with cf.ProcessPoolExecutor(max_workers=len(groups), mp_context=ctx) as pool:
+            return list(pool.map(simulate_part, [sc] * len(groups), groups,
+                                 [setup.choice] * len(groups), [spill_path] * len(groups)))
+    with cf.ProcessPoolExecutor(max_workers=len(groups) - 1, mp_context=ctx,
+                                initializer=_inherit, initargs=(setup, rng)) as pool:
+        theirs = [pool.submit(_simulate_inherited, g, spill_path) for g in groups[1:]]
+        mine = simulate_replicas(setup, groups[0], spill_path, rng)
+        return [mine, *(f.result() for f in theirs)]
 
 
 def split_engine(replicas: int, router: str, workers: int, executor: str, every: int) -> str:

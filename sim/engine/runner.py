@@ -44,7 +44,7 @@ from sim.engine.metrics import (
     step_tables,
     summarize,
 )
-from sim.engine.parallel import refusal, simulate_split, split_engine
+from sim.engine.parallel import auto_workers, refusal, simulate_split, split_engine
 from sim.engine.pipeline import pipeline_summary
 from sim.engine.prepare import Prepared, prepare
 from sim.engine.processes import simulate
@@ -77,6 +77,9 @@ class RunOutput:
     itl_table: dict  # weighted inter-token gaps: gap_s, count
     # or "64 replicas apart, ... (router round_robin needs no feedback)" (split_engine)
     engine: str = "single process"
+    # a split fleet simulated in worker processes: each worker's CPU and peak memory
+    # (sim/engine/parallel.py Usage); none when simulated in this process
+    worker_usage: tuple = ()
 
     @cached_property
     def requests(self) -> pd.DataFrame:
@@ -114,14 +117,15 @@ class RunOutput:
 
 
 def run(scenario: Scenario | str | Path, overrides: dict | None = None,
-        progress: bool = False, workers: int = 1, executor: str = "process",
+        progress: bool = False, workers: int | str = 1, executor: str = "process",
         split: bool = True, step_cache: Path | None = None) -> RunOutput:
     """Simulate a scenario (object or YAML path) and return its tables and summary.
     A fleet behind a router that needs no feedback (round robin, random) is simulated
     replica by replica (`split`, the default; False: the whole fleet in one engine), each
     replica alone with its own requests, with the same results (sim/engine/split.py);
     `workers` > 1 spreads the replicas over that many processes (`executor` "process" or
-    "ray"). Any other run is simulated whole, in one process (with `workers` > 1 saying
+    "ray"; "auto": one per core when the run is large enough to pay for them, else 1:
+    sim/engine/parallel.py `auto_workers`). Any other run is simulated whole, in one process (with `workers` > 1 saying
     why: sim/engine/parallel.py). `step_cache`: a folder of step times remembered between
     runs (sim/costmodel/stepcache.py; `llmsim run` passes its default); the same results,
     faster when warm."""
@@ -130,6 +134,8 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     configs, wl, rng = prepare(sc)
     cache = warm(step_cache, [c.latency for c in configs])  # saved by cache.save() below
     reason = refusal(sc, configs, wl) if split else "the whole fleet in one engine (split=False)"
+    if workers == "auto":  # the same results whatever it picks: silent when it picks 1
+        workers = auto_workers(len(configs), len(wl)) if reason is None else 1
     if reason is None:
         out = _finish(sc, configs, wl, t0, None, workers=workers, executor=executor, rng=rng)
         cache.save()
@@ -166,7 +172,7 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
     processes."""
     if done is None:
         t_sim = time.perf_counter()
-        res, every = simulate_split(sc, configs, wl, rng, workers, executor)
+        res, every, usage = simulate_split(sc, configs, wl, rng, workers, executor)
         t_sim = time.perf_counter() - t_sim
         engine = split_engine(len(configs), sc.cluster.router.policy, workers, executor, every)
         NOTICES.info("simulated %s", engine)
@@ -222,7 +228,8 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
     if summary["prefix_cache"] is not None:
         summary["prefix_cache"].update(prefill_saved(req, first.latency))
     return RunOutput(sc, req, steps, summary, res, itl_table(res),
-                     engine if done is None else "single process")
+                     engine if done is None else "single process",
+                     tuple(usage) if done is None else ())
 
 
 def _autoscaling(sc: Scenario, configs: list[ReplicaConfig]):
