@@ -37,6 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from sim.config.scenario import Scenario
+from sim.engine.build import replica_configs
 from sim.engine.prepare import prepare
 from sim.engine.recorder import StepRecorder, pooled_gaps
 from sim.engine.records import SeqView
@@ -129,15 +130,25 @@ def _distinct(configs: list) -> list:
     return list({id(c.latency): c.latency for c in configs}.values())
 
 
-def simulate_part(sc: Scenario, part: list[int], choice: np.ndarray, spill_path: str) -> dict:
-    """A worker that resolves the scenario again (Ray, or a platform without fork):
-    replicas `part` of the scenario's fleet, each alone with its requests (`choice`: each
-    request's replica; sim/engine/split.py), with the step-time lookups it made (the
-    parent adds them to its own memos)."""
+def simulate_part(sc: Scenario, part: list[int], choice: np.ndarray, spill_path: str,
+                  workload=None, rng: np.random.Generator | None = None,
+                  memos: list | None = None) -> dict:
+    """A worker that is not a fork of the run (Ray, or a platform without fork): replicas
+    `part` of the scenario's fleet, each alone with its requests (`choice`: each request's
+    replica; sim/engine/split.py), with the step-time lookups it made (the parent adds
+    them to its own memos). It resolves the replicas' configs again, and the workload
+    too unless given (with the generator as the run left it); `memos`: the parent's
+    step-time memos, one per distinct latency model, to start from warm."""
     c0 = time.process_time()
-    configs, wl, rng = prepare(sc)
-    return _run_part(Setup(configs, wl, choice, min(c.max_model_len for c in configs)), rng,
-                     part, spill_path, c0)
+    if workload is None:
+        configs, workload, rng = prepare(sc)
+    else:
+        configs = replica_configs(sc)
+    for lat, memo in zip(_distinct(configs), memos or [], strict=False):
+        memo.update(lat._memo)  # what it already holds stays (as sim/costmodel/stepcache.py)
+        lat._memo = memo
+    return _run_part(Setup(configs, workload, choice, min(c.max_model_len for c in configs)),
+                     rng, part, spill_path, c0)
 
 
 # In a forked worker only: the parent's Setup and generator, inherited with the process
@@ -215,7 +226,7 @@ def simulate_split(sc: Scenario, configs: list, workload, rng: np.random.Generat
         return res, sum(outs[0]["every"]), []
     groups = parts(n, workers)
     if executor == "ray":
-        outs = _on_ray([(sc, g, choice, str(spill.path)) for g in groups], workers)
+        outs = _on_ray(sc, setup, rng, groups, str(spill.path))
     elif executor == "process":
         outs = _on_processes(sc, setup, rng, groups, str(spill.path))
     else:
@@ -236,9 +247,11 @@ def _on_processes(sc: Scenario, setup: Setup, rng, groups: list, spill_path: str
 
     ctx = mp.get_context(START_METHOD)
     if START_METHOD != "fork":
+        memos = _memos(setup.configs)
         with cf.ProcessPoolExecutor(max_workers=len(groups), mp_context=ctx) as pool:
-            return list(pool.map(simulate_part, [sc] * len(groups), groups,
-                                 [setup.choice] * len(groups), [spill_path] * len(groups)))
+            return list(pool.map(simulate_part, *zip(*[
+                (sc, g, setup.choice, spill_path, None, None, memos) for g in groups],
+                strict=True)))
     with cf.ProcessPoolExecutor(max_workers=len(groups) - 1, mp_context=ctx,
                                 initializer=_inherit, initargs=(setup, rng)) as pool:
         theirs = [pool.submit(_simulate_inherited, g, spill_path) for g in groups[1:]]
@@ -256,7 +269,16 @@ def split_engine(replicas: int, router: str, workers: int, executor: str, every:
             f"feedback){again}")
 
 
-def _on_ray(args: list, workers: int) -> list[dict]:
+def _memos(configs: list) -> list[dict]:
+    """The distinct latency models' step-time memos, as they are now (to pickle)."""
+    return [dict(lat._memo) for lat in _distinct(configs)]
+
+
+def _on_ray(sc: Scenario, setup: Setup, rng, groups: list, spill_path: str) -> list[dict]:
+    """One Ray task per group. The workload and the routes go to Ray's object store once
+    (their arrays shared, not copied, by the workers on this host), with the run's
+    generator and its warm step-time memos; each task resolves only the replicas' configs
+    again."""
     try:
         import ray
     except ImportError:
@@ -264,10 +286,13 @@ def _on_ray(args: list, workers: int) -> list[dict]:
             from None
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=len(groups), include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(simulate_part)
-        return ray.get([remote.remote(*a) for a in args])
+        wl, choice, memos = (ray.put(x) for x in (setup.workload, setup.choice,
+                                                   _memos(setup.configs)))
+        return ray.get([remote.remote(sc, g, choice, spill_path, wl, rng, memos)
+                        for g in groups])
     finally:
         if started:
             ray.shutdown()
