@@ -3,11 +3,20 @@ Azure conversation trace's rate for one hour (~1.24 M requests, the trace's leng
 wrapping around, Poisson arrivals at 64 x 5.38 req/s).
 
     python benchmarks/speed/fleet_speed.py [--replicas 64] [--router round_robin] [--write DIR]
-        [--workers N [--executor ray]] [--no-split]
+        [--hours H] [--rate R | --day] [--diurnal PEAK_TO_TROUGH]
+        [--workers N|auto [--executor ray]] [--no-split]
+
+The day (issue 19): `--day` is a 128-replica fleet at 25 M requests a day (289 req/s,
+Poisson, the same lengths); `--hours 0.1` simulates a slice of it and extrapolates to
+24 h by requests (`--diurnal 3`: the rate follows a day's cosine, 3x peak to trough,
+from its trough at 0 h; for a whole day, not a slice).
 
 Runs the scenario once, as `llmsim run` does, and prints the engine's wall time
 (iterations/s, simulated requests/s), the whole run's wall and CPU time and the peak
-resident memory (ru_maxrss; with --workers, also the largest worker's: RUSAGE_CHILDREN).
+resident memory: this process's (ru_maxrss) and, with --workers, each worker's CPU and
+the largest worker's memory (as the workers measured them; with the process pool also
+as the kernel counted them, RUSAGE_CHILDREN), the load average, and a day's figures
+extrapolated linearly by requests.
 A round-robin or random fleet is simulated replica by replica, each replica alone with
 its own requests (sim/engine/split.py: the same results); --no-split simulates it whole,
 in one engine, as before. --workers N spreads the replicas over N processes
@@ -31,9 +40,14 @@ from sim.config.scenario import scenario_from_dict  # noqa: E402
 from sim.engine.runner import run  # noqa: E402
 
 CONV_RATE = 19366 / 3600  # the Azure conversation trace's mean rate, requests/s
+DAY_REPLICAS, DAY_RATE = 128, 25e6 / 86400  # issue 19's fleet-day: ~25 M requests
 
 
-def scenario(replicas: int, router: str, hours: float):
+def scenario(replicas: int, router: str, hours: float, rate: float | None = None,
+             diurnal: float | None = None):
+    rate = CONV_RATE * replicas if rate is None else rate
+    arrival = ({"kind": "poisson", "rate": rate} if diurnal is None else
+               {"kind": "diurnal", "rate": rate, "peak_to_trough": diurnal, "period_s": 86400.0})
     return scenario_from_dict({
         "name": f"fleet{replicas}",
         "seed": 1,
@@ -43,7 +57,7 @@ def scenario(replicas: int, router: str, hours: float):
         "cluster": {"router": {"policy": router}, "groups": [{"name": "h200", "count": replicas}]},
         "workload": {
             "trace": {"path": str(ROOT / "data/traces/azure_2023_conv.csv"), "format": "azure"},
-            "arrival": {"kind": "poisson", "rate": CONV_RATE * replicas},
+            "arrival": arrival,
             "duration_s": 3600 * hours,
         },
     }, base_dir=ROOT)
@@ -51,7 +65,13 @@ def scenario(replicas: int, router: str, hours: float):
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--replicas", type=int, default=64)
+    ap.add_argument("--replicas", type=int, default=None, help="default 64 (--day: 128)")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="the fleet's requests/s (default replicas x 5.38, the trace's; --day: 289)")
+    ap.add_argument("--day", action="store_true", help="issue 19's fleet-day: 128 replicas, 25 M "
+                    "requests a day (use --hours for a slice)")
+    ap.add_argument("--diurnal", type=float, default=None, metavar="PEAK_TO_TROUGH",
+                    help="arrivals follow a 24 h cosine of this peak-to-trough ratio")
     ap.add_argument("--router", default="round_robin")
     ap.add_argument("--hours", type=float, default=1.0)
     ap.add_argument("--write", help="also write the run's tables into this (new) folder")
@@ -60,7 +80,11 @@ def main() -> None:
     ap.add_argument("--no-split", action="store_true",
                     help="the whole fleet in one engine (not replica by replica)")
     a = ap.parse_args()
-    sc = scenario(a.replicas, a.router, a.hours)
+    if a.day:
+        a.replicas = a.replicas or DAY_REPLICAS
+        a.rate = a.rate or DAY_RATE
+    a.replicas = a.replicas or 64
+    sc = scenario(a.replicas, a.router, a.hours, a.rate, a.diurnal)
     t0, c0 = time.perf_counter(), time.process_time()
     workers = a.workers if a.workers == "auto" else int(a.workers)
     out = run(sc, workers=workers, executor=a.executor,  # what `llmsim run` does
@@ -89,11 +113,13 @@ def main() -> None:
     load = os.getloadavg()
     print(f"  load average:         {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} "
           f"({os.cpu_count()} cores)")
-    if a.hours < 24:
-        k = 24 / a.hours
-        print(f"  a day (x{k:g}, linear): {wall * k / 60:6.1f} min wall, "
-              f"{(cpu + sum(u.cpu_s for u in use)) * k / 60:6.1f} min cpu, "
-              f"{len(out.result.seqs) * k / 1e6:.1f} M requests")
+    if a.hours < 24 and a.diurnal is None:
+        day = (a.rate or CONV_RATE * a.replicas) * 86400
+        k = day / max(len(out.result.seqs), 1)
+        all_cpu = cpu + (sum(u.cpu_s for u in use) if use else kids.ru_utime + kids.ru_stime)
+        print(f"  a day ({day / 1e6:.1f} M requests, x{k:.0f}): {wall * k / 60:6.1f} min wall, "
+              f"{all_cpu * k / 60:6.1f} min cpu (all processes), "
+              f"{len(out.result.seqs) / cpu:,.0f} requests/s cpu in this process")
     if a.write:
         t5 = time.perf_counter()
         out.write(a.write, plots=False)

@@ -43,6 +43,8 @@ after another in this process, or `workers` processes at a time (sim/engine/para
 
 from __future__ import annotations
 
+from operator import itemgetter
+
 import numpy as np
 
 from sim.engine.build import build_replica
@@ -150,7 +152,8 @@ def simulate_one(setup: Setup, index: int, rng, spill: SpillDir | None,
     wl = setup.workload
     rows = np.flatnonzero(setup.choice == index)
     every = every or cfg.scenario.scheduler.policy == "static" or bool(setup.flat[rows].any())
-    uses = {k: e[2] for k, e in cfg.latency._memo.items()}  # to forget a discarded run's lookups
+    memo = cfg.latency._memo
+    uses = list(map(itemgetter(2), memo.values()))  # to forget a discarded run's lookups
     while True:
         rep = build_replica(cfg, rng, acceptance=wl.acceptance,
                             prefix_tokens=wl.block_tokens if wl.prefix_hashes is not None
@@ -175,11 +178,17 @@ def simulate_one(setup: Setup, index: int, rng, spill: SpillDir | None,
             break
         every = True  # again, over every instant (its spilled files are rewritten)
         _forget(rep, spill)
-        for k, e in cfg.latency._memo.items():  # the lookup provenance counts the replay's
-            e[2] = uses.get(k, 0)
+        _restore_uses(memo, uses)  # the lookup provenance counts the replay's
     streamed(seqs, [node] * len(setup.configs))  # (it finds a request's node by its replica)
     rec = rep.rec
     return ReplicaResult.of(rep), rec, columns_of(seqs), env.now, every
+
+
+def _restore_uses(memo: dict, uses: list) -> None:
+    """Each step-time memo entry's use count as it was (`uses`, in the memo's order: it
+    only grows, keeping its order; the entries added since were not used before: 0)."""
+    for i, e in enumerate(memo.values()):
+        e[2] = uses[i] if i < len(uses) else 0
 
 
 def ties(rep, node, clock: np.ndarray, seqs: list) -> bool:
