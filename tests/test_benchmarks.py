@@ -105,6 +105,14 @@ def test_fleet_speed_runs_the_fleet_and_writes_its_tables(tmp_path):
     assert (tmp_path / "fleet" / "summary.json").is_file() and "writing tables:" in out
 
 
+def test_fleet_speed_runs_a_slice_of_the_day_on_workers_and_extrapolates(tmp_path):
+    out = ok("speed/fleet_speed.py", tmp_path, "--day", "--replicas", "4", "--hours", "0.002",
+             "--workers", "2")
+    assert re.search(r"^4 replicas, router round_robin: [\d,]+ requests", out, re.M), out
+    assert "on 2 processes (process)" in out and re.search(r"workers: +1 x \([\d.]+\) s cpu", out)
+    assert re.search(r"a day \(25\.0 M requests, x\d+\): +[\d.]+ min wall", out), out
+
+
 def test_autoscale_day_speed_runs_a_short_autoscaled_day(tmp_path):
     out = ok("speed/autoscale_day_speed.py", tmp_path)
     assert re.search(r"^0.01 h at mean 2 req/s, up to 8 replicas: [\d,]+ requests", out, re.M), out

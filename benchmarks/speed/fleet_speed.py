@@ -117,9 +117,11 @@ def main() -> None:
         day = (a.rate or CONV_RATE * a.replicas) * 86400
         k = day / max(len(out.result.seqs), 1)
         all_cpu = cpu + (sum(u.cpu_s for u in use) if use else kids.ru_utime + kids.ru_stime)
+        print(f"  all processes:        {iters / all_cpu:,.0f} iterations and "
+              f"{len(out.result.seqs) / all_cpu:,.0f} requests per CPU second")
         print(f"  a day ({day / 1e6:.1f} M requests, x{k:.0f}): {wall * k / 60:6.1f} min wall, "
-              f"{all_cpu * k / 60:6.1f} min cpu (all processes), "
-              f"{len(out.result.seqs) / cpu:,.0f} requests/s cpu in this process")
+              f"{all_cpu * k / 60:6.1f} min cpu (all processes), {iters * k / 1e6:,.0f} M "
+              f"iterations")
     if a.write:
         t5 = time.perf_counter()
         out.write(a.write, plots=False)

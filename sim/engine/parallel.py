@@ -15,6 +15,16 @@ math.fsum). Replicas spill their step logs and request records into the parent's
 folder (sim/io/spill.py), so workers run on this machine: a process pool, or a local Ray
 (one this process starts, or one it is already connected to on this host).
 
+What each worker costs beyond its replicas: forked workers (the process pool on Linux and
+macOS) inherit the run as this process resolved it (configs with their step-time memos,
+warm from the step cache; the workload; the routes), so nothing is resolved again or
+pickled to them, and this process simulates the first group itself meanwhile; Ray's
+workers (and spawned ones) get the workload and routes through the object store (or a
+pickle) and the parent's memos, and resolve only the configs. Each worker still prices
+the step shapes the parent had not met (its memos start as the parent's) and sends its
+replicas' results back. `workers="auto"` (`llmsim run`'s default) takes one process per
+core for runs large enough to repay that (`auto_workers`), else simulates here.
+
 Everything else is simulated whole, in one process (`refusal` says why, one line):
 routers that read the replicas' load (least outstanding, least KV, power of two,
 affinity: their choices feed back from the simulated state, stale reports included,

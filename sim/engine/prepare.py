@@ -1,6 +1,7 @@
 """A scenario resolved into what a run simulates: its replicas' configs (checked to fit)
 and its workload, drawn from the run's seeded generator. `sim/engine/runner.py` runs it
-in one process; `sim/engine/parallel.py`'s workers each resolve it again, the same way.
+in one process; `sim/engine/parallel.py`'s forked workers inherit it, Ray's (and
+spawned ones) resolve it again, the same way.
 """
 
 from __future__ import annotations
