@@ -224,7 +224,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="a fleet behind a feedback-free router (round_robin, random) is "
                         "simulated replica by replica, same results: spread them over N "
                         "processes; other runs stay single-process and say why (default "
-                        "auto: one per core when the fleet splits and has at least 5,000 "
+                        "auto: one per core when the fleet splits and has at least 2,500 "
                         "requests per process, else 1)")
     r.add_argument("--no-split", action="store_true",
                    help="simulate a feedback-free fleet whole, in one engine, not replica by "

@@ -62,10 +62,13 @@ START_METHOD = "fork" if sys.platform != "win32" else "spawn"  # as sweeps start
 
 
 # `workers` "auto" (`llmsim run`'s default): one process per core, but only for a run with
-# at least this many requests per process. Below it the fork, the results' trip back
-# and each worker's cold step-time lookups cost more than the second core saves
-# (measured: benchmarks/speed/fleet_speed.py, workers 1 vs 2 at 2 to 16 replicas).
-AUTO_MIN_REQUESTS = 5_000
+# at least this many requests per process. Below it the fork, the results' trip back and
+# each worker's cold step-time lookups cost about what the second core saves. Measured
+# (benchmarks/speed/fleet_speed.py --hours 0.1, workers 1 vs 2, CPU s, medians of 3,
+# load ~8): 2 replicas, 3,927 requests: +0.30 s CPU in all, the busier process 0.65 s
+# against 0.84 s alone (1.3x at best on two free cores); 4 replicas, 7,723 requests:
+# +0.18 s, 0.94 against 1.51 s (1.6x); 16 replicas, 31,066: +0.0 s, 3.11 against 5.61 s.
+AUTO_MIN_REQUESTS = 2_500
 
 
 class Usage(NamedTuple):
