@@ -1,7 +1,7 @@
 """A scenario resolved into what a run simulates: its replicas' configs (checked to fit)
 and its workload, drawn from the run's seeded generator. `sim/engine/runner.py` runs it
-in one process; `sim/engine/parallel.py`'s forked workers inherit it, Ray's (and
-spawned ones) resolve it again, the same way.
+in one process; `sim/engine/parallel.py`'s forked workers inherit it, Ray's resolve
+the configs again (the workload comes through Ray's object store), spawned ones both.
 """
 
 from __future__ import annotations
