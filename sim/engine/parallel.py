@@ -37,34 +37,14 @@ from sim.engine.prepare import prepare
 from sim.engine.recorder import StepRecorder, pooled_gaps
 from sim.engine.records import SeqView
 from sim.engine.replica import RunResult
-from sim.engine.split import FEEDBACK_FREE, Setup, records_of, simulate_replicas
+from sim.engine.split import Setup, records_of, simulate_replicas
+from sim.engine.splitrule import FEEDBACK_FREE, refusal  # noqa: F401  (part of this interface)
 from sim.io.spill import SpillDir
 from sim.policies.router import make_router
 
 NOTICES = logging.getLogger("llmsim")
 EXECUTORS = ("process", "ray")
 START_METHOD = "fork" if sys.platform != "win32" else "spawn"  # as sweeps start theirs
-
-
-def refusal(sc: Scenario, configs: list, workload) -> str | None:
-    """Why this run cannot be split by replica (None: it can)."""
-    cluster = sc.cluster
-    if cluster is None or len(configs) < 2:
-        return "one replica"
-    if cluster.autoscale is not None:
-        return "autoscaling reads the whole fleet"
-    if any(c.role != "both" for c in configs):
-        return "a disaggregated fleet joins prefill and decode replicas"
-    if workload.clients is not None:
-        return "a closed loop's clients wait for their answers"
-    if not FEEDBACK_FREE.get(cluster.router.policy, False):
-        return (f"router {cluster.router.policy} chooses by the replicas' load (feedback); "
-                f"only {', '.join(k for k, v in FEEDBACK_FREE.items() if v)} split")
-    if any(c.scenario.speculative.method != "none" for c in configs):
-        return "speculative decoding draws from the run's shared generator"
-    if any(c.scenario.parallel.pipeline > 1 for c in configs):
-        return "pipeline-parallel replicas run their own engine process (sim/engine/pipeline.py)"
-    return None
 
 
 def assign(sc: Scenario, workload, replicas: int) -> np.ndarray:

@@ -44,12 +44,12 @@ from sim.engine.metrics import (
     step_tables,
     summarize,
 )
-from sim.engine.parallel import refusal, simulate_split, split_engine
 from sim.engine.pipeline import pipeline_summary
 from sim.engine.prepare import Prepared, prepare
 from sim.engine.processes import simulate
 from sim.engine.recorder import spill_logs
 from sim.engine.replica import RunResult
+from sim.engine.splitrule import refusal
 from sim.io.outputs import write_atomically
 from sim.io.specload import SpecError
 from sim.io.tablefile import frame, write_csv, write_parquet
@@ -164,7 +164,9 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
     """The tables and summary of a simulated run (`done`: (result, engine seconds,
     autoscaling)), or of one simulated now replica by replica (`done` None), in `workers`
     processes."""
-    if done is None:
+    if done is None:  # a split run: its machinery loaded here, only for it
+        from sim.engine.parallel import simulate_split, split_engine
+
         t_sim = time.perf_counter()
         res, every = simulate_split(sc, configs, wl, rng, workers, executor)
         t_sim = time.perf_counter() - t_sim
