@@ -12,6 +12,7 @@ import pytest
 import sim.engine.parallel as parallel
 import sim.engine.recorder as recorder
 import sim.engine.runner as runner
+import sim.engine.splitrule as splitrule
 from sim.config.scenario import load_scenario
 from sim.engine.parallel import (
     AUTO_MIN_REQUESTS,
@@ -80,7 +81,7 @@ def test_auto_workers_use_the_cores_only_for_a_run_large_enough():
 
 
 def test_auto_workers_follow_the_run(caplog, monkeypatch):
-    monkeypatch.setattr(parallel, "AUTO_MIN_REQUESTS", 100)
+    monkeypatch.setattr(splitrule, "AUTO_MIN_REQUESTS", 100)
     monkeypatch.setattr(parallel, "cores", lambda: 2)
     with caplog.at_level(logging.WARNING, logger="llmsim"):
         split = runner.run(FLEET, {**SHORT, "cluster.router.policy": "round_robin"}, workers="auto")

@@ -57,6 +57,55 @@ def test_csv_bytes_equal_pandas_for_any_rows_and_block_size(tmp_path_factory, ro
     assert (tmp / "ours.csv").read_bytes() == pandas_bytes(frame(table), tmp / "pd.csv")
 
 
+# values the numpy field writer must print as printf does: halves of the last place (exact
+# binary ties such as 1/128 and near ones such as 2.5e-6), -0.0, tiny negatives, values too
+# large for micro-units in 2^52, infinities, subnormals, NaN
+_USUAL = st.one_of(st.floats(-1e9, 1e9), st.integers(-2**30, 2**30).map(lambda k: k / 2**20),
+                   st.integers(-10**12, 10**12).map(lambda k: (k + 0.5) / 1e6),
+                   st.sampled_from([0.0, -0.0, -1e-9, 5e-7, 4.5e9, 5e-324, 0.0078125,
+                                    999999.9999995, np.nan]))
+_EDGY = st.one_of(st.floats(width=64), st.floats(width=32), _USUAL,
+                  st.sampled_from([2.0**52, 1e300, -np.inf]))
+
+
+def test_csv_floats_round_halves_as_printf(tmp_path):
+    """x.5 millionths: printf rounds the binary value (2.5e-6 is a little over, 3.5e-6 a
+    little under, 0.0078125 an exact tie, to even), not the product x * 10^6."""
+    x = np.array([(k + 0.5) / 10**6 for k in range(-300, 300)]
+                 + [(k + 0.5) / 10**6 for k in range(10**12, 10**12 + 300)]
+                 + [0.0078125, -0.0, -1e-9, 1e-9, 4503599627.370495, np.nan])
+    big = np.full(len(x), 4503599627.3705)  # too large for micro-units in 2^52: by Python
+    write_csv(tmp_path / "x.csv", {"x": x, "big": big})
+    want = "x,big\n" + "".join(f"{v:.6f},{b:.6f}\n".replace("nan", "")
+                                for v, b in zip(x.tolist(), big.tolist(), strict=True))
+    assert (tmp_path / "x.csv").read_text() == want
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(_USUAL, _EDGY, st.integers(-2**63, 2**63 - 1),
+                          st.text(st.characters(blacklist_characters="\r"), max_size=4),
+                          st.integers(0, 2**64 - 1)), max_size=40),
+       st.sampled_from(["%.6f", "%.3f", "%.0f", "%.9f", "%g", "%.2e"]),
+       st.sampled_from([np.float64, np.float32]))
+def test_csv_bytes_equal_pandas_at_the_edges(tmp_path_factory, rows, fmt, ftype):
+    """Any float format, printf's rounding of halves, int64 and uint64 extremes, any text
+    (NUL, 0xFF's character, quotes, non-ASCII), float32 columns."""
+    tmp = tmp_path_factory.mktemp("csv")
+    with np.errstate(over="ignore"):  # float32: a large value is inf, an edge as well
+        x = np.array([r[0] for r in rows]).astype(ftype)
+        edgy = np.array([r[1] for r in rows]).astype(ftype)
+    table = {"x": x, "edgy": edgy,
+             "n": np.array([r[2] for r in rows], dtype=np.int64),
+             "s": np.array([r[3] for r in rows], dtype=object),
+             "u": np.array([r[4] for r in rows], dtype=np.uint64),
+             "k": Labels(np.arange(len(rows)) % 2, ("\x00\xff", "ü,\"")),
+             "b": np.array([r[2] % 2 == 0 for r in rows], dtype=bool)}
+    write_csv(tmp / "ours.csv", table, float_format=fmt)
+    df = frame(table)
+    df.to_csv(tmp / "pd.csv", index=False, float_format=fmt)
+    assert (tmp / "ours.csv").read_bytes() == (tmp / "pd.csv").read_bytes()
+
+
 def test_run_writes_the_bytes_pandas_writes_for_its_frames(tmp_path):
     out = run(QUICK, {"workload.num_requests": 60})
     out.write(tmp_path / "run", plots=False)

@@ -28,7 +28,7 @@ import os
 
 from sim.config.scenario import Scenario
 from sim.engine.recorder import MEMORY_ROWS
-from sim.engine.split import may_split
+from sim.engine.splitrule import may_split
 from sim.io.specload import SpecError
 
 PER_REQUEST_B = 1500  # measured 1.75-2.4 KB (benchmarks/speed/host_memory.py), rounded down: a floor

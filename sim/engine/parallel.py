@@ -38,7 +38,6 @@ pipeline-parallel replicas (their own engine process).
 from __future__ import annotations
 
 import logging
-import os
 import resource
 import sys
 import time
@@ -52,23 +51,20 @@ from sim.engine.prepare import prepare
 from sim.engine.recorder import StepRecorder, pooled_gaps
 from sim.engine.records import SeqView
 from sim.engine.replica import RunResult
-from sim.engine.split import FEEDBACK_FREE, Setup, records_of, simulate_replicas
+from sim.engine.split import Setup, records_of, simulate_replicas
+from sim.engine.splitrule import (  # noqa: F401  (part of this interface)
+    AUTO_MIN_REQUESTS,
+    FEEDBACK_FREE,
+    auto_workers,
+    cores,
+    refusal,
+)
 from sim.io.spill import SpillDir
 from sim.policies.router import make_router
 
 NOTICES = logging.getLogger("llmsim")
 EXECUTORS = ("process", "ray")
 START_METHOD = "fork" if sys.platform != "win32" else "spawn"  # as sweeps start theirs
-
-
-# `workers` "auto" (`llmsim run`'s default): one process per core, but only for a run with
-# at least this many requests per process. Below it the fork, the results' trip back and
-# each worker's cold step-time lookups cost about what the second core saves. Measured
-# (benchmarks/speed/fleet_speed.py --hours 0.1, workers 1 vs 2, CPU s, medians of 3,
-# load ~8): 2 replicas, 3,927 requests: +0.30 s CPU in all, the busier process 0.65 s
-# against 0.84 s alone (1.3x at best on two free cores); 4 replicas, 7,723 requests:
-# +0.18 s, 0.94 against 1.51 s (1.6x); 16 replicas, 31,066: +0.0 s, 3.11 against 5.61 s.
-AUTO_MIN_REQUESTS = 2_500
 
 
 class Usage(NamedTuple):
@@ -80,42 +76,6 @@ class Usage(NamedTuple):
 
 def _peak_rss() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-
-
-def cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def auto_workers(replicas: int, requests: int, cores_: int | None = None) -> int:
-    """Processes for `workers` "auto": one per core, no more than replicas, and each with
-    at least AUTO_MIN_REQUESTS requests to simulate (1: this process alone)."""
-    n = min(cores_ or cores(), replicas, requests // AUTO_MIN_REQUESTS)
-    return max(1, n)
-
-
-def refusal(sc: Scenario, configs: list, workload) -> str | None:
-    """Why this run cannot be split by replica (None: it can)."""
-    cluster = sc.cluster
-    if cluster is None or len(configs) < 2:
-        return "one replica"
-    if cluster.autoscale is not None:
-        return "autoscaling reads the whole fleet"
-    if any(c.role != "both" for c in configs):
-        return "a disaggregated fleet joins prefill and decode replicas"
-    if workload.clients is not None:
-        return "a closed loop's clients wait for their answers"
-    if not FEEDBACK_FREE.get(cluster.router.policy, False):
-        return (f"router {cluster.router.policy} chooses by the replicas' load (feedback); "
-                f"only {', '.join(k for k, v in FEEDBACK_FREE.items() if v)} split")
-    if any(c.scenario.speculative.method != "none" for c in configs):
-        return "speculative decoding draws from the run's shared generator"
-    if any(c.scenario.parallel.pipeline > 1 for c in configs):
-        return "pipeline-parallel replicas run their own engine process (sim/engine/pipeline.py)"
-    return None
 
 
 def assign(sc: Scenario, workload, replicas: int) -> np.ndarray:

@@ -44,12 +44,12 @@ from sim.engine.metrics import (
     step_tables,
     summarize,
 )
-from sim.engine.parallel import auto_workers, refusal, simulate_split, split_engine
 from sim.engine.pipeline import pipeline_summary
 from sim.engine.prepare import Prepared, prepare
 from sim.engine.processes import simulate
 from sim.engine.recorder import spill_logs
 from sim.engine.replica import RunResult
+from sim.engine.splitrule import auto_workers, refusal
 from sim.io.outputs import write_atomically
 from sim.io.specload import SpecError
 from sim.io.tablefile import frame, write_csv, write_parquet
@@ -125,7 +125,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     replica alone with its own requests, with the same results (sim/engine/split.py);
     `workers` > 1 spreads the replicas over that many processes (`executor` "process" or
     "ray"; "auto": one per core when the run is large enough to pay for them, else 1:
-    sim/engine/parallel.py `auto_workers`). Any other run is simulated whole, in one process (with `workers` > 1 saying
+    sim/engine/splitrule.py `auto_workers`). Any other run is simulated whole, in one process (with `workers` > 1 saying
     why: sim/engine/parallel.py). `step_cache`: a folder of step times remembered between
     runs (sim/costmodel/stepcache.py; `llmsim run` passes its default); the same results,
     faster when warm."""
@@ -170,7 +170,9 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
     """The tables and summary of a simulated run (`done`: (result, engine seconds,
     autoscaling)), or of one simulated now replica by replica (`done` None), in `workers`
     processes."""
-    if done is None:
+    if done is None:  # a split run: its machinery loaded here, only for it
+        from sim.engine.parallel import simulate_split, split_engine
+
         t_sim = time.perf_counter()
         res, every, usage = simulate_split(sc, configs, wl, rng, workers, executor)
         t_sim = time.perf_counter() - t_sim

@@ -62,24 +62,8 @@ from sim.engine.processes import (
 from sim.engine.recorder import spill_logs
 from sim.engine.records import RequestRecords, columns_of
 from sim.engine.replica import ReplicaResult
+from sim.engine.splitrule import FEEDBACK_FREE, may_split
 from sim.io.spill import SpillDir, blocks
-
-# router policies that choose without looking at the replicas (the rest read their load)
-# (`length`: its pools' `within` router may read load, and `assign` would need the pools:
-# single process for now)
-FEEDBACK_FREE = {"round_robin": True, "random": True, "least_outstanding": False,
-                 "least_kv": False, "power_of_two": False, "affinity": False, "length": False}
-
-
-def may_split(sc) -> bool:
-    """Whether the scenario's run can be simulated replica by replica, from its spec alone
-    (sim/engine/parallel.py `refusal` checks its replicas too; sim/engine/hostmem.py
-    sizes the run by this before its workload is drawn)."""
-    c = sc.cluster
-    return (c is not None and FEEDBACK_FREE.get(c.router.policy, False) and c.autoscale is None
-            and not c.disaggregated and sc.workload.clients is None
-            and sc.speculative.method == "none" and sc.parallel.pipeline == 1
-            and sum(g.count for g in c.groups) > 1)
 
 
 def instants(arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -106,11 +106,28 @@ def _cached(key: tuple, p: Path, make: Callable[[], Any]) -> Any:
     return _CACHE.get((*key, str(p)), read)
 
 
+def _plain_rows(text: str, lines: list[str], width: int) -> list[list[str]] | None:
+    """The data rows as the csv module reads them where that is splitting at commas (no
+    quote, no blank line, every row `width` fields, none past the csv module's field size
+    limit); None otherwise."""
+    if ('"' in text or len(lines) < 2 or "" in lines
+            or max(map(len, lines)) > csv.field_size_limit()):
+        return None
+    rows = [line.split(",") for line in lines[1:]]
+    return rows if set(map(len, rows)) == {width} else None
+
+
 def _read_csv(p: Path, need: Sequence[str] = ()) -> tuple[dict[str, tuple[str, ...]], np.ndarray]:
     """A CSV's columns (as strings) by header name, and each data row's line number."""
-    lines = read_text(p).splitlines()
+    text = read_text(p)
+    lines = text.splitlines()
     if not lines or not lines[0].strip():
         raise SpecError(p, "line 1", "missing header line (allowed: a CSV with column names)")
+    header = [h.strip() for h in lines[0].split(",")]
+    plain = None if set(need) - set(header) else _plain_rows(text, lines, len(header))
+    if plain is not None:  # the common case, 3x faster; anything else (errors too) below
+        return (dict(zip(header, zip(*plain, strict=True), strict=True)),
+                np.arange(2, len(lines) + 1))
     reader = csv.reader(lines)
     rows, linenos = [], []
     try:
@@ -141,10 +158,24 @@ def _first_bad(raw: Sequence[Any], convert: Callable[[Any], Any]) -> int:
     return 0
 
 
+def _digits_only(raw: Sequence[Any]) -> bool:
+    """Every value a string of 1 to 18 ASCII digits (an int64, exactly a float64 up to 2^53:
+    larger ones are past any bound a column has)."""
+    return (all(type(s) is str for s in raw) and 0 < min(map(len, raw)) and max(map(len, raw)) <= 18
+            and "".join(raw).isascii() and "".join(raw).isdigit())
+
+
 def _numbers(p: Path, raw: Sequence[Any], linenos: np.ndarray, name: str, *,
              integer: bool, lo: float, hi: float) -> np.ndarray:
     """A column as float64 (int64 if `integer`), every value finite and in [lo, hi]; read-only."""
     what = f"allowed: {'integers' if integer else 'numbers'} from {lo:,g} to {hi:,.0f}"
+    if integer and _digits_only(raw):  # read as int() reads them: 5x faster, the same values
+        v = np.array(list(map(int, raw)), dtype=np.int64)
+        if not ((v >= lo) & (v <= hi)).all():
+            i = int(np.flatnonzero(~((v >= lo) & (v <= hi)))[0])
+            raise SpecError(p, f"line {linenos[i]}", f"{name}: out of range ({what})")
+        v.flags.writeable = False
+        return v
     try:
         v = np.array(raw, dtype=str if isinstance(raw[0], str) else object).astype(np.float64)
     except (ValueError, TypeError, OverflowError):
