@@ -493,7 +493,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     leap = leaping() if leap is None else leap
     feed = None
     if loop is None and lifecycle is None and feedable(fleet, fleet.nodes[0], leap):
-        feed = Feed.of(fleet, seqs)  # the replica takes its arrivals at its step ends
+        feed = Feed.of(fleet, seqs, workload.arrival_s)  # taken at its step ends
     elif loop is None:
         env.process(arrivals(env, fleet, seqs))
     start_replicas(env, fleet, progress, leap, feed)
