@@ -46,11 +46,13 @@ class Feed:
     """The requests of one replica in arrival order, grouped by the instant (engine clock)
     at which the arrivals process dispatches them."""
 
-    __slots__ = ("seqs", "starts", "times", "k", "next", "rep", "view")
+    __slots__ = ("seqs", "starts", "times", "k", "next", "load", "waiting")
 
     def __init__(self, fleet: Fleet, seqs: list[Seq], clock: np.ndarray, group: np.ndarray):
         """`clock[i]`, `group[i]`: the engine's clock when `seqs[i]` is dispatched and the
-        index of its instant (-1: at the start, before the arrivals process first waits)."""
+        index of its instant (-1: at the start, before the arrivals process first waits).
+        Each request is given its replica and that replica's view of its prefix here, as
+        `Fleet.dispatch` gives them to a lone front replica (nothing reads them before)."""
         self.seqs = seqs
         group = np.asarray(group)
         starts = np.flatnonzero(np.diff(group, prepend=group[:1] - 1)) if len(group) else group
@@ -59,7 +61,13 @@ class Feed:
         self.k = 0  # the next instant to deliver
         self.next = self.times[0] if self.times else _INF  # its clock time
         (node,) = fleet.front
-        self.rep, self.view = node.rep, node.rep.port.prefix_view
+        rep = node.rep
+        self.load, self.waiting = rep.port.load, rep.st.waiting
+        view = rep.port.prefix_view
+        for s in seqs if rep.index or view is not None else ():
+            s.replica = rep.index
+            if view is not None:
+                s.prefix = view[s.rid]
 
     @classmethod
     def of(cls, fleet: Fleet, seqs: list[Seq], arrival: np.ndarray) -> Feed:
@@ -71,27 +79,18 @@ class Feed:
         """Dispatch the instants a replica boundary at `t` sees: the next one if at or
         before `t` (scheduled before the boundary's event), later ones only before `t`.
         Each request as `Fleet.dispatch` sends it to a lone front replica (no router, no
-        request latency): counted outstanding, given the replica's view of its prefix,
-        queued."""
+        request latency): counted outstanding and queued."""
         if self.next > t:
             return
-        times, starts, seqs, view = self.times, self.starts, self.seqs, self.view
-        rep = self.rep
-        load, index, waiting = rep.port.load, rep.index, rep.st.waiting
-        k = self.k
-        while True:
-            for i in range(starts[k], starts[k + 1]):
-                s = seqs[i]
-                load.outstanding += 1
-                s.replica = index
-                if view is not None:
-                    s.prefix = view[s.rid]
-                waiting.append(s)
+        times, starts = self.times, self.starts
+        k = self.k + 1
+        last = len(times)
+        while k < last and times[k] < t:
             k += 1
-            nxt = times[k] if k < len(times) else _INF
-            if nxt >= t:
-                break
-        self.k, self.next = k, nxt
+        lo, hi = starts[self.k], starts[k]
+        self.load.outstanding += hi - lo
+        self.waiting.extend(self.seqs[lo:hi])
+        self.k, self.next = k, times[k] if k < last else _INF
 
 
 def instants(arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -221,5 +220,7 @@ def prefill_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> flo
             rep.release(s)
         else:
             batch.join(s, t_end)
-    rep.record(now, t_end, step)
+    # Replica.record (no prefix cache: no token counted twice)
+    rec.log.add(now, t_end, _PREFILL, len(chunks), tokens, kv.used_blocks,
+                batch.kv_tokens() + rep.port.outside_tokens)
     return t_end
