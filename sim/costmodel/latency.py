@@ -335,14 +335,13 @@ class StepLatency(RankPricing):
                                      + rt.serial_ms_per_rank_seq * (prefill_seqs + seqs))
         return ((host + gpu if rt.combine == "sum" else max(host, gpu)) + serial) * 1e-3
 
-    def _combined(self, gpu_ms: float, prefill_seqs: int, decode_seqs: int, decode: bool,
-                  new_shapes: int) -> float:
-        """`_combine` of a prefill or mixed step, memoised on its arguments (sets kernel_s)."""
-        key = (gpu_ms, prefill_seqs, decode_seqs, decode, new_shapes)
+    def _combined(self, gpu_ms: float, seqs: int, new_shapes: int) -> float:
+        """`_combine` of a prefill step, memoised on its arguments (sets kernel_s; a mixed
+        step's GPU time takes too many values to memoise)."""
+        key = (gpu_ms, seqs, new_shapes)
         c = self._combines.get(key)
         if c is None:
-            secs = self._combine(gpu_ms, prefill_seqs=prefill_seqs, decode_seqs=decode_seqs,
-                                 decode=decode, new_shapes=new_shapes)
+            secs = self._combine(gpu_ms, prefill_seqs=seqs, new_shapes=new_shapes)
             c = self._combines[key] = (secs, self.kernel_s)
         self.kernel_s = c[1]
         return c[0]
@@ -392,11 +391,11 @@ class StepLatency(RankPricing):
                         e[2] += 1
                     dense[2] += 1
                     lm[2] += 1
-                    return self._combined(ms + (dense[0] + lm[0]), len(chunks), 0, False,
+                    return self._combined(ms + (dense[0] + lm[0]), len(chunks),
                                           self._new_shapes(chunks, seen))
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.dense_ms(tokens) + self.lm_head_ms(len(chunks))
-        return self._combined(gpu, len(chunks), 0, False, self._new_shapes(chunks, seen))
+        return self._combined(gpu, len(chunks), self._new_shapes(chunks, seen))
 
     def _per_sequence(self, rows: list[tuple[int, int]], attn) -> tuple[int, float]:
         """New tokens in all, and attention ms, of rows of (new tokens, cached tokens): their
@@ -458,7 +457,8 @@ class StepLatency(RankPricing):
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.decode_attn_ms(n, sum_ctx, max_ctx)
         gpu += self.dense_ms(n + tokens) + self.lm_head_ms(n + len(chunks))
-        return self._combined(gpu, len(chunks), n, True, self._new_shapes(chunks, seen))
+        return self._combine(gpu, prefill_seqs=len(chunks), decode_seqs=n, decode=True,
+                             new_shapes=self._new_shapes(chunks, seen))
 
     def verify(self, rows: list[tuple[int, int]]) -> float:
         """A step scoring `q` tokens per sequence over its cached context: rows of (q, cached)."""
