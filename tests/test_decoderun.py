@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+import sim.engine.feed as feed
 import sim.engine.processes as processes
 from sim.config.scenario import scenario_from_dict
 from sim.engine import recorder
@@ -63,6 +64,7 @@ class Runs:
                               "waiting": len(rep.st.waiting)})
             return t, step
         monkeypatch.setattr(processes, "decode_run", watched)
+        monkeypatch.setattr(feed, "decode_run", watched)  # a lone replica's (its feed's) runs
 
     def longest(self, how: str, **where) -> int:
         """The most steps a run that ended `how` (and matches `where`) finished."""

@@ -116,6 +116,7 @@ class StepLatency(RankPricing):
         self._price_ops(model.ops(tensor, expert))
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses(, s, kernel s)]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
+        self._combines: dict[tuple, tuple[float, float]] = {}  # `_combined`'s (s, kernel s)
         self.kernel_s = 0.0  # GPU kernel seconds of the step priced last (before jitter)
 
     def _price_ops(self, ops: ModelOps) -> None:
@@ -334,6 +335,17 @@ class StepLatency(RankPricing):
                                      + rt.serial_ms_per_rank_seq * (prefill_seqs + seqs))
         return ((host + gpu if rt.combine == "sum" else max(host, gpu)) + serial) * 1e-3
 
+    def _combined(self, gpu_ms: float, seqs: int, new_shapes: int) -> float:
+        """`_combine` of a prefill step, memoised on its arguments (sets kernel_s; a mixed
+        step's GPU time takes too many values to memoise)."""
+        key = (gpu_ms, seqs, new_shapes)
+        c = self._combines.get(key)
+        if c is None:
+            secs = self._combine(gpu_ms, prefill_seqs=seqs, new_shapes=new_shapes)
+            c = self._combines[key] = (secs, self.kernel_s)
+        self.kernel_s = c[1]
+        return c[0]
+
     def _new_shapes(self, chunks: list[tuple[int, int]], seen: set | None) -> int:
         """How many of these prefill shapes the server that ran the shapes in `seen` has
         not run before (`seen` gains them); none when the caller keeps no such set."""
@@ -360,10 +372,30 @@ class StepLatency(RankPricing):
     def prefill(self, chunks: list[tuple[int, int]], seen: set | None = None) -> float:
         """A step prefilling `chunks` of (new tokens, tokens already cached) per sequence;
         `seen`: the (new, cached) shapes this server has prefilled before (updated here)."""
+        if self.data == 1:  # warm: each piece one dict hit, counted as `_piece` counts it
+            memo = self._memo
+            hits = []
+            tokens = 0
+            for q, cached in chunks:
+                e = memo.get(("pa", q, q + cached))
+                if e is None:
+                    break
+                hits.append(e)
+                tokens += q
+            else:
+                dense, lm = memo.get(("dense", tokens)), memo.get(("lm", len(chunks)))
+                if dense is not None and lm is not None:
+                    ms = 0.0  # the sums in `_per_sequence`'s and the cold path's order
+                    for e in hits:
+                        ms += e[0]
+                        e[2] += 1
+                    dense[2] += 1
+                    lm[2] += 1
+                    return self._combined(ms + (dense[0] + lm[0]), len(chunks),
+                                          self._new_shapes(chunks, seen))
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.dense_ms(tokens) + self.lm_head_ms(len(chunks))
-        return self._combine(gpu, prefill_seqs=len(chunks),
-                             new_shapes=self._new_shapes(chunks, seen))
+        return self._combined(gpu, len(chunks), self._new_shapes(chunks, seen))
 
     def _per_sequence(self, rows: list[tuple[int, int]], attn) -> tuple[int, float]:
         """New tokens in all, and attention ms, of rows of (new tokens, cached tokens): their

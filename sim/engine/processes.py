@@ -16,7 +16,6 @@ never see `env`; SimPy stays in this module.
 
 from __future__ import annotations
 
-import gc
 import os
 from collections import deque
 from collections.abc import Callable
@@ -26,8 +25,10 @@ import simpy
 
 from sim.config.cluster import Link
 from sim.engine.autoscale import SCRAPE_WATCH, Attainment, Lifecycle
+from sim.engine.clock import Clock, run_clock
 from sim.engine.closedloop import ClosedLoop, streamed
 from sim.engine.decoderun import decode_run
+from sim.engine.feed import Feed, fed_replica, feedable
 from sim.engine.handoff import (
     hand_over,
     join_arrived,
@@ -314,21 +315,6 @@ def leaping() -> bool:
     return os.environ.get("LLMSIM_LEAP", "1") != "0"
 
 
-class Clock(simpy.Environment):
-    """SimPy's environment, able to schedule a timeout at an exact time: a leap's end is
-    the float sum of its steps' seconds, which env.now + a delay cannot always reach (its
-    rounding can skip the one float between two neighbours)."""
-
-    def timeout_at(self, t: float) -> simpy.Timeout:
-        """A timeout firing at `t` (>= now), ordered as any event scheduled now."""
-        now = self._now
-        self._now = t  # Timeout schedules itself at env._now + its delay, here t + 0.0 = t
-        try:
-            return self.timeout(0.0)
-        finally:
-            self._now = now
-
-
 def replica(env: Clock, node: Node, progress=None, leap: bool = True):
     """Run iterations for as long as there is work; sleep when there is none.
 
@@ -447,20 +433,6 @@ def prefix_views(workload: Workload, replicas: list[Replica]) -> None:
         r.port.prefix_view = views[cache.hash_tokens]
 
 
-def run_clock(env: Clock) -> None:
-    """Run the simulation to its end. The run makes no cyclic garbage (SimPy drops a
-    processed event's callbacks; a run of the Azure hour leaves 14 unreachable objects), so
-    the cyclic collector would only re-walk the live requests again and again: off while
-    the clock runs, as it was after."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        env.run()
-    finally:
-        if collecting:
-            gc.enable()
-
-
 def check_accounted(replicas: list[Replica], requests: int) -> None:
     """Every request ended finished or rejected, every block and slot given back."""
     done = sum(r.done for r in replicas)
@@ -471,11 +443,15 @@ def check_accounted(replicas: list[Replica], requests: int) -> None:
         r.rec.check_limits(r.name, r.policy.max_seqs, r.policy.step_tokens)
 
 
-def start_replicas(env: Clock, fleet: Fleet, progress, leap: bool) -> None:
-    """A process per replica (a pipelined replica brings its own, sim/engine/pipeline.py)."""
+def start_replicas(env: Clock, fleet: Fleet, progress, leap: bool, feed: Feed | None = None
+                   ) -> None:
+    """A process per replica (a pipelined replica brings its own, sim/engine/pipeline.py;
+    a lone replica fed its arrivals, sim/engine/feed.py)."""
     for i, node in enumerate(fleet.nodes):
         process = getattr(node.rep, "process", None)
-        if process is not None:
+        if feed is not None:
+            env.process(fed_replica(env, node, feed, progress))
+        elif process is not None:
             env.process(process(env, node, progress if i == 0 else None))
         else:
             env.process(replica(env, node, progress if i == 0 else None, leap))
@@ -514,9 +490,13 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
             node.ended = loop.ended
         for user in range(workload.clients.concurrency):
             env.process(client(env, loop, seqs, user))
-    else:
+    leap = leaping() if leap is None else leap
+    feed = None
+    if loop is None and lifecycle is None and feedable(fleet, fleet.nodes[0], leap):
+        feed = Feed.of(fleet, seqs, workload.arrival_s)  # taken at its step ends
+    elif loop is None:
         env.process(arrivals(env, fleet, seqs))
-    start_replicas(env, fleet, progress, leaping() if leap is None else leap)
+    start_replicas(env, fleet, progress, leap, feed)
     for node in fleet.back:
         env.process(kv_link(env, fleet, node))
     run_clock(env)

@@ -101,7 +101,8 @@ class Replica:
             s.first_token_t = t_end
         else:  # resumed after a recompute preemption: one long gap
             self.rec.resumed(t_end, s.last_token_t)
-        self.kv.cache(s, s.prompt)
+        if self.kv.prefix is not None:
+            self.kv.cache(s, s.prompt)
         if s.generated >= s.output:
             s.finish_t = t_end
             self.release(s)
@@ -159,12 +160,21 @@ class Replica:
 
     def prefill_step(self, plan: StepPlan, now: float) -> tuple[float, int, int]:
         """Start an all-prefill step; returns (seconds, sequences, tokens)."""
-        loads = self.kv.loaded()
+        prefix = self.kv.prefix
+        loads = prefix.loaded if prefix is not None else 0  # kv.loaded()
         self.admit(plan, now)
         self.admitted = len(plan.admit)
-        chunks = [(s.tokens_to_prefill - s.prefilled, s.prefilled) for s in plan.prefill]
-        dur = self.lat.prefill(chunks, self.prefill_shapes) + self._load_seconds(loads)
-        return dur, len(chunks), sum(q for q, _ in chunks)
+        chunks = []
+        tokens = 0
+        for a in plan.admit:
+            s = a.seq
+            q = s.prompt + s.generated - s.prefilled  # what its (re)prefill has left
+            chunks.append((q, s.prefilled))
+            tokens += q
+        dur = self.lat.prefill(chunks, self.prefill_shapes)
+        if prefix is not None:  # (+ 0.0 otherwise)
+            dur += self._load_seconds(loads)
+        return dur, len(chunks), tokens
 
     def _load_seconds(self, before: int) -> float:
         """PCIe time of the prefix blocks this step copied back from host memory."""
@@ -202,10 +212,11 @@ class Replica:
     def finish_prefill_step(self, plan: StepPlan, t_end: float) -> list[Seq]:
         """Every admitted request has its first token; returns those that finished."""
         self.admitted = 0
-        for s in plan.prefill:
-            s.prefilled = s.tokens_to_prefill
+        seqs = [a.seq for a in plan.admit]  # plan.prefill
+        for s in seqs:
+            s.prefilled = s.prompt + s.generated  # s.tokens_to_prefill
             self.first_token(s, t_end)
-        return [s for s in plan.prefill if s.state == FINISHED]
+        return [s for s in seqs if s.state == FINISHED]
 
     def finish_mixed_step(self, plan: StepPlan, t_end: float) -> list[Seq]:
         """Decodes advance and chunks complete; returns the requests that finished."""
@@ -247,9 +258,10 @@ class Replica:
     def record(self, t0: float, t1: float, step: Step) -> None:
         """The step's entry in the log, with the KV blocks and tokens held at its end (a
         decode step's, inlined in `finish`)."""
-        held = self.st.batch.kv_tokens() + self.port.outside_tokens - self.kv.shared_tokens()
-        self.rec.log.add(t0, t1, step.kind, step.seqs, step.tokens, self.st.kv.used_blocks,
-                         held)
+        st, prefix = self.st, self.kv.prefix
+        held = st.batch.kv_tokens() + self.port.outside_tokens - (
+            prefix.extra_refs * prefix.hash_tokens if prefix is not None else 0)
+        self.rec.log.add(t0, t1, step.kind, step.seqs, step.tokens, st.kv.used_blocks, held)
 
     # ---- one plan, start to finish (the engine and the reference engine both use these) --
     def start(self, plan: StepPlan, now: float) -> Step | None:

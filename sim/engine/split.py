@@ -49,6 +49,7 @@ import numpy as np
 
 from sim.engine.build import build_replica
 from sim.engine.closedloop import streamed
+from sim.engine.feed import Feed, fed_replica, feedable, instants
 from sim.engine.processes import (
     Clock,
     Fleet,
@@ -64,24 +65,6 @@ from sim.engine.records import RequestRecords, columns_of
 from sim.engine.replica import ReplicaResult
 from sim.engine.splitrule import FEEDBACK_FREE, may_split
 from sim.io.spill import SpillDir, blocks
-
-
-def instants(arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(clock, group) of each request: the SimPy clock when the fleet's arrivals process
-    (sim/engine/processes.py `arrivals`) dispatches it, and the index of the instant it
-    yielded for (-1: dispatched at the start, before any yield). The process keeps
-    `t`, the latest arrival time seen, and yields `timeout(a - t)` for a later one: the
-    clock is the running float sum of those gaps (numpy's cumsum adds in order)."""
-    a = np.asarray(arrival, dtype=float)
-    if len(a) == 0:
-        return np.zeros(0), np.zeros(0, dtype=np.int64)
-    t = np.maximum.accumulate(np.concatenate(([0.0], a)))[:-1]  # `t` before each request
-    yields = a > t
-    clock_at_yield = np.cumsum(np.where(yields, a - t, 0.0)[yields])
-    group = np.cumsum(yields) - 1
-    clock = np.where(group >= 0, clock_at_yield[np.maximum(group, 0)] if len(clock_at_yield)
-                     else 0.0, 0.0)
-    return clock, group
 
 
 def _own_arrivals(env: Clock, fleet: Fleet, seqs: list, clock: list, group: list):
@@ -148,14 +131,19 @@ def simulate_one(setup: Setup, index: int, rng, spill: SpillDir | None,
         prefix_views(wl, [rep])
         env = Clock()
         fleet = Fleet(env, [rep], None)
-        if every:
-            env.process(_every_arrival(env, fleet, setup.arrival.tolist(),
-                                       setup.choice == index, seqs))
-        else:
-            env.process(_own_arrivals(env, fleet, seqs, setup.clock[rows].tolist(),
-                                      setup.group[rows].tolist()))
         node = fleet.nodes[0]
-        env.process(replica(env, node, leap=leaping()))
+        leap = leaping()
+        if not every and feedable(fleet, node, leap):  # own arrivals at its step ends
+            env.process(fed_replica(env, node, Feed(fleet, seqs, setup.clock[rows],
+                                                    setup.group[rows])))
+        else:
+            if every:
+                env.process(_every_arrival(env, fleet, setup.arrival.tolist(),
+                                           setup.choice == index, seqs))
+            else:
+                env.process(_own_arrivals(env, fleet, seqs, setup.clock[rows].tolist(),
+                                          setup.group[rows].tolist()))
+            env.process(replica(env, node, leap=leap))
         run_clock(env)
         check_accounted([rep], len(seqs))
         if every or not ties(rep, node, setup.clock[rows], seqs):

@@ -19,6 +19,7 @@ from sim.policies.stepkind import StepKind
 WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped", "finished", "rejected"
 TRANSFERRING = "transferring"  # disaggregated: KV on its way from a prefill to a decode replica
 _DECODE = StepKind.DECODE
+_push = heapq.heappush
 
 
 class Seq:
@@ -136,20 +137,23 @@ class RunningBatch:
     # --- membership -----------------------------------------------------------
     def join(self, s: Seq, now: float) -> None:
         """`s` just produced a token at `now` (end of its prefill) and decodes from here."""
-        s.d0, s.g0, s.t_join = self.D, s.generated, now
-        self._order += 1
-        s.order = self._order
+        D, g = self.D, s.generated
+        s.d0, s.g0, s.t_join = D, g, now
+        order = self._order = self._order + 1
+        s.order = order
         s.state = RUNNING
         self.members[s] = None
         self.n_compute += 1
-        length = s.prompt + s.g0
-        self.s0 += length - self.D
-        self.s0_live += length - self.D
+        length = s.prompt + g
+        self.s0 += length - D
+        self.s0_live += length - D
         if self.paged:
-            self.phase[(self.D - length + 1) % self.bs] += 1
-        heapq.heappush(self.finish_heap, (self.D + s.output - s.g0, s.order, s.epoch, s))
-        heapq.heappush(self.len_heap, (self.D - length, s.order, s.epoch, s))
-        self.fresh[now] = self.fresh.get(now, 0) + 1
+            self.phase[(D - length + 1) % self.bs] += 1
+        epoch = s.epoch
+        _push(self.finish_heap, (D + s.output - g, order, epoch, s))
+        _push(self.len_heap, (D - length, order, epoch, s))
+        fresh = self.fresh
+        fresh[now] = fresh.get(now, 0) + 1
 
     def leave(self, s: Seq) -> None:
         """Remove a member (preempted or swapped out); materialises its counters."""

@@ -200,19 +200,26 @@ class ContinuousPolicy:
         return UNTIL_FINISH if st.prefix is None else CHANGES
 
     def admit(self, st: ReplicaState) -> StepPlan:
-        spec, kv = self.spec, st.kv
+        spec, kv, watermark = self.spec, st.kv, self.watermark
+        budget, max_seqs, max_len = spec.max_num_batched_tokens, spec.max_num_seqs, st.max_model_len
+        usable = kv.num_blocks - watermark
+        prefix = st.prefix
         plan = StepPlan(StepKind.PREFILL)
         tokens, seqs, blocks = 0, st.places(), 0
         for s in st.waiting:
-            reason = never_fits(st, s, spec.max_num_batched_tokens, self.watermark)
-            if reason:
-                plan.reject.append(Rejection(s, reason))
+            n = s.prompt + s.generated  # its (re)prefill, s.tokens_to_prefill
+            need = st.admission_need(s)
+            # never_fits's limits, checked here once (it names the one that binds)
+            if n > max_len or (budget is not None and n > budget) or need > usable:
+                plan.reject.append(Rejection(s, never_fits(st, s, budget, watermark)))
                 continue
-            h, cached, need = st.admission(s)
-            n = s.tokens_to_prefill - cached
-            if tokens + n > spec.max_num_batched_tokens or seqs + 1 > spec.max_num_seqs:
+            h = 0
+            if prefix is not None and s.prefix:  # st.admission, its admission_need reused
+                h, cached, need = st.admission(s)
+                n -= cached
+            if tokens + n > budget or seqs + 1 > max_seqs:
                 break
-            if not kv.can_allocate(blocks + need, self.watermark):
+            if not kv.can_allocate(blocks + need, watermark):
                 break
             plan.admit.append(Admission(s, h))
             tokens += n

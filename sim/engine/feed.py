@@ -1,0 +1,226 @@
+"""Arrivals a lone replica takes at its own step boundaries, without a SimPy event each.
+
+Where a replica is the only process of a run (one front replica, open loop, no runtime
+request latency, no router report, no autoscaler, no disaggregated pool, no pipeline;
+`feedable`), the arrivals process (sim/engine/processes.py `arrivals`) and the replica's
+step ends are the only events, and each arrival does nothing but put its requests in the
+replica's queue (`Fleet.dispatch`). `fed_replica` then runs the replica's loop as
+`processes.replica` does, leaping, but hands each arrival's requests to the queue itself
+(`Feed.deliver`) at the step boundary where the replica would first have seen them:
+instead of two events per arrival (the arrival's timeout, the end of the step that saw it)
+none; the replica yields only to sleep until the next arrival when it has nothing to do,
+and once at its end (the engine's clock ends where it ended).
+
+Which arrivals a boundary at `t` sees, exactly as in SimPy (events at one instant fire in
+the order they were scheduled): every arrival instant before `t`, and one at `t` itself
+only if it was already scheduled when the replica scheduled the step's end, i.e. the first
+not yet delivered (the arrivals process schedules an instant only once the one before it
+fired). A replica woken from sleep by an arrival sees that arrival and those at earlier
+instants: the same rule. Instants are the engine's clock at each arrival: the running
+float sum of the gaps the arrivals process waits (`instants`, sim/engine/split.py).
+The same rows, draws and state in the same order: `tests/test_leap.py` (stepping, one
+event per step, against leaping) and `tests/test_feed.py`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sim.engine.decoderun import decode_run
+from sim.policies.plan import StepKind
+
+if TYPE_CHECKING:
+    from sim.engine.clock import Clock
+    from sim.engine.processes import Fleet, Node
+    from sim.engine.replica import Replica
+    from sim.policies.batch import Seq
+    from sim.policies.plan import StepPlan
+
+_IDLE, _PREFILL = StepKind.IDLE, StepKind.PREFILL
+_INF = float("inf")
+
+
+class Feed:
+    """The requests of one replica in arrival order, grouped by the instant (engine clock)
+    at which the arrivals process dispatches them."""
+
+    __slots__ = ("seqs", "starts", "times", "k", "next", "load", "waiting")
+
+    def __init__(self, fleet: Fleet, seqs: list[Seq], clock: np.ndarray, group: np.ndarray):
+        """`clock[i]`, `group[i]`: the engine's clock when `seqs[i]` is dispatched and the
+        index of its instant (-1: at the start, before the arrivals process first waits).
+        Each request is given its replica and that replica's view of its prefix here, as
+        `Fleet.dispatch` gives them to a lone front replica (nothing reads them before)."""
+        self.seqs = seqs
+        group = np.asarray(group)
+        starts = np.flatnonzero(np.diff(group, prepend=group[:1] - 1)) if len(group) else group
+        self.starts: list[int] = [*starts.tolist(), len(seqs)]  # each instant's first request
+        self.times: list[float] = np.asarray(clock)[starts].tolist()
+        self.k = 0  # the next instant to deliver
+        self.next = self.times[0] if self.times else _INF  # its clock time
+        (node,) = fleet.front
+        rep = node.rep
+        self.load, self.waiting = rep.port.load, rep.st.waiting
+        view = rep.port.prefix_view
+        for s in seqs if rep.index or view is not None else ():
+            s.replica = rep.index
+            if view is not None:
+                s.prefix = view[s.rid]
+
+    @classmethod
+    def of(cls, fleet: Fleet, seqs: list[Seq], arrival: np.ndarray) -> Feed:
+        """Every request of `seqs` (`arrival`: their arrival times), at the instants the
+        arrivals process (sim/engine/processes.py `arrivals`) dispatches them."""
+        return cls(fleet, seqs, *instants(arrival))
+
+    def deliver(self, t: float) -> None:
+        """Dispatch the instants a replica boundary at `t` sees: the next one if at or
+        before `t` (scheduled before the boundary's event), later ones only before `t`.
+        Each request as `Fleet.dispatch` sends it to a lone front replica (no router, no
+        request latency): counted outstanding and queued."""
+        if self.next > t:
+            return
+        times, starts = self.times, self.starts
+        k = self.k + 1
+        last = len(times)
+        while k < last and times[k] < t:
+            k += 1
+        lo, hi = starts[self.k], starts[k]
+        self.load.outstanding += hi - lo
+        self.waiting.extend(self.seqs[lo:hi])
+        self.k, self.next = k, times[k] if k < last else _INF
+
+
+def instants(arrival: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(clock, group) of each request: the SimPy clock when the arrivals process
+    (sim/engine/processes.py `arrivals`) dispatches it, and the index of the instant it
+    yielded for (-1: dispatched at the start, before any yield). The process keeps
+    `t`, the latest arrival time seen, and yields `timeout(a - t)` for a later one: the
+    clock is the running float sum of those gaps (numpy's cumsum adds in order)."""
+    a = np.asarray(arrival, dtype=float)
+    if len(a) == 0:
+        return np.zeros(0), np.zeros(0, dtype=np.int64)
+    t = np.maximum.accumulate(np.concatenate(([0.0], a)))[:-1]  # `t` before each request
+    yields = a > t
+    clock_at_yield = np.cumsum(np.where(yields, a - t, 0.0)[yields])
+    group = np.cumsum(yields) - 1
+    clock = np.where(group >= 0, clock_at_yield[np.maximum(group, 0)] if len(clock_at_yield)
+                     else 0.0, 0.0)
+    return clock, group
+
+
+def feedable(fleet: Fleet, node: Node, leap: bool) -> bool:
+    """Whether `node`'s replica may take its arrivals from a `Feed`: leaping, the fleet's
+    one replica, nothing told of its ends, no request latency, no pipeline process and no
+    static batch (whose deadline wake-ups `fed_replica` does not replay)."""
+    rep = node.rep
+    return (leap and len(fleet.nodes) == 1 and fleet.front == [node] and fleet.ready is None
+            and node.ended is None
+            and rep.port.handoff is None and node.request_s is None
+            and getattr(rep, "process", None) is None and not rep.holds_batch)
+
+
+def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
+    """`processes.replica` (leaping, quiet, nothing else running), taking its arrivals from
+    `feed` at its step boundaries; the same state changes, rows and draws in the same order.
+    A plain prefill plan (`plain_prefills`) is started and finished in one call."""
+    rep = node.rep
+    st, log, policy = rep.st, rep.rec.log, rep.policy
+    steady = getattr(policy, "steady", None) if (
+        rep.speculator is None and not rep.own_record) else None
+    plain = plain_prefills(rep)
+    now = env.now
+    feed.deliver(now)  # the requests dispatched at the start (before the replica started)
+    while True:
+        plan = policy.schedule(st, now)
+        if plain and plan.kind is _PREFILL and not (
+                plan.reject or plan.preempt or plan.swap_out or plan.swap_in):
+            now = prefill_through(rep, plan, now, feed)
+            step = None
+        elif steady is not None and (repeats := steady(st, plan)) and (
+                now + rep.step.seconds < feed.next):
+            rows = len(log.t_end)
+            now, step = decode_run(rep, plan, now, feed.next, repeats, True)
+            if progress is not None and len(log.t_end) // 2000 != rows // 2000:
+                progress(now)
+            if step is None:
+                continue
+        else:
+            step = rep.start(plan, now)
+            if step is None:
+                if plan.kind is _IDLE:
+                    if plan.wake_at is not None:
+                        raise RuntimeError("a fed replica's policy asked to wake at a deadline")
+                    if feed.next == _INF:  # nothing more will arrive: the clock ends here
+                        if now != env.now:
+                            yield env.timeout_at(now)
+                        node.wake = env.event()
+                        yield node.wake  # never triggered: the run is over
+                    now = feed.next
+                    yield env.timeout_at(now)  # asleep until the next arrival
+                    feed.deliver(now)
+                rep.end_of_step()
+        if step is not None:
+            t_end = now + step.seconds
+            if t_end >= feed.next:  # the boundary another process's event came before
+                feed.deliver(t_end)
+            rep.finish(step, now, t_end)
+            now = t_end
+        if progress is not None and len(log.t_end) % 2000 == 0:
+            progress(now)
+
+
+def plain_prefills(rep: Replica) -> bool:
+    """Whether `prefill_through` may run this replica's prefill plans: paged KV without a
+    prefix cache, no static batch, no speculation, its own log rows, no hand-off."""
+    return (rep.kv.paged and rep.kv.prefix is None and not rep.holds_batch
+            and rep.speculator is None and not rep.own_record and rep.port.handoff is None)
+
+
+def prefill_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> float:
+    """`Replica.start` then `Replica.finish` of a plain prefill plan begun at `now` (its
+    requests admitted and priced, their first tokens, the step's row), with the arrivals
+    its end sees delivered in between (they touch only the queue); returns its end. The
+    same state changes, row and draws as those (`tests/test_leap.py`)."""
+    st, rec = rep.st, rep.rec
+    kv, waiting, batch = st.kv, st.waiting, st.batch
+    seqs, chunks = [], []
+    tokens = need = 0
+    for a in plan.admit:  # Replica.admit (KVAccount.admit without a prefix cache)
+        s = a.seq
+        waiting.popleft()
+        if s.sched_t < 0:
+            s.sched_t = now
+        s.prefilled = 0
+        q = s.prompt + s.generated
+        need += kv.blocks_for(q)
+        seqs.append(s)
+        chunks.append((q, 0))
+        tokens += q
+    rep.kv.take(need)
+    secs = rep.lat.prefill(chunks, rep.prefill_shapes)  # (+ 0.0 s loaded from host memory)
+    rec.kernel_busy_s += rep.kernels.kernel_s
+    step = rep.step
+    step.seconds, step.seqs, step.tokens, step.kind, step.plan = (secs, len(chunks), tokens,
+                                                                  _PREFILL, plan)
+    t_end = now + secs
+    if t_end >= feed.next:
+        feed.deliver(t_end)
+    for s in seqs:  # Replica.finish_prefill_step, first_token
+        s.prefilled = s.prompt + s.generated
+        s.generated += 1
+        if s.first_token_t < 0:
+            s.first_token_t = t_end
+        else:  # resumed after a recompute preemption: one long gap
+            rec.resumed(t_end, s.last_token_t)
+        if s.generated >= s.output:
+            s.finish_t = t_end
+            rep.release(s)
+        else:
+            batch.join(s, t_end)
+    # Replica.record (no prefix cache: no token counted twice)
+    rec.log.add(now, t_end, _PREFILL, len(chunks), tokens, kv.used_blocks,
+                batch.kv_tokens() + rep.port.outside_tokens)
+    return t_end

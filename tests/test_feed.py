@@ -1,0 +1,114 @@
+"""A lone replica fed its arrivals at its step boundaries (sim/engine/feed.py) gives the
+same run as the arrivals process beside it, leaping both ways, where an arrival instant
+equals a step's end: one scheduled before that end fires first (the replica sees it), one
+scheduled after it fires after (the replica sees it at its next boundary). Every shipped
+scenario is compared with stepping in tests/test_leap.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import sim.engine.processes as processes
+from sim.config.scenario import scenario_from_dict
+from sim.engine.build import build_fleet
+from sim.engine.feed import Feed, instants
+from sim.engine.metrics import request_table, step_tables
+from sim.engine.prepare import prepare
+from sim.engine.processes import Fleet, make_seqs, simulate
+from sim.io.tablefile import Labels
+from sim.policies.batch import Seq
+
+SCENARIO = {
+    "name": "feed", "seed": 3, "model": "llama-3-8b", "gpu": "h200-sxm", "runtime": "cuda-graph",
+    "scheduler": {"policy": "continuous"},
+    "workload": {"num_requests": 1, "arrival": {"kind": "constant", "rate": 0.001},
+                 "prompt": {"kind": "uniform", "low": 200, "high": 200},
+                 "output": {"kind": "uniform", "low": 30, "high": 30}}}
+
+
+def _run(sc, wl, fed: bool, monkeypatch) -> tuple[dict, list[dict], float]:
+    """(requests, steps, the clock at the end) of one leaping run, fed or not."""
+    configs, _, rng = prepare(sc)
+    fleet = build_fleet(sc, configs, rng)
+    if not fed:
+        monkeypatch.setattr(processes, "feedable", lambda *_: False)
+    res = simulate(wl, fleet.replicas, fleet.router, leap=True)
+    monkeypatch.undo()
+    return request_table(res), step_tables(res), res.end_time
+
+
+def _same(a, b) -> None:
+    (ra, sa, ea), (rb, sb, eb) = a, b
+    assert ea == eb
+    for x, y in ((ra, rb), *zip(sa, sb, strict=True)):
+        assert list(x) == list(y)
+        for k in x:
+            u, v = (np.asarray(c.strings() if isinstance(c, Labels) else c) for c in (x[k], y[k]))
+            assert u.dtype == v.dtype and np.array_equal(u, v), k
+
+
+def _workload(arrival: list[float]):
+    """The scenario's workload with `len(arrival)` requests at those times, and its
+    first request's step ends when it runs alone."""
+    sc = scenario_from_dict({**SCENARIO, "workload": {**SCENARIO["workload"],
+                                                      "num_requests": len(arrival)}})
+    wl = prepare(sc).workload
+    return sc, dataclasses.replace(wl, arrival_s=np.asarray(arrival, dtype=float))
+
+
+def _alone_step_ends(monkeypatch) -> np.ndarray:
+    sc, wl = _workload([0.0])
+    return np.asarray(_run(sc, wl, True, monkeypatch)[1][0]["t_end"])
+
+
+@pytest.mark.parametrize("between", [False, True])
+def test_an_arrival_at_a_steps_end_is_seen_as_the_arrivals_process_orders_it(monkeypatch,
+                                                                            between):
+    t_end = _alone_step_ends(monkeypatch)
+    tie = float(t_end[2])
+    if between:  # one arrives during the step: the tied one is scheduled after its end
+        x = next(x for x in np.linspace(t_end[1], t_end[2], 50)[1:-1].tolist()
+                 if instants(np.array([0.0, x, tie]))[0][2] == tie)
+        arrival = [0.0, x, tie]
+    else:  # scheduled at the start, before the step's end: it fires first
+        arrival = [0.0, tie]
+    sc, wl = _workload(arrival)
+    assert instants(wl.arrival_s)[0][-1] == tie  # the clock reaches the very float
+    fed, unfed = _run(sc, wl, True, monkeypatch), _run(sc, wl, False, monkeypatch)
+    _same(fed, unfed)
+    steps = fed[1][0]
+    # the tied request is prefilled alone (between) or with nothing else pending (not)
+    assert steps["num_seqs"][list(steps["t_start"]).index(tie)] == 1
+
+
+def test_a_feed_delivers_an_instant_at_or_before_a_boundary_and_later_ones_only_before():
+    sc, wl = _workload([0.0, 0.0])
+    configs, _, rng = prepare(sc)
+    fleet = Fleet(None, build_fleet(sc, configs, rng).replicas, None)
+    seqs = [Seq(i, 0.0, 10, 5, 5) for i in range(5)]
+    feed = Feed(fleet, seqs, np.array([0.0, 1.0, 2.0, 2.0, 3.0]), np.array([-1, 0, 1, 2, 3]))
+    waiting = fleet.nodes[0].rep.st.waiting
+    feed.deliver(0.0)
+    assert [s.rid for s in waiting] == [0]
+    feed.deliver(0.5)
+    assert [s.rid for s in waiting] == [0]
+    feed.deliver(2.0)  # 1 (the next one, at 1.0); 2, at 2.0, was scheduled after it
+    assert [s.rid for s in waiting] == [0, 1]
+    feed.deliver(2.0)  # now 2 is the next one; 3, also at 2.0, was scheduled after it
+    assert [s.rid for s in waiting] == [0, 1, 2]
+    feed.deliver(10.0)  # 3 and 4, both before
+    assert [s.rid for s in waiting] == [0, 1, 2, 3, 4] and feed.next == float("inf")
+    assert fleet.nodes[0].rep.port.load.outstanding == 5
+
+
+def test_make_seqs_and_the_feed_agree_with_the_arrivals_process_clock():
+    sc, wl = _workload([0.0, 0.2, 0.9, 0.9, 1e-300 + 0.9])
+    seqs = make_seqs(wl, 4096)
+    configs, _, rng = prepare(sc)
+    fleet = Fleet(None, build_fleet(sc, configs, rng).replicas, None)
+    feed = Feed.of(fleet, seqs, wl.arrival_s)
+    assert feed.times == [0.0, 0.2, 0.8999999999999999]  # SimPy's running sum of the gaps
+    assert feed.starts == [0, 1, 2, 5]
