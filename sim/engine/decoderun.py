@@ -69,6 +69,10 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     # the price of a step holds until step `fresh_at` (StepLatency.decode_span): its other
     # `reused` steps' uses are added to its memo entry's count once
     fresh_at, entry, reused, base, ks = D, None, 0, 0.0, 0.0
+    # steps before `calm` are plain: they finish no one, spill no rows and (static
+    # batching aside) nothing follows them; their rows' tokens held go up by `rows` a step
+    calm = -1 if holds or batch.fresh else min(finish_at - 1, D + left - 1)
+    held = live + rows * (D - 1) + outside
     try:
         while True:
             # ---- start (Replica.start, or mixed_step, for a plain plan) ----
@@ -94,7 +98,23 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
             fi += 1
             busy += ks
             t_end = now + secs
-            if t_end >= bound or (not quiet and finish_at <= D + 1):
+            if t_end >= bound:
+                return now, _started(rep.step, plan, secs, n)
+            if D < calm:  # a plain step: the finish below, in short
+                if rows:
+                    add_gap(t_end - last)
+                    add_weight(rows)
+                D, last, held = D + 1, t_end, held + rows
+                add_start(now)
+                add_end(t_end)
+                add_kind(decode)
+                add_seqs(n)
+                add_tokens(n)
+                add_used(num_blocks - kv.free_blocks)
+                add_held(held)
+                now = t_end
+                continue
+            if not quiet and finish_at <= D + 1:
                 return now, _started(rep.step, plan, secs, n)
             # ---- finish (Replica.finish: RunningBatch.advance, release, the log's row) ----
             if finish_at <= D + 1 or batch.fresh:
@@ -108,7 +128,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 if rows:
                     add_gap(t_end - last)
                     add_weight(rows)
-            D, left, last = D + 1, left - 1, t_end
+            D, last = D + 1, t_end
             add_start(now)
             add_end(t_end)
             add_kind(decode)
@@ -119,8 +139,10 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 level = _level(jitter, n)
                 fresh_at = D  # another shape: another price
             add_used(num_blocks - kv.free_blocks)
-            add_held(live + rows * (D - 1) + outside)
+            held = live + rows * (D - 1) + outside
+            add_held(held)
             now = t_end
+            left = log.limit - len(log.t_end)
             if left <= 0:
                 log.flush()
                 left = log.limit - len(log.t_end)
@@ -129,6 +151,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 rep.end_of_step()
             if done and (repeats != THROUGH_FINISH or not len(members)):
                 return now, None
+            calm = -1 if holds else min(finish_at - 1, D + left - 1)
     finally:  # what the loop kept in locals
         rec.kernel_busy_s, batch.D, batch.last_decode_end = busy, D, last
         if reused:
