@@ -71,10 +71,22 @@ from sim.costmodel.runtime import RuntimeSpec
 def _quantize(ctx: int, rel_bits: int) -> int:
     """Round a context length to ~2^-rel_bits relative precision (at least 16 tokens):
     decode attention is memoised on these, so a step's lookup is a dict hit."""
-    shift = ctx.bit_length() - rel_bits
+    return _quantize_run(ctx, rel_bits)[0]
+
+
+def _quantize_run(ctx: int, rel_bits: int) -> tuple[int, int]:
+    """`_quantize(ctx, rel_bits)`, and how many lengths from `ctx` on (ctx, ctx + 1, ...)
+    round to it at least: up to the next rounding boundary, or the next power of two where
+    the step `q` grows (where it may not change the value: a lower bound)."""
+    bits = ctx.bit_length()
+    shift = bits - rel_bits
     q = 1 << shift if shift > 4 else 16
-    r = (ctx + (q >> 1)) // q * q
-    return r if r > q else q
+    half = q >> 1
+    r = (ctx + half) // q * q
+    run = r + q - half - ctx  # (ctx + half) reaches the next multiple of q
+    if shift >= 4 and (1 << bits) - ctx < run:  # at 2^bits the shift passes 4: q doubles
+        run = (1 << bits) - ctx
+    return (r if r > q else q), run
 
 
 def _at_least(tag: str, floor: str) -> str:
@@ -418,33 +430,33 @@ class StepLatency(RankPricing):
     def decode(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
         """A step decoding one token for each of `n` sequences attending over `sum_ctx`
         tokens in all (`max_ctx` the longest)."""
-        # the hot path, one dict hit per step when warm: `_ctx_keys` and `_step` inlined
-        c = sum_ctx // n
-        shift = c.bit_length() - 7
-        q = 1 << shift if shift > 4 else 16
-        ctx_q = (c + (q >> 1)) // q * q
-        if ctx_q <= q:
-            ctx_q = q
+        return self.decode_span(n, sum_ctx, max_ctx)[0]
+
+    def decode_span(self, n: int, sum_ctx: int,
+                    max_ctx: int = 0) -> tuple[float, float, list, int]:
+        """`decode`, and what the steps after it may reuse: (seconds, kernel seconds, the
+        memo entry, steps), where the `steps` steps from this one on, each a token longer
+        per row (`sum_ctx` + n·i, `max_ctx` + i), have this step's key, so its price (this
+        lookup counts one use of the entry; a caller reusing the price for the steps after
+        it adds their uses to the entry's count, `entry[2]`, itself)."""
+        ctx_q, steps = _quantize_run(sum_ctx // n, 7)  # sum_ctx // n: one more each step
         if n == 1:
             max_q = ctx_q
         else:
-            shift = max_ctx.bit_length() - 5
-            q = 1 << shift if shift > 4 else 16
-            max_q = (max_ctx + (q >> 1)) // q * q
-            if max_q <= q:
-                max_q = q
-            if max_q < ctx_q:
-                max_q = ctx_q
-            elif max_q > ctx_q * n:
-                max_q = ctx_q * n
+            max_q, more = _quantize_run(max_ctx, 5)
+            max_q = min(max(max_q, ctx_q), ctx_q * n)
+            if more < steps:
+                steps = more
         key = ("decode", n, ctx_q, max_q)
         e = self._memo.get(key)
         if e is not None:
             e[2] += 1
             self.kernel_s = e[4]
-            return e[3]
-        return self._step(key, lambda: self._dense_parts(n) + self._lm_parts(n)
-                          + self._decode_attn_parts(n, ctx_q, max_q), n)
+            return e[3], e[4], e, steps
+        self._step(key, lambda: self._dense_parts(n) + self._lm_parts(n)
+                   + self._decode_attn_parts(n, ctx_q, max_q), n)
+        e = self._memo[key]
+        return e[3], e[4], e, steps
 
     def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]],
               seen: set | None = None) -> float:

@@ -26,6 +26,7 @@ values, as one step at a time (`tests/test_leap.py`, `tests/test_decoderun.py`).
 from __future__ import annotations
 
 from sim.costmodel.jitter import BLOCK, FactorStream, JitteredLatency
+from sim.costmodel.latency import StepLatency
 from sim.engine.replica import Replica, Step
 from sim.policies.plan import THROUGH_FINISH, StepKind, StepPlan
 
@@ -43,19 +44,20 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     did not finish (ends at or after `bound`, or finishes a request to tell of when not
     `quiet`), or None where the policy must plan the next step. (One function on purpose:
     the hot loop of a run, its per-step calls inlined.)"""
-    st, rec, kva, lat, kernels = rep.st, rep.rec, rep.kv, rep.lat, rep.kernels
+    st, rec, kva, lat = rep.st, rep.rec, rep.kv, rep.lat
     batch, kv, prefix, log = st.batch, st.kv, kva.prefix, rec.log
     members, heap, phase, bs = batch.members, batch.finish_heap, batch.phase, batch.bs
     paged, holds, mixed = batch.paged, rep.holds_batch, plan.kind is not _DECODE
-    seen, num_blocks = rep.prefill_shapes, kv.num_blocks
+    num_blocks = kv.num_blocks
     add_start, add_end, add_kind, add_seqs, add_tokens, add_used, add_held, add_gap, add_weight = (
         log.t_start.append, log.t_end.append, log.kind.append, log.num_seqs.append,
         log.num_tokens.append, log.kv_blocks_used.append, log.kv_tokens.append,
         rec.gaps.append, rec.weights.append)
-    # a jittered decode step: the model's seconds * the stream's next factor * the batch
-    # size's level (JitteredLatency.decode, inlined); without jitter factors of exactly 1
-    jitter = lat if type(lat) is JitteredLatency and not mixed else None
-    price = jitter.base.decode if jitter is not None else lat.decode
+    # a jittered step: the model's seconds * the stream's next factor * the batch size's
+    # level (JitteredLatency.decode, inlined; .mixed multiplies by the factor * the level);
+    # without jitter factors of exactly 1
+    span, draws, spread = _pricing(rep, mixed)
+    jitter = lat if draws else None
     stream = jitter.decode_f if jitter is not None else None
     factors, fi = (stream.block, stream.i) if stream is not None else (_ONES, 0)
     left = log.limit - len(log.t_end)  # rows before the log spills (StepLog.add)
@@ -64,6 +66,13 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     level = _level(jitter, n)
     finish_at = heap[0][0] if heap else _NEVER  # the decode count of the next finish (or stale)
     busy, last, decode = rec.kernel_busy_s, batch.last_decode_end, _DECODE
+    # the price of a step holds until step `fresh_at` (StepLatency.decode_span): its other
+    # `reused` steps' uses are added to its memo entry's count once
+    fresh_at, entry, reused, base, ks = D, None, 0, 0.0, 0.0
+    # steps before `calm` are plain: they finish no one, spill no rows and (static
+    # batching aside) nothing follows them; their rows' tokens held go up by `rows` a step
+    calm = -1 if holds or batch.fresh else min(finish_at - 1, D + left - 1)
+    held = live + rows * (D - 1) + outside
     try:
         while True:
             # ---- start (Replica.start, or mixed_step, for a plain plan) ----
@@ -77,12 +86,35 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                     kva.take(need)
             if fi == len(factors):
                 factors, fi = _refill(stream, fi)
-            secs = (lat.mixed(n, s0 + n * D, D + longest, _NO_CHUNKS, seen) if mixed
-                    else price(n, s0 + n * D, D + longest)) * factors[fi] * level
+            if D >= fresh_at:
+                if reused:
+                    entry[2] += reused
+                    reused = 0
+                base, ks, entry, steps = span(n, s0 + n * D, D + longest)
+                fresh_at = D + steps
+            else:
+                reused += 1
+            secs = base * (factors[fi] * level) if spread else base * factors[fi] * level
             fi += 1
-            busy += kernels.kernel_s
+            busy += ks
             t_end = now + secs
-            if t_end >= bound or (not quiet and finish_at <= D + 1):
+            if t_end >= bound:
+                return now, _started(rep.step, plan, secs, n)
+            if D < calm:  # a plain step: the finish below, in short
+                if rows:
+                    add_gap(t_end - last)
+                    add_weight(rows)
+                D, last, held = D + 1, t_end, held + rows
+                add_start(now)
+                add_end(t_end)
+                add_kind(decode)
+                add_seqs(n)
+                add_tokens(n)
+                add_used(num_blocks - kv.free_blocks)
+                add_held(held)
+                now = t_end
+                continue
+            if not quiet and finish_at <= D + 1:
                 return now, _started(rep.step, plan, secs, n)
             # ---- finish (Replica.finish: RunningBatch.advance, release, the log's row) ----
             if finish_at <= D + 1 or batch.fresh:
@@ -96,7 +128,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 if rows:
                     add_gap(t_end - last)
                     add_weight(rows)
-            D, left, last = D + 1, left - 1, t_end
+            D, last = D + 1, t_end
             add_start(now)
             add_end(t_end)
             add_kind(decode)
@@ -105,9 +137,12 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
             if done:
                 n, s0, live, rows, longest, outside = _shape(rep, D)
                 level = _level(jitter, n)
+                fresh_at = D  # another shape: another price
             add_used(num_blocks - kv.free_blocks)
-            add_held(live + rows * (D - 1) + outside)
+            held = live + rows * (D - 1) + outside
+            add_held(held)
             now = t_end
+            left = log.limit - len(log.t_end)
             if left <= 0:
                 log.flush()
                 left = log.limit - len(log.t_end)
@@ -116,10 +151,39 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 rep.end_of_step()
             if done and (repeats != THROUGH_FINISH or not len(members)):
                 return now, None
+            calm = -1 if holds else min(finish_at - 1, D + left - 1)
     finally:  # what the loop kept in locals
         rec.kernel_busy_s, batch.D, batch.last_decode_end = busy, D, last
+        if reused:
+            entry[2] += reused
         if stream is not None:
             stream.i = fi
+
+
+def _pricing(rep: Replica, mixed: bool):
+    """How a run prices its steps: (`span`, whether the run draws the jitter factors,
+    whether a factor multiplies the level first). `span(n, sum_ctx, max_ctx)` gives
+    (seconds before the run's jitter, kernel seconds, memo entry, steps the price holds
+    for): StepLatency.decode_span. A jittered plan multiplies it by the stream's next
+    factor and the batch size's level (JitteredLatency.decode, a mixed plan's
+    JitteredLatency.mixed: the factor times the level). A step model of its own decode
+    (a pipelined replica's) prices each step by its own call, as Replica.start does, a
+    mixed plan with its jitter inside."""
+    lat, kernels = rep.lat, rep.kernels
+    jittered = type(lat) is JitteredLatency
+    model = lat.base if jittered else lat
+    if type(model).decode is StepLatency.decode:  # (not a subclass's own)
+        return model.decode_span, jittered, mixed and jittered
+    if mixed:
+        def span(n: int, sum_ctx: int, max_ctx: int) -> tuple[float, float, None, int]:
+            return (lat.mixed(n, sum_ctx, max_ctx, _NO_CHUNKS, rep.prefill_shapes),
+                    kernels.kernel_s, None, 1)
+        return span, False, False
+    price = model.decode
+
+    def one(n: int, sum_ctx: int, max_ctx: int) -> tuple[float, float, None, int]:
+        return price(n, sum_ctx, max_ctx), kernels.kernel_s, None, 1
+    return one, jittered, False
 
 
 def _shape(rep: Replica, D: int) -> tuple[int, int, int, int, int, int]:
