@@ -28,11 +28,18 @@ class MixWeights:
     batches: list[int]
     weights: list[float]
     logs: list[float] = field(init=False, repr=False, compare=False)  # log of each batch
+    _at: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "logs", [math.log(x) for x in self.batches])
 
     def at(self, batch: int) -> float:
+        w = self._at.get(batch)  # each batch size's weight computed once
+        if w is None:
+            w = self._at[batch] = self._weight(batch)
+        return w
+
+    def _weight(self, batch: int) -> float:
         batches, weights = self.batches, self.weights
         b = min(max(batch, batches[0]), batches[-1])
         i, w = bracket(batches, self.logs, b)
