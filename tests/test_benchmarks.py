@@ -29,6 +29,7 @@ SMOKE = {
     "speed/sweep_speed.py": ["--configs", "4", "--requests", "20", "--no-ray"],
     "speed/host_memory.py": ["--smoke"],
     "speed/moe_speed.py": ["--requests", "40", "--repeat", "1"],
+    "speed/cold_pricing.py": ["--repeat", "1", "--scenario", str(ROOT / "scenarios" / "quickstart.yaml")],
     "readme/readme_results.py": ["--only", "memory-refusal,warm-grid-fit"],
     "fidelity/published_check.py": [],
     "fidelity/accuracy.py": ["--folds", "2"],
@@ -94,6 +95,14 @@ def test_run_speed_times_the_run_and_its_phases(tmp_path):
                          r".*s CPU \(median of 1", out, re.M), out
     assert "phases (CPU s): python start" in out and f"({n:,} requests" in out, out
     assert re.search(r"iterations, [\d,]+ iterations/s\)", out), out
+
+
+def test_cold_pricing_counts_the_shapes_a_first_run_prices(tmp_path):
+    out = ok("speed/cold_pricing.py", tmp_path)
+    m = re.search(r"^quickstart\.yaml: ([\d,]+) shapes priced by a first run \(([\d,]+) decode.*"
+                  r"CPU \d+ ms cold, \d+ ms warm \(median of 1\): -?[\d.]+ µs per shape$", out, re.M)
+    assert m, out
+    assert int(m[1].replace(",", "")) > int(m[2].replace(",", "")) > 0
 
 
 def test_fleet_speed_runs_the_fleet_and_writes_its_tables(tmp_path):

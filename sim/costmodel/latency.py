@@ -367,19 +367,38 @@ class StepLatency(RankPricing):
         seen.update(chunks)
         return len(seen) - before
 
-    def _step(self, key: tuple, parts, seqs: int) -> float:
+    def _step(self, key: tuple, rows: int, attn, seqs: int) -> float:
         """Seconds of a whole decode-like step of `seqs` sequences, memoised by `key` (one
-        dict hit when warm)."""
+        dict hit when warm): the dense ops and the LM head on `rows` rows, then the parts
+        `attn()` returns."""
         e = self._memo.get(key)
         if e is not None:
             e[2] += 1
             self.kernel_s = e[4]
             return e[3]
-        gpu = self._piece(key, parts)
-        e = self._memo[key]
-        e.append(self._combine(gpu, decode_seqs=seqs, decode=True))
+        ms, br = self._head(rows)
+        br = br[:]
+        for t, tag in attn():  # the sums _piece makes of all the parts, from the head's on
+            ms += t
+            br[_TAG_INDEX[tag]] += t
+        e = self._memo[key] = [ms, br, 1]
+        e.append(self._combine(ms, decode_seqs=seqs, decode=True))
         e.append(self.kernel_s)
         return e[3]
+
+    def _head(self, rows: int) -> tuple[float, list[float]]:
+        """The running sums (ms, breakdown per tag) of a step's dense and LM-head parts on
+        `rows` rows, in `_piece`'s order: shared by every step of that many rows, whatever
+        its attention (a first step's pricing adds attention's few parts to them)."""
+        head = self._parts.get(("head", rows))
+        if head is None:
+            ms = 0.0
+            br = [0.0] * len(TAGS)
+            for t, tag in self._dense_parts(rows) + self._lm_parts(rows):
+                ms += t
+                br[_TAG_INDEX[tag]] += t
+            head = self._parts[("head", rows)] = (ms, br)
+        return head
 
     def prefill(self, chunks: list[tuple[int, int]], seen: set | None = None) -> float:
         """A step prefilling `chunks` of (new tokens, tokens already cached) per sequence;
@@ -453,8 +472,7 @@ class StepLatency(RankPricing):
             e[2] += 1
             self.kernel_s = e[4]
             return e[3], e[4], e, steps
-        self._step(key, lambda: self._dense_parts(n) + self._lm_parts(n)
-                   + self._decode_attn_parts(n, ctx_q, max_q), n)
+        self._step(key, n, lambda: self._decode_attn_parts(n, ctx_q, max_q), n)
         e = self._memo[key]
         return e[3], e[4], e, steps
 
@@ -487,9 +505,9 @@ class StepLatency(RankPricing):
             return self.verify(rows)
         ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
 
-        def compute():
+        def attn():
             r = self._rank(n)
-            attn = []
+            parts = []
             for window, calls in self.attn_windows:  # a sliding layer reads its window
                 c, mx = (min(ctx_q, window), min(max_q, window)) if window else (ctx_q, max_q)
                 c, mx = self._kv_ctx(c), self._kv_ctx(mx)
@@ -497,10 +515,10 @@ class StepLatency(RankPricing):
                 ms, tag = self.p.decode_attn(self.decode_impl, r * q, c * r * q, self.d_heads,
                                              self.d_kv_heads, self.d_head_dim,
                                              max_ctx=mx if mx > c else None)
-                attn.append((calls * ms, self._kv_tag(tag)))
-            return self._dense_parts(n * q) + self._lm_parts(n * q) + attn
+                parts.append((calls * ms, self._kv_tag(tag)))
+            return parts
 
-        return self._step(("verify", n, q, ctx_q, max_q), compute, n)
+        return self._step(("verify", n, q, ctx_q, max_q), n * q, attn, n)
 
     def gpu_ms(self, kind: str, n: int, new_tokens: int, ctx: int) -> float:
         """Kernel-only time of a uniform step (for error tables against measured grids)."""

@@ -14,7 +14,7 @@ within 9.2 % (paged, mean 4.9 %) and 2.8 % (paged_gather, mean 1.2 %).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import median
 
 from sim.io.tables import Grid, bracket
@@ -27,11 +27,22 @@ class MixWeights:
 
     batches: list[int]
     weights: list[float]
+    logs: list[float] = field(init=False, repr=False, compare=False)  # log of each batch
+    _at: dict[int, float] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "logs", [math.log(x) for x in self.batches])
 
     def at(self, batch: int) -> float:
+        w = self._at.get(batch)  # each batch size's weight computed once
+        if w is None:
+            w = self._at[batch] = self._weight(batch)
+        return w
+
+    def _weight(self, batch: int) -> float:
         batches, weights = self.batches, self.weights
         b = min(max(batch, batches[0]), batches[-1])
-        i, w = bracket(batches, [math.log(x) for x in batches], b)
+        i, w = bracket(batches, self.logs, b)
         return weights[i] + w * (weights[i + 1] - weights[i]) if len(batches) > 1 else weights[0]
 
 

@@ -97,7 +97,7 @@ def _memoised(method: Callable) -> Callable:
 
     @functools.wraps(method)
     def lookup(self: GPUProfile, *args, **kw) -> tuple[float, str]:
-        key = (name, *args, *kw.items())
+        key = (name, *args, *kw.items()) if kw else (name, *args)
         hit = self._memo.get(key)
         if hit is None:
             if len(self._memo) >= _MEMO_MAX:
@@ -296,6 +296,9 @@ class GPUProfile:
             ms, tag = self.decode_attn("contiguous", batch, sum_ctx * g, hq, hkv, d,
                                        None if max_ctx is None else max_ctx * g)
             return ms, (_derived(tag) if g > 1 else tag)
+        if max_ctx is not None and max_ctx * batch != sum_ctx:  # the mean's time, memoised
+            lo = self.decode_attn(impl, batch, sum_ctx, hq, hkv, d)
+            return self._towards_longest(lo, impl, batch, max_ctx, hq, hkv, d)
         cfg = (impl, hq, hkv, d)
         lo = (_other_head_dim(self._dec, cfg, batch, sum_ctx / batch,
                               lambda c: d / c[3])  # equal KV bytes: ctx · d
@@ -305,10 +308,20 @@ class GPUProfile:
             return self.decode_model(impl, batch, sum_ctx, hq, hkv, d), ANALYTIC
         if cfg in self._derived or nearest(tuple(self._dec), cfg) in self._derived:
             lo = lo[0], _derived(lo[1])
+        return lo
+
+    def _towards_longest(self, lo: tuple[float, str], impl: str, batch: int, max_ctx: int,
+                         hq: int, hkv: int, d: int) -> tuple[float, str]:
+        """`decode_attn` of a batch whose mean context's time is `lo`, the longest `max_ctx`
+        (above the mean): `lo` moved towards the time at max_ctx by the fitted weight.
+        (`lo` may carry the derived-table tag already: the call's tag gets it anyway.)"""
+        if lo[1] == ANALYTIC:  # no decode table of this impl: the roofline alone
+            return lo
+        cfg = (impl, hq, hkv, d)
         # a derived `paged` kernel mixes lengths as the measured split-K paged kernel does
         mix_cfg = ("paged_reference", *cfg[1:]) if impl == "paged" else cfg
         near = mix_cfg if mix_cfg in self._mix else nearest(tuple(self._mix), mix_cfg)
-        if max_ctx is None or max_ctx * batch == sum_ctx or near is None:
+        if near is None:
             return lo
         hi = self.decode_attn(impl, batch, max_ctx * batch, hq, hkv, d)
         own = INTERPOLATED if near == cfg else DERIVED if near == mix_cfg else EXTRAPOLATED

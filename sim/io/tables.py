@@ -126,19 +126,46 @@ class Grid:
 
     def lookup(self, x: float, y: float) -> tuple[float, str]:
         xs, ys = self.xs, self.ys
-        xc, yc = min(max(x, xs[0]), xs[-1]), min(max(y, ys[0]), ys[-1])
+        xc = xs[0] if x < xs[0] else xs[-1] if x > xs[-1] else x  # clamped into the grid
+        if len(ys) == 1 and y == ys[0]:  # a table of one axis (GEMMs, elementwise)
+            return self._lookup_x(x, xc, y)
+        yc = ys[0] if y < ys[0] else ys[-1] if y > ys[-1] else y
         (i, wx), (j, wy) = bracket(xs, self.lx, xc), bracket(ys, self.ly, yc)
         logv, corners, measured, last = 0.0, 0, True, 0.0
+        # the corners (i, j), (i, j+1), (i+1, j), (i+1, j+1) of positive weight, in order
         for di, a in ((0, 1 - wx), (1, wx)):
-            for dj, b in ((0, 1 - wy), (1, wy)):
-                if a * b > 0:
-                    logv += a * b * self.logv[i + di][j + dj]
-                    measured &= self.measured[i + di][j + dj]
-                    corners, last = corners + 1, self.v[i + di][j + dj]
+            if a:  # a zero weight: neither corner of that row counts
+                lv, known, v = self.logv[i + di], self.measured[i + di], self.v[i + di]
+                for dj, b in ((0, 1 - wy), (1, wy)):
+                    if a * b > 0:
+                        logv += a * b * lv[j + dj]
+                        measured &= known[j + dj]
+                        corners, last = corners + 1, v[j + dj]
         tag = (EXACT if corners == 1 else INTERPOLATED) if measured else EXTRAPOLATED
         t = last if corners == 1 else math.exp(logv)  # a grid value exactly
         if (xc, yc) != (x, y):
             ratio = self.cost(x, y) / self.cost(xc, yc)
+            t, tag = t * (max(1.0, ratio) if self.floor_below else ratio), EXTRAPOLATED
+        return t, tag
+
+    def _lookup_x(self, x: float, xc: float, y: float) -> tuple[float, str]:
+        """`lookup` on a grid of one y, at that y (its weight 1, the other corners' 0):
+        the same operations on the two corners along x."""
+        i, wx = bracket(self.xs, self.lx, xc)
+        logv, corners, measured, last = 0.0, 0, True, 0.0
+        a = 1 - wx
+        if a > 0:
+            logv += a * self.logv[i][0]
+            measured &= self.measured[i][0]
+            corners, last = 1, self.v[i][0]
+        if wx > 0:
+            logv += wx * self.logv[i + 1][0]
+            measured &= self.measured[i + 1][0]
+            corners, last = corners + 1, self.v[i + 1][0]
+        tag = (EXACT if corners == 1 else INTERPOLATED) if measured else EXTRAPOLATED
+        t = last if corners == 1 else math.exp(logv)  # a grid value exactly
+        if xc != x:
+            ratio = self.cost(x, y) / self.cost(xc, y)
             t, tag = t * (max(1.0, ratio) if self.floor_below else ratio), EXTRAPOLATED
         return t, tag
 
