@@ -38,6 +38,7 @@ from sim.engine.handoff import (
 from sim.engine.recorder import pooled_gaps
 from sim.engine.replica import Replica, ReplicaResult, RunResult
 from sim.engine.results import Event
+from sim.engine.watch import run_watched
 from sim.policies.autoscale import FleetMetrics
 from sim.policies.batch import Seq
 from sim.policies.plan import StepKind
@@ -447,15 +448,19 @@ def prefix_views(workload: Workload, replicas: list[Replica]) -> None:
         r.port.prefix_view = views[cache.hash_tokens]
 
 
-def run_clock(env: Clock) -> None:
-    """Run the simulation to its end. The run makes no cyclic garbage (SimPy drops a
+def run_clock(env: Clock, seqs: list[Seq] | None = None, watch=None) -> str | None:
+    """Run the simulation to its end, or until `watch` stops it (why: sim/engine/watch.py).
+    The run makes no cyclic garbage (SimPy drops a
     processed event's callbacks; a run of the Azure hour leaves 14 unreachable objects), so
     the cyclic collector would only re-walk the live requests again and again: off while
     the clock runs, as it was after."""
     collecting = gc.isenabled()
     gc.disable()
     try:
+        if watch is not None:
+            return run_watched(env, seqs, watch)
         env.run()
+        return None
     finally:
         if collecting:
             gc.enable()
@@ -484,7 +489,7 @@ def start_replicas(env: Clock, fleet: Fleet, progress, leap: bool) -> None:
 def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode_router=None,
              link: Link | None = None, staleness_s: float = 0.0, progress=None,
              lifecycle: Lifecycle | None = None, scaler=None,
-             leap: bool | None = None) -> RunResult:
+             leap: bool | None = None, watch=None) -> RunResult:
     """Replay `workload` through the replicas; every request ends finished or rejected.
     With `lifecycle` and `scaler` (a sim/policies/autoscale.py policy) replicas come and go.
     `leap` (default: `leaping()`, the LLMSIM_LEAP environment variable): replicas finish
@@ -519,7 +524,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     start_replicas(env, fleet, progress, leaping() if leap is None else leap)
     for node in fleet.back:
         env.process(kv_link(env, fleet, node))
-    run_clock(env)
+    stopped = run_clock(env, seqs, watch)
     warmup, marks = None, [0] * len(replicas)
     if loop is not None:  # requests never sent (the window closed) leave no row
         sent = sorted(loop.sent)
@@ -527,7 +532,8 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         marks = loop.gap_marks or marks
         for r, k in zip(replicas, loop.kernel_marks or [0.0] * len(replicas), strict=True):
             r.rec.kernel_busy_s -= k  # the measured window's (the step under way at its start in)
-    check_accounted(replicas, len(seqs))
+    if stopped is None:
+        check_accounted(replicas, len(seqs))
     streamed(seqs, fleet.nodes)
     gaps, weights = pooled_gaps([r.rec for r in replicas], marks)
     results = [ReplicaResult.of(r) for r in replicas]
