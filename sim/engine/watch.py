@@ -10,12 +10,16 @@ none after it: a finished request's times are final, an unfinished one finishes,
 without its first token gets it, at `now` or later. The last check comes at least
 `every_s` before the last arrival, so a check is never the run's last event and a run
 that is never stopped ends at the same time, in the same state, as without a watch.
+
+(An autoscaled run has its own watch, called at its scrapes, which ends the run with
+nothing to show: `sim/engine/autoscale.py` SCRAPE_WATCH, for a day plan's screen. This
+one, for any run simulated whole, keeps what was simulated up to the stop.)
 """
 
 from __future__ import annotations
 
 
-def watching(env, seqs: list, watch):
+def checks(env, seqs: list, watch):
     """The watcher's process: its value is why it stopped the run, or None once no other
     request is left to arrive after the next check (the run then goes on unwatched)."""
     last = max((s.arrival for s in seqs), default=0.0)
@@ -31,7 +35,7 @@ def watching(env, seqs: list, watch):
 
 def run_watched(env, seqs: list, watch) -> str | None:
     """Run the clock until `watch` stops it (its reason) or to the end (None)."""
-    why = env.run(until=env.process(watching(env, seqs, watch)))
+    why = env.run(until=env.process(checks(env, seqs, watch)))
     if why is None:
         env.run()
     return why
