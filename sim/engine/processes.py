@@ -489,7 +489,7 @@ def start_replicas(env: Clock, fleet: Fleet, progress, leap: bool) -> None:
 def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode_router=None,
              link: Link | None = None, staleness_s: float = 0.0, progress=None,
              lifecycle: Lifecycle | None = None, scaler=None,
-             leap: bool | None = None, watch=None) -> RunResult:
+             leap: bool | None = None, watcher=None) -> RunResult:
     """Replay `workload` through the replicas; every request ends finished or rejected.
     With `lifecycle` and `scaler` (a sim/policies/autoscale.py policy) replicas come and go.
     `leap` (default: `leaping()`, the LLMSIM_LEAP environment variable): replicas finish
@@ -524,7 +524,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     start_replicas(env, fleet, progress, leaping() if leap is None else leap)
     for node in fleet.back:
         env.process(kv_link(env, fleet, node))
-    stopped = run_clock(env, seqs, watch)
+    stopped = run_clock(env, seqs, watcher)
     warmup, marks = None, [0] * len(replicas)
     if loop is not None:  # requests never sent (the window closed) leave no row
         sent = sorted(loop.sent)

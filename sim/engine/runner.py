@@ -150,7 +150,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
                    link=fleet.link, staleness_s=fleet.staleness_s,
                    progress=bar.update_to if bar else None,
                    lifecycle=scaling[0] if scaling else None,
-                   scaler=scaling[1] if scaling else None, watch=watch)
+                   scaler=scaling[1] if scaling else None, watcher=watch)
     t_sim = time.perf_counter() - t_sim
     if bar:
         bar.close()
