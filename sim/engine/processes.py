@@ -493,7 +493,9 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     """Replay `workload` through the replicas; every request ends finished or rejected.
     With `lifecycle` and `scaler` (a sim/policies/autoscale.py policy) replicas come and go.
     `leap` (default: `leaping()`, the LLMSIM_LEAP environment variable): replicas finish
-    steps no one else can see without a SimPy event each (`replica`); the same results."""
+    steps no one else can see without a SimPy event each (`replica`); the same results.
+    `watcher`: stop once it says so (sim/engine/watch.py); requests then left unfinished
+    keep their state (waiting, running, ...) and are not checked for."""
     max_len = min(r.st.max_model_len for r in replicas)
     seqs = make_seqs(workload, max_len)
     prefix_views(workload, replicas)
