@@ -28,7 +28,8 @@ from sim.planning.planspec import load_plan  # noqa: E402
 
 
 def variant(spec, reuse: bool):
-    out = dataclasses.replace(spec, search=dataclasses.replace(spec.search, lazy_seeds=reuse))
+    out = dataclasses.replace(spec, search=dataclasses.replace(spec.search, lazy_seeds=reuse,
+                                                                   stop_early=reuse))
     if spec.day is not None:
         out = dataclasses.replace(out, day=dataclasses.replace(spec.day, screen=reuse))
     object.__setattr__(out, "file", spec.file)

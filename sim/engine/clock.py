@@ -7,6 +7,8 @@ import gc
 
 import simpy
 
+from sim.engine.watch import run_watched
+
 
 class Clock(simpy.Environment):
     """SimPy's environment, able to schedule a timeout at an exact time: a leap's end is
@@ -23,15 +25,19 @@ class Clock(simpy.Environment):
             self._now = now
 
 
-def run_clock(env: Clock) -> None:
-    """Run the simulation to its end. The run makes no cyclic garbage (SimPy drops a
-    processed event's callbacks; a run of the Azure hour leaves 14 unreachable objects), so
-    the cyclic collector would only re-walk the live requests again and again: off while
-    the clock runs, as it was after."""
+def run_clock(env: Clock, seqs: list | None = None, watch=None) -> str | None:
+    """Run the simulation to its end, or until `watch` stops it (then why, a line:
+    sim/engine/watch.py, which looks at the requests `seqs`). The run makes no cyclic
+    garbage (SimPy drops a processed event's callbacks; a run of the Azure hour leaves 14
+    unreachable objects), so the cyclic collector would only re-walk the live requests
+    again and again: off while the clock runs, as it was after."""
     collecting = gc.isenabled()
     gc.disable()
     try:
+        if watch is not None:
+            return run_watched(env, seqs, watch)
         env.run()
+        return None
     finally:
         if collecting:
             gc.enable()

@@ -460,11 +460,13 @@ def start_replicas(env: Clock, fleet: Fleet, progress, leap: bool, feed: Feed | 
 def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode_router=None,
              link: Link | None = None, staleness_s: float = 0.0, progress=None,
              lifecycle: Lifecycle | None = None, scaler=None,
-             leap: bool | None = None) -> RunResult:
+             leap: bool | None = None, watcher=None) -> RunResult:
     """Replay `workload` through the replicas; every request ends finished or rejected.
     With `lifecycle` and `scaler` (a sim/policies/autoscale.py policy) replicas come and go.
     `leap` (default: `leaping()`, the LLMSIM_LEAP environment variable): replicas finish
-    steps no one else can see without a SimPy event each (`replica`); the same results."""
+    steps no one else can see without a SimPy event each (`replica`); the same results.
+    `watcher`: stop once it says so (sim/engine/watch.py); requests then left unfinished
+    keep their state (waiting, running, ...) and are not checked for."""
     max_len = min(r.st.max_model_len for r in replicas)
     seqs = make_seqs(workload, max_len)
     prefix_views(workload, replicas)
@@ -491,15 +493,17 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         for user in range(workload.clients.concurrency):
             env.process(client(env, loop, seqs, user))
     leap = leaping() if leap is None else leap
-    feed = None
-    if loop is None and lifecycle is None and feedable(fleet, fleet.nodes[0], leap):
+    feed = None  # (a watched run keeps the arrivals process: a fed replica runs ahead of
+    # the clock between its idle spells, so a watcher would see it later than its checks)
+    if (loop is None and lifecycle is None and watcher is None
+            and feedable(fleet, fleet.nodes[0], leap)):
         feed = Feed.of(fleet, seqs, workload.arrival_s)  # taken at its step ends
     elif loop is None:
         env.process(arrivals(env, fleet, seqs))
     start_replicas(env, fleet, progress, leap, feed)
     for node in fleet.back:
         env.process(kv_link(env, fleet, node))
-    run_clock(env)
+    stopped = run_clock(env, seqs, watcher)
     warmup, marks = None, [0] * len(replicas)
     if loop is not None:  # requests never sent (the window closed) leave no row
         sent = sorted(loop.sent)
@@ -507,7 +511,8 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         marks = loop.gap_marks or marks
         for r, k in zip(replicas, loop.kernel_marks or [0.0] * len(replicas), strict=True):
             r.rec.kernel_busy_s -= k  # the measured window's (the step under way at its start in)
-    check_accounted(replicas, len(seqs))
+    if stopped is None:
+        check_accounted(replicas, len(seqs))
     streamed(seqs, fleet.nodes)
     gaps, weights = pooled_gaps([r.rec for r in replicas], marks)
     results = [ReplicaResult.of(r) for r in replicas]

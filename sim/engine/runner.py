@@ -118,7 +118,7 @@ class RunOutput:
 
 def run(scenario: Scenario | str | Path, overrides: dict | None = None,
         progress: bool = False, workers: int | str = 1, executor: str = "process",
-        split: bool = True, step_cache: Path | None = None) -> RunOutput:
+        split: bool = True, step_cache: Path | None = None, watch=None) -> RunOutput:
     """Simulate a scenario (object or YAML path) and return its tables and summary.
     A fleet behind a router that needs no feedback (round robin, random) is simulated
     replica by replica (`split`, the default; False: the whole fleet in one engine), each
@@ -128,7 +128,9 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
     sim/engine/splitrule.py `auto_workers`). Any other run is simulated whole, in one process (with `workers` > 1 saying
     why: sim/engine/parallel.py). `step_cache`: a folder of step times remembered between
     runs (sim/costmodel/stepcache.py; `llmsim run` passes its default); the same results,
-    faster when warm."""
+    faster when warm. `watch`: a run simulated whole stops once it says so
+    (sim/engine/watch.py; the watch keeps why), its unfinished requests left in their
+    state; a run split by replica never stops early."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario, overrides)
     t0 = time.perf_counter()
     configs, wl, rng = prepare(sc)
@@ -154,7 +156,7 @@ def run(scenario: Scenario | str | Path, overrides: dict | None = None,
                    link=fleet.link, staleness_s=fleet.staleness_s,
                    progress=bar.update_to if bar else None,
                    lifecycle=scaling[0] if scaling else None,
-                   scaler=scaling[1] if scaling else None)
+                   scaler=scaling[1] if scaling else None, watcher=watch)
     t_sim = time.perf_counter() - t_sim
     if bar:
         bar.close()

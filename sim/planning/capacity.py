@@ -71,7 +71,11 @@ def steady_throughput(req: pd.DataFrame) -> dict[str, float]:
 
 
 def violations(summary: dict, slo: SLO) -> list[str]:
-    """What a run's summary breaks, in words ('p99 TTFT 2.31 s > 2 s'); empty if none."""
+    """What a run's summary breaks, in words ('p99 TTFT 2.31 s > 2 s'); empty if none.
+    A run stopped once its failure was certain (sim/planning/probestop.py) says what was
+    certain and when it stopped: its figures are the finished requests' so far."""
+    if summary.get("stopped"):
+        return [stopped_words(summary["stopped"])]
     out = []
     for key, bound, label in (("ttft_s", slo.ttft_p99_s, "TTFT"), ("tpot_s", slo.tpot_p99_s, "TPOT"),
                               ("e2e_s", slo.e2e_p99_s, "E2E")):
@@ -93,6 +97,14 @@ def violations(summary: dict, slo: SLO) -> list[str]:
     if unsteady and not out:
         out.append(unsteady)
     return out
+
+
+def stopped_words(st: dict) -> str:
+    """A stopped run's violation: 'p99 TTFT > 3 s certain (12 of 1080 window requests over
+    it; stopped at 21 s of 60 s of arrivals, 812 requests unfinished)'."""
+    why, detail = (st["reason"][:-1], "; ") if st["reason"].endswith(")") else (st["reason"], " (")
+    return (f"{why}{detail}stopped at {st['at_s']:.3g} s of {st['last_arrival_s']:.3g} s of arrivals, "
+            f"{st['unfinished']} requests unfinished)")
 
 
 def _s(v) -> str:

@@ -48,6 +48,7 @@ from sim.planning.daybound import bound_schedule, lower_bound, static_peak, wind
 from sim.planning.plan import _base, _capacity_row, _runner
 from sim.planning.planspec import PlanSpec, candidate_grid, load_prices, plan_groups, plan_scenario
 from sim.planning.planspec import _resolve as _plan_path
+from sim.planning.probestop import stopper
 from sim.planning.traffic import steady_rule
 from sim.planning.units import unit_of
 
@@ -83,7 +84,8 @@ def capacity(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
         s = spec.search
         rule = steady_rule(dataclasses.replace(s.rule(), min_requests=s.rule().min_requests),
                            sc, spec.arrival)
-        run_at = _runner(scen, base, sc, rule, spec.slo.bounds(), spec.arrival)
+        run_at = _runner(scen, base, sc, rule, spec.slo.bounds(), spec.arrival,
+                         stopper(rule, spec.slo.bounds(), spec.slo.goodput_min) if s.stop_early else None)
         seeds = [sc.seed + i for i in range(s.seeds)]
         cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
                        s.rel_tol, s.max_probes, s.lazy_seeds)

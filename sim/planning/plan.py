@@ -114,6 +114,7 @@ from sim.planning.planspec import (
     plan_groups,
     plan_scenario,
 )
+from sim.planning.probestop import stopper
 from sim.planning.steady import SteadyRule, steady_run
 from sim.planning.traffic import describe, probe_overrides, process, steady_rule
 from sim.planning.uncertainty import (
@@ -173,7 +174,9 @@ def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
                        sc, spec.arrival)
     run_at = _runner(scen, base, sc, rule, spec.slo.bounds(), spec.arrival)
     seeds = [sc.seed + i for i in range(s.seeds)]
-    cap = max_rate(run_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
+    probe_at = _runner(scen, base, sc, rule, spec.slo.bounds(), spec.arrival,
+                       stopper(rule, spec.slo.bounds(), spec.slo.goodput_min)) if s.stop_early else run_at
+    cap = max_rate(probe_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
                    s.rel_tol, s.max_probes, s.lazy_seeds)
     row = {**_capacity_row(cap, gpu), "arrival": process(sc, spec.arrival)}
     if cap.rate <= 0:
@@ -255,23 +258,25 @@ def output_tokens_per_request(spec: PlanSpec) -> dict:
 
 
 def _runner(scen: str, base: dict, sc: Scenario, rule: SteadyRule, bounds: dict,
-            arrival: str = "auto"):
+            arrival: str = "auto", stop=None):
     """run_at(rate, seed) -> a steady-state probe's summary (`sim/planning/steady.py`), on
-    the plan's arrival process (a trace replay takes the seed's own window of the trace)."""
+    the plan's arrival process (a trace replay takes the seed's own window of the trace).
+    `stop` (`probestop.stopper`): each run stops once the seed's failure is certain."""
     from sim.engine.runner import run
 
     def run_at(rate: float, seed: int) -> dict:
-        def run_n(n: int):
+        def run_n(n: int, watch=None):
             traffic = probe_overrides(sc, arrival, rate, n, window=seed - sc.seed)
-            out = run(scen, {**base, **traffic, "seed": seed})
+            out = run(scen, {**base, **traffic, "seed": seed}, watch=watch)
             return out.requests, out.summary
-        return steady_run(run_n, rate, rule, bounds)
+        return steady_run(run_n, rate, rule, bounds, stop)
     return run_at
 
 
 def _capacity_row(cap: Capacity, gpu: str) -> dict:
     spread = cap.spread("ttft_s")
     fail = cap.at_fail
+    stopped = [x["stopped"] for p in cap.probes for x in p.summaries if x.get("stopped")]
     return {"sustained_rate": cap.rate, "fail_rate": cap.fail_rate,
             "seeds_passed_at_fail": f"{fail.seeds_passed}/{fail.seeds_run}" if fail else "",
             "ttft_p99_spread_s": f"{spread[0]:.3g}-{spread[1]:.3g}" if spread else "",
@@ -279,10 +284,20 @@ def _capacity_row(cap: Capacity, gpu: str) -> dict:
             "binding": binding(fail.summaries[-1], gpu, fail.broke) if fail else "none up to rate_max",
             "probes": len(cap.probes), "runs": sum(p.seeds_run for p in cap.probes),
             "probe_traffic_s": sum(x["steady"]["traffic_run_s"] for p in cap.probes for x in p.summaries
-                                   if "steady" in x)}
+                                   if "steady" in x),
+            # seeds' runs stopped once their failure was certain, and their arrivals left out
+            "probe_runs_stopped": len(stopped),
+            "probe_traffic_stopped_s": sum(st["last_arrival_s"] - st["at_s"] for st in stopped)}
 
 
 def binding(summary: dict, gpu: str, broke: list[str] | None = None) -> str:
+    """`_binding`, marked '(stopped probe)' when read from a run stopped once its failure
+    was certain (its figures are the requests finished by then: probestop.py)."""
+    why = _binding(summary, gpu, broke)
+    return f"{why} (stopped probe)" if summary.get("stopped") else why
+
+
+def _binding(summary: dict, gpu: str, broke: list[str] | None = None) -> str:
     """What ran out first at the first failing probe (derived from its summary):
     KV capacity when requests were preempted or rejected or the cache peaked >= 95 %;
     else, when steps ran >= 85 % of the time: host overhead when under half of that was

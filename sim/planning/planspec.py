@@ -48,6 +48,8 @@ class SearchSpec:
     max_probes: int = field(default=14, metadata={"ge": 2})
     # the other seeds run only where the first passed, from half the answer up (capacity.py)
     lazy_seeds: bool = True
+    # a probe's run stops once its seed's failure is certain (sim/planning/probestop.py)
+    stop_early: bool = True
     max_replicas: int = field(default=256, metadata={"ge": 1})
     fleet_checks: int = field(default=3, metadata={"ge": 1})  # candidates checked as fleets, at most
     fleet_traffic_s: float = field(default=600.0, metadata={"gt": 0})  # a fleet check's traffic

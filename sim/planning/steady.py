@@ -84,9 +84,7 @@ def window(req: pd.DataFrame, rule: SteadyRule, bounds: dict[str, float | None])
     goodput against `bounds` (metric -> bound or None), and the rule's verdict
     ('steady', 'clearly fails', or 'not steady')."""
     arr = req.arrival_s.to_numpy(dtype=float)
-    t_first, t_last = float(arr.min()), float(arr.max())
-    span = max(t_last - t_first, 1e-12)
-    t0, t1 = t_first + rule.warmup * span, t_last - rule.cooldown * span
+    t0, t1 = window_bounds(arr, rule)
     tm = (t0 + t1) / 2
     inside = (arr >= t0) & (arr < t1)
     fin = (req.status == FINISHED).to_numpy()
@@ -109,6 +107,13 @@ def window(req: pd.DataFrame, rule: SteadyRule, bounds: dict[str, float | None])
     return {"stats": stats, "halves": halves, "ratio": ratio, "arrived": arrived, "rejected": rejected,
             "fraction_met": float(ok.mean()) if len(ok) else 0.0, "window_s": (t0, t1),
             "verdict": verdict}
+
+
+def window_bounds(arrival: np.ndarray, rule: SteadyRule) -> tuple[float, float]:
+    """The measured window [t0, t1) of a run with these arrival times."""
+    t_first, t_last = float(arrival.min()), float(arrival.max())
+    span = max(t_last - t_first, 1e-12)
+    return t_first + rule.warmup * span, t_last - rule.cooldown * span
 
 
 def _agree(a: float | None, b: float | None, bound: float | None, tol: float) -> bool:
@@ -137,16 +142,25 @@ def _verdict(stats, halves, ratio, rejected, rule: SteadyRule, bounds) -> str:
     return "not steady"
 
 
-def steady_run(run_n, rate: float, rule: SteadyRule, bounds: dict[str, float | None]) -> dict:
+def steady_run(run_n, rate: float, rule: SteadyRule, bounds: dict[str, float | None],
+               stop=None) -> dict:
     """Run `run_n(n)` -> (requests frame, summary) with n doubling by the rule; return the
     last run's summary with its latency figures, goodput and `steady` replaced by the
-    window's (the whole run's stay under `whole_run`)."""
+    window's (the whole run's stay under `whole_run`).
+
+    `stop(n, last)` (`last`: no run after this one) -> a watch (`ProbeStop`,
+    sim/planning/probestop.py) or None: each run is then `run_n(n, watch)`, and a run the
+    watch stopped, its failure certain, is the last; its summary says so (`stopped`)."""
     n, cap, runs, traffic = rule.first_requests(rate), rule.max_requests(rate), 0, 0.0
     while True:
-        req, summary = run_n(n)
+        watch = stop(n, n * 2 > cap) if stop is not None else None
+        req, summary = run_n(n) if watch is None else run_n(n, watch)
         runs += 1
         traffic += n / rate
         w = window(req, rule, bounds)
+        if watch is not None and watch.stopped is not None:
+            return watch.mark(windowed_summary(summary, {**w, "verdict": watch.stopped["verdict"]},
+                                               n, rate, runs, traffic), req)
         if w["verdict"] != "not steady" or n * 2 > cap:
             break
         n *= 2
