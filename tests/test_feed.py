@@ -19,7 +19,7 @@ from sim.engine.metrics import request_table, step_tables
 from sim.engine.prepare import prepare
 from sim.engine.processes import Fleet, make_seqs, simulate
 from sim.io.tablefile import Labels
-from sim.policies.batch import Seq
+from sim.policies.batch import FINISHED, Seq
 
 SCENARIO = {
     "name": "feed", "seed": 3, "model": "llama-3-8b", "gpu": "h200-sxm", "runtime": "cuda-graph",
@@ -112,3 +112,36 @@ def test_make_seqs_and_the_feed_agree_with_the_arrivals_process_clock():
     feed = Feed.of(fleet, seqs, wl.arrival_s)
     assert feed.times == [0.0, 0.2, 0.8999999999999999]  # SimPy's running sum of the gaps
     assert feed.starts == [0, 1, 2, 5]
+
+
+class _StopAt:
+    """A watch (sim/engine/watch.py) that checks every `every_s` and stops the run at its
+    first check at or after `at`, remembering the replicas' clocks it saw then."""
+
+    def __init__(self, every_s: float, at: float, replicas) -> None:
+        self.every_s, self.at, self.replicas, self.seen = every_s, at, replicas, None
+
+    def __call__(self, now: float, seqs: list) -> str | None:
+        if now < self.at:
+            return None
+        self.seen = (now, max(r.rec.log.t_end[-1] for r in self.replicas))
+        return "stop"
+
+
+def test_a_watched_fed_replica_yields_at_each_check_instead_of_running_ahead():
+    # 400 requests at 50/s: one replica never idles, so unwatched it would run to the end
+    # between two yields; watched, a check at 2 s sees it at its first step end after 2 s
+    sc = scenario_from_dict({**SCENARIO, "workload": {
+        "num_requests": 400, "arrival": {"kind": "constant", "rate": 50.0},
+        "prompt": {"kind": "uniform", "low": 200, "high": 200},
+        "output": {"kind": "uniform", "low": 300, "high": 300}}})
+    configs, wl, rng = prepare(sc)
+    fleet = build_fleet(sc, configs, rng)
+    stop = _StopAt(0.5, 2.0, fleet.replicas)
+    res = simulate(wl, fleet.replicas, fleet.router, leap=True, watcher=stop)
+    now, last_end = stop.seen
+    assert now == 2.0
+    steps = step_tables(res)[0]
+    longest = max(e - s for s, e in zip(steps["t_start"], steps["t_end"], strict=True))
+    assert now <= last_end < now + longest + max(np.diff(wl.arrival_s))  # one step (and a prefill) late at most
+    assert sum(s.state == FINISHED for s in res.seqs) < len(res.seqs)  # stopped mid-run

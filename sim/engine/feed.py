@@ -122,10 +122,13 @@ def feedable(fleet: Fleet, node: Node, leap: bool) -> bool:
             and getattr(rep, "process", None) is None and not rep.holds_batch)
 
 
-def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
+def fed_replica(env: Clock, node: Node, feed: Feed, progress=None, watched: bool = False):
     """`processes.replica` (leaping, quiet, nothing else running), taking its arrivals from
     `feed` at its step boundaries; the same state changes, rows and draws in the same order.
-    A plain prefill plan (`plain_prefills`) is started and finished in one call."""
+    A plain prefill plan (`plain_prefills`) is started and finished in one call. `watched`:
+    a watcher's checks (sim/engine/watch.py) share the clock, so the replica's runs end at
+    the next check and it yields there (the first step boundary at or after it), letting
+    the check see the state as of that boundary; its own results stay the same."""
     rep = node.rep
     st, log, policy = rep.st, rep.rec.log, rep.policy
     steady = getattr(policy, "steady", None) if (
@@ -142,7 +145,8 @@ def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
         elif steady is not None and (repeats := steady(st, plan)) and (
                 now + rep.step.seconds < feed.next):
             rows = len(log.t_end)
-            now, step = decode_run(rep, plan, now, feed.next, repeats, True)
+            bound = min(feed.next, env.peek()) if watched else feed.next
+            now, step = decode_run(rep, plan, now, bound, repeats, True)
             if progress is not None and len(log.t_end) // 2000 != rows // 2000:
                 progress(now)
             if step is None:
@@ -170,6 +174,8 @@ def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
             now = t_end
         if progress is not None and len(log.t_end) % 2000 == 0:
             progress(now)
+        if watched and now > env.now and env.peek() <= now:  # a check is due: it sees this
+            yield env.timeout_at(now)
 
 
 def plain_prefills(rep: Replica) -> bool:

@@ -443,14 +443,14 @@ def check_accounted(replicas: list[Replica], requests: int) -> None:
         r.rec.check_limits(r.name, r.policy.max_seqs, r.policy.step_tokens)
 
 
-def start_replicas(env: Clock, fleet: Fleet, progress, leap: bool, feed: Feed | None = None
-                   ) -> None:
+def start_replicas(env: Clock, fleet: Fleet, progress, leap: bool, feed: Feed | None = None,
+                   watched: bool = False) -> None:
     """A process per replica (a pipelined replica brings its own, sim/engine/pipeline.py;
     a lone replica fed its arrivals, sim/engine/feed.py)."""
     for i, node in enumerate(fleet.nodes):
         process = getattr(node.rep, "process", None)
         if feed is not None:
-            env.process(fed_replica(env, node, feed, progress))
+            env.process(fed_replica(env, node, feed, progress, watched))
         elif process is not None:
             env.process(process(env, node, progress if i == 0 else None))
         else:
@@ -493,14 +493,12 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         for user in range(workload.clients.concurrency):
             env.process(client(env, loop, seqs, user))
     leap = leaping() if leap is None else leap
-    feed = None  # (a watched run keeps the arrivals process: a fed replica runs ahead of
-    # the clock between its idle spells, so a watcher would see it later than its checks)
-    if (loop is None and lifecycle is None and watcher is None
-            and feedable(fleet, fleet.nodes[0], leap)):
+    feed = None
+    if loop is None and lifecycle is None and feedable(fleet, fleet.nodes[0], leap):
         feed = Feed.of(fleet, seqs, workload.arrival_s)  # taken at its step ends
     elif loop is None:
         env.process(arrivals(env, fleet, seqs))
-    start_replicas(env, fleet, progress, leap, feed)
+    start_replicas(env, fleet, progress, leap, feed, watcher is not None)
     for node in fleet.back:
         env.process(kv_link(env, fleet, node))
     stopped = run_clock(env, seqs, watcher)
