@@ -19,6 +19,8 @@ import pytest
 
 from sim.io.specload import ROOT
 
+pytestmark = pytest.mark.xdist_group("test_calibrate")
+
 FIXTURES = Path(__file__).parent / "fixtures" / "calibrate"
 TINY = FIXTURES / "tiny.yaml"
 # Simulator vs the CPU reference engine on tiny.yaml (docs/calibration.md has the figures):
