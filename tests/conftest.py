@@ -13,14 +13,36 @@ Constants and plain functions are imported where a module needs them at import t
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+_STEP_CACHE = "LLMSIM_STEP_CACHE"  # sim/costmodel/stepcache.py: ENV
+
+
+def pytest_configure(config) -> None:
+    """One step-time cache folder for the session (`llmsim` runs in-process and in child
+    processes, and pytest-xdist's workers, inherit it), removed at its end: the tests
+    neither read the user's cache nor fill or trim it. A folder the user names in
+    $LLMSIM_STEP_CACHE (or `off`) is left as it is."""
+    if _STEP_CACHE not in os.environ:
+        folder = tempfile.mkdtemp(prefix="llmsim-steptimes-tests-")
+        os.environ[_STEP_CACHE] = folder
+        config._llmsim_step_cache = folder
+
+
+def pytest_unconfigure(config) -> None:
+    folder = getattr(config, "_llmsim_step_cache", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.environ.get(_STEP_CACHE) == folder:
+            del os.environ[_STEP_CACHE]
 
 # The quick scenario: 20 requests of 100 prompt and 20 output tokens at 5 req/s on the
 # defaults (Llama-3-8B, H200, continuous batching); a run takes well under a second.

@@ -16,6 +16,8 @@ if str(ROOT) not in sys.path:
 from benchmarks.fidelity import accuracy  # noqa: E402
 from sim.planning.uncertainty import interval_band, load_bands, prediction_interval  # noqa: E402
 
+pytestmark = pytest.mark.xdist_group("test_accuracy")
+
 
 @pytest.fixture(scope="module")
 def errs():

@@ -11,6 +11,8 @@ from sim import run
 from sim.io.specload import SpecError
 from sim.policies.autoscale import FleetMetrics, HPAPolicy, SchedulePolicy
 
+pytestmark = pytest.mark.xdist_group("test_autoscale")
+
 DAY = "scenarios/autoscale_day.yaml"
 PERIOD, MEAN, RATIO = 900.0, 12.5, 4.0  # the scenario's diurnal shape
 

@@ -19,6 +19,8 @@ import pytest
 
 from sim.io.specload import ROOT
 
+pytestmark = pytest.mark.xdist_group("test_calibrate")
+
 FIXTURES = Path(__file__).parent / "fixtures" / "calibrate"
 TINY = FIXTURES / "tiny.yaml"
 # Simulator vs the CPU reference engine on tiny.yaml (docs/calibration.md has the figures):
@@ -348,21 +350,41 @@ def test_interrupted_calibration_keeps_the_partial_profile_and_exits_130(tmp_pat
 
 
 def test_time_budget_measures_the_most_important_tables_first(tmp_path, monkeypatch):
+    """A fake clock (1/16 s per point measured, nothing else takes time) makes the budget
+    independent of the machine's load: 1 s is over after the 17th point, so the 15 coarse
+    GEMMs and the first two decode attentions are measured and nothing later."""
     pytest.importorskip("torch")
-    from sim.calibrate import bench
-    from sim.calibrate.calibrate import calibrate
+    from dataclasses import replace
+    from types import SimpleNamespace
 
-    # fixed ceilings: on a loaded 2-core machine measuring them can take the whole second
+    from sim.calibrate import bench
+    from sim.calibrate import calibrate as module
+
+    clock = [0.0]
+
+    def timed(point: bench.Point) -> bench.Point:
+        def run(dev):
+            rows = point.run(dev)
+            clock[0] += 1 / 16
+            return rows
+        return replace(point, run=run)
+
+    ordered = module.ordered
+    monkeypatch.setattr(module, "ordered", lambda points: [timed(p) for p in ordered(points)])
+    monkeypatch.setattr(module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     monkeypatch.setattr(bench, "ceilings", lambda dev, mib, n: {
         "mem_bw_tbs": 0.01, "peak_tflops": 0.1, "pcie_gbs": 5.0})
-    res = calibrate(["tiny-llama"], tmp_path / "b", device="cpu", quick=True, budget_s=1.0,
-                    progress=False)
-    assert res.stopped == "budget" and 0 < res.measured < res.total
-    assert res.rows.get("gemm", 0) > 0
-    assert not (tmp_path / "b" / "iter_grid_eager.csv").exists() \
-        or res.rows.get("gemm", 0) >= 15
+    res = module.calibrate(["tiny-llama"], tmp_path / "b", device="cpu", quick=True,
+                           budget_s=1.0, progress=False)
+    assert res.stopped == "budget" and res.measured + res.skipped == 17 < res.total
+    assert res.skipped == 0 and clock[0] == 17 / 16
+    assert set(res.rows) == {"gemm", "attn_decode"}, res.rows  # the most important first
+    assert res.rows["gemm"] >= 15 and res.rows["attn_decode"] >= 2
+    assert not (tmp_path / "b" / "iter_grid_eager.csv").exists()
     meta = json.loads((tmp_path / "b" / "calibration.json").read_text())
     assert meta["stopped"] == "budget"
+    assert meta["points"] == {"measured": 17, "skipped": 0, "out_of_memory": 0,
+                              "total": res.total}
 
 
 @pytest.mark.parametrize("scenario", sorted(FIXTURES.glob("*.yaml")), ids=lambda p: p.stem)

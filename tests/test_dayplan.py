@@ -18,6 +18,8 @@ from sim.planning.daybound import bound_schedule, lower_bound, static_peak, wind
 from sim.policies.autoscale import FleetMetrics, SLOPolicy
 from sim.workload.profile import RateProfile, diurnal
 
+pytestmark = pytest.mark.xdist_group("test_dayplan")
+
 ROOT = Path(__file__).resolve().parents[1]
 DAY = ROOT / "scenarios" / "autoscale_day.yaml"
 

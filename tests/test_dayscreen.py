@@ -24,6 +24,8 @@ from sim.planning.dayscreen import (
 )
 from sim.policies.batch import FINISHED, REJECTED, WAITING
 
+pytestmark = pytest.mark.xdist_group("test_dayscreen")
+
 ROOT = Path(__file__).resolve().parents[1]
 DAY = ROOT / "scenarios" / "autoscale_day.yaml"
 

@@ -21,6 +21,8 @@ from sim.io.manifest import MANIFEST
 from sim.io.outputs import write_atomically
 from sim.io.tempdirs import STALE_AGE_S, TEMP_PREFIX, _temp_prefix
 
+pytestmark = pytest.mark.xdist_group("test_output_safety")
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
 RUN = ["--set", "workload.num_requests=10", "--no-progress"]

@@ -18,6 +18,8 @@ from sim.planning.plan import binding, pareto, run_plan
 from sim.planning.planspec import candidate_grid, load_plan
 from sim.planning.steady import window, windowed_summary
 
+pytestmark = pytest.mark.xdist_group("test_plan")
+
 ROOT = Path(__file__).resolve().parent.parent
 AZURE = str(ROOT / "scenarios" / "azure_conv_reference.yaml")
 

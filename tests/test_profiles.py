@@ -20,6 +20,8 @@ from sim.costmodel.profiles import (
 )
 from sim.io.specload import SpecError
 
+pytestmark = pytest.mark.xdist_group("test_profiles")
+
 H200 = PROFILES_DIR / "h200-sxm"
 SHARED = Path("/work/shared/data")
 LLAMA3 = (32, 8, 128)  # hq, hkv, d

@@ -10,6 +10,8 @@ import pytest
 
 from benchmarks.fidelity import published_check as pc
 
+pytestmark = pytest.mark.xdist_group("test_published")
+
 
 @pytest.fixture(scope="module")
 def rows() -> list[pc.Row]:

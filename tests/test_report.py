@@ -18,6 +18,8 @@ from sim.io.outputs import MANIFEST, write_atomically
 from sim.report.pages import build_report, write_report
 from sim.report.perfetto import EVENT_TYPES, write_trace
 
+pytestmark = pytest.mark.xdist_group("test_report")
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

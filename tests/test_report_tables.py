@@ -13,6 +13,8 @@ from sim.report.document import CSS, Report, Section, to_html
 from sim.report.pages import build_report, write_report
 from sim.report.text import REPLICA_COLUMNS, replica_table
 
+pytestmark = pytest.mark.xdist_group("test_report_tables")
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = ROOT / "scenarios" / "quickstart.yaml"
 

@@ -1,4 +1,8 @@
-"""Every shipped scenario runs, accounts for every request, and shows the idea it is about."""
+"""Every shipped scenario runs, accounts for every request, and shows the idea it is about.
+
+The summaries of the whole shipped scenarios are kept for the module (`shipped`): the tests
+of one idea reuse a run the first test already made instead of simulating it again (or
+simulate it themselves when run alone)."""
 
 from __future__ import annotations
 
@@ -6,16 +10,31 @@ from pathlib import Path
 
 import pytest
 
+from sim.config.scenario import load_scenario
 from sim.engine.runner import run
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
+pytestmark = pytest.mark.xdist_group("test_scenarios")  # `shipped` on one worker
+
+
+@pytest.fixture(scope="module")
+def shipped() -> dict[str, dict]:
+    """Summaries of whole shipped scenarios (no overrides) run so far, by name."""
+    return {}
+
+
+def summary(shipped: dict[str, dict], name: str) -> dict:
+    """The summary of `scenarios/NAME.yaml` as shipped: kept, or run now."""
+    if name not in shipped:
+        shipped[name] = run(ROOT / "scenarios" / f"{name}.yaml").summary
+    return shipped[name]
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
-def test_every_shipped_scenario_runs_and_accounts_for_every_request(path):
+def test_every_shipped_scenario_runs_and_accounts_for_every_request(path, shipped):
     out = run(path)
-    s = out.summary
+    s = shipped[path.stem] = out.summary
     assert s["requests"]["finished"] + s["requests"]["rejected"] == s["requests"]["total"] > 0
     for replica in out.result.replicas:
         assert replica.kv.free_blocks == replica.kv.num_blocks, replica.name
@@ -61,17 +80,19 @@ def test_naive_attention_costs_kv_memory_and_prefill_time_at_long_prompts():
 
 
 @pytest.mark.slow
-def test_chunked_prefill_lowers_tpot_tail_on_the_azure_conversation_trace():
-    first = run(ROOT / "scenarios" / "prefill_first.yaml").summary
-    chunked = run(ROOT / "scenarios" / "chunked_prefill.yaml").summary
+def test_chunked_prefill_lowers_tpot_tail_on_the_azure_conversation_trace(shipped):
+    first = summary(shipped, "prefill_first")
+    chunked = summary(shipped, "chunked_prefill")
     assert chunked["tpot_s"]["p99"] < 0.85 * first["tpot_s"]["p99"]  # 0.82 (fused kernels)
     assert chunked["itl_s"]["p99"] < 0.5 * first["itl_s"]["p99"]
     assert chunked["request_throughput"] == pytest.approx(first["request_throughput"], rel=0.01)
 
 
 @pytest.mark.slow
-def test_prefix_caching_on_mooncake_hits_about_the_traces_repeated_share_and_cuts_ttft():
-    s = sweep("prefix_caching_mooncake", "kv.prefix_caching", [False, True])
+def test_prefix_caching_on_mooncake_hits_about_the_traces_repeated_share_and_cuts_ttft(shipped):
+    name = "prefix_caching_mooncake"
+    assert load_scenario(ROOT / "scenarios" / f"{name}.yaml").kv.prefix_caching  # as shipped: on
+    s = {**sweep(name, "kv.prefix_caching", [False]), True: summary(shipped, name)}
     pc = s[True]["prefix_cache"]
     # the trace repeats 36.6 % of its blocks; only full prompt blocks are looked up
     assert 0.30 < pc["hit_rate"] < 0.40

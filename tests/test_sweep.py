@@ -17,6 +17,8 @@ from sim.planning.curve import knee, knee_table, run_curve
 from sim.planning.sweep import configurations, execute, parse_axis, read_rows, run_sweep
 from tests.conftest import run_llmsim
 
+pytestmark = pytest.mark.xdist_group("test_sweep")
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICK = str(ROOT / "scenarios" / "quickstart.yaml")
 BASE = {"workload.num_requests": 60}
