@@ -29,6 +29,7 @@ SMOKE = {
     "speed/sweep_speed.py": ["--configs", "4", "--requests", "20", "--no-ray"],
     "speed/host_memory.py": ["--smoke"],
     "speed/moe_speed.py": ["--requests", "40", "--repeat", "1"],
+    "speed/probe_stop.py": ["--plan", "{tmp}/plan.yaml"],
     "speed/cold_pricing.py": ["--repeat", "1", "--scenario", str(ROOT / "scenarios" / "quickstart.yaml")],
     "readme/readme_results.py": ["--only", "memory-refusal,warm-grid-fit"],
     "fidelity/published_check.py": [],
@@ -157,6 +158,13 @@ def test_plan_reuse_gives_the_exhaustive_answer_with_no_more_runs(tmp_path):
     runs = [int(x) for x in re.findall(r"; (\d+) probe runs", out)]
     assert len(runs) == 2 and runs[1] <= runs[0], out  # before (every seed), after (lazy)
     assert "same recommendation: True" in out and "sustained rates moved: none" in out, out
+
+
+def test_probe_stop_finds_the_same_rates_and_verdicts_both_ways(tmp_path):
+    (tmp_path / "plan.yaml").write_text(TINY_PLAN)
+    out = ok("speed/probe_stop.py", tmp_path)
+    assert re.search(r"^h200-sxm 1 continuous: rate \S+ \(same: True\), \d+ runs", out, re.M), out
+    assert out.rstrip().endswith("every answer and verdict the same: True"), out
 
 
 def test_sweep_speed_gets_the_same_rows_from_each_executor(tmp_path):

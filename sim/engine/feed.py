@@ -33,7 +33,7 @@ from sim.policies.plan import StepKind
 
 if TYPE_CHECKING:
     from sim.engine.clock import Clock
-    from sim.engine.processes import Fleet, Node
+    from sim.engine.fleet import Fleet, Node
     from sim.engine.replica import Replica
     from sim.policies.batch import Seq
     from sim.policies.plan import StepPlan
