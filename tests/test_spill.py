@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import sim.engine.recorder as recorder
 import sim.engine.runner as runner
-from sim.engine import bigstats
+from sim.engine import bigstats, metrics
 from sim.engine.metrics import weighted_stats
 from sim.engine.plots import _thin
 from sim.io import spill
@@ -67,6 +67,22 @@ def test_blockwise_weighted_stats_equal_the_in_memory_ones(monkeypatch):
     w0[::5] = 0
     cols0 = (cols[0], Chain([_disk(sp, "w2", w0[:9000], 8000), w0[9000:]]))
     assert bigstats.weighted_stats(*cols0) == weighted_stats(v, w0)
+
+
+def test_a_long_column_in_memory_is_selected_with_the_same_floats(monkeypatch):
+    """Past SELECT_ROWS, weighted_stats selects by binning (bigstats) instead of sorting:
+    the same mean, percentiles and maximum as the sort, ties and zero weights included."""
+    rng = np.random.default_rng(5)
+    n = 5000
+    v = np.concatenate([rng.gamma(2.0, 0.01, n - 1000), np.full(1000, 0.0125)])  # ties
+    rng.shuffle(v)
+    w = rng.integers(0, 40, n)
+    sorted_ = weighted_stats(v, w)  # n < SELECT_ROWS: one argsort
+    monkeypatch.setattr(metrics, "SELECT_ROWS", 100)
+    monkeypatch.setattr(spill, "READ_ROWS", 333)
+    calls = []
+    monkeypatch.setattr(bigstats, "_select", lambda *a, _s=bigstats._select: calls.append(1) or _s(*a))
+    assert weighted_stats(v, w) == sorted_ and len(calls) == 3  # p50, p90, p99 selected
 
 
 def _files(out, folder: Path) -> dict[str, bytes]:
