@@ -122,13 +122,13 @@ def feedable(fleet: Fleet, node: Node, leap: bool) -> bool:
             and getattr(rep, "process", None) is None and not rep.holds_batch)
 
 
-def fed_replica(env: Clock, node: Node, feed: Feed, progress=None, watched: bool = False):
-    """`processes.replica` (leaping, quiet, nothing else running), taking its arrivals from
-    `feed` at its step boundaries; the same state changes, rows and draws in the same order.
-    A plain prefill plan (`plain_prefills`) is started and finished in one call. `watched`:
-    a watcher's checks (sim/engine/watch.py) share the clock, so the replica's runs end at
-    the next check and it yields there (the first step boundary at or after it), letting
-    the check see the state as of that boundary; its own results stay the same."""
+def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
+    """`processes.replica` (leaping, quiet), taking its arrivals from `feed` at its step
+    boundaries; the same state changes, rows and draws in the same order. A plain prefill
+    plan (`plain_prefills`) is started and finished in one call. Another process's event
+    on the clock (a probe's watcher, sim/engine/watch.py) ends a run of decode steps, and
+    the replica yields at its first step boundary at or after it, so that process sees the
+    replica's state as of that boundary, not later."""
     rep = node.rep
     st, log, policy = rep.st, rep.rec.log, rep.policy
     steady = getattr(policy, "steady", None) if (
@@ -145,7 +145,7 @@ def fed_replica(env: Clock, node: Node, feed: Feed, progress=None, watched: bool
         elif steady is not None and (repeats := steady(st, plan)) and (
                 now + rep.step.seconds < feed.next):
             rows = len(log.t_end)
-            bound = min(feed.next, env.peek()) if watched else feed.next
+            bound = min(feed.next, env.peek())
             now, step = decode_run(rep, plan, now, bound, repeats, True)
             if progress is not None and len(log.t_end) // 2000 != rows // 2000:
                 progress(now)
@@ -174,7 +174,7 @@ def fed_replica(env: Clock, node: Node, feed: Feed, progress=None, watched: bool
             now = t_end
         if progress is not None and len(log.t_end) % 2000 == 0:
             progress(now)
-        if watched and now > env.now and env.peek() <= now:  # a check is due: it sees this
+        if now > env.now and env.peek() <= now:  # another's event is due: it sees this
             yield env.timeout_at(now)
 
 

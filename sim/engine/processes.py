@@ -321,14 +321,14 @@ def check_accounted(replicas: list[Replica], requests: int) -> None:
         r.rec.check_limits(r.name, r.policy.max_seqs, r.policy.step_tokens)
 
 
-def start_replicas(env: Clock, fleet: Fleet, progress, leap: bool, feed: Feed | None = None,
-                   watched: bool = False) -> None:
+def start_replicas(env: Clock, fleet: Fleet, progress, leap: bool, feed: Feed | None = None
+                   ) -> None:
     """A process per replica (a pipelined replica brings its own, sim/engine/pipeline.py;
     a lone replica fed its arrivals, sim/engine/feed.py)."""
     for i, node in enumerate(fleet.nodes):
         process = getattr(node.rep, "process", None)
         if feed is not None:
-            env.process(fed_replica(env, node, feed, progress, watched))
+            env.process(fed_replica(env, node, feed, progress))
         elif process is not None:
             env.process(process(env, node, progress if i == 0 else None))
         else:
@@ -376,7 +376,7 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
         feed = Feed.of(fleet, seqs, workload.arrival_s)  # taken at its step ends
     elif loop is None:
         env.process(arrivals(env, fleet, seqs))
-    start_replicas(env, fleet, progress, leap, feed, watcher is not None)
+    start_replicas(env, fleet, progress, leap, feed)
     for node in fleet.back:
         env.process(kv_link(env, fleet, node))
     stopped = run_clock(env, seqs, watcher)
