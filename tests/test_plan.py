@@ -111,7 +111,7 @@ def test_plan_prices_the_fleet_and_marks_infeasible_candidates(small_plan):
 def test_a_fleet_has_one_cost_per_million_tokens_whether_estimated_or_checked(small_plan):
     # every $/M of a plan divides by one mean output length (the plan scenario's workload
     # as drawn), so $/M over $/hour is one factor for every estimate and every check
-    from sim.planning.plan import output_tokens_per_request
+    from sim.planning.estimate import output_tokens_per_request
     from sim.planning.planspec import plan_scenario
 
     spec, res = small_plan

@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.config.scenario import load_scenario
+from sim.planning.binding import binding
 from sim.planning.capacity import SLO, violations
-from sim.planning.plan import _runner, binding
+from sim.planning.estimate import _runner
 from sim.planning.probestop import ProbeStop, misses_to_fail, stopper
 from sim.planning.steady import SteadyRule
 from sim.policies.batch import FINISHED, REJECTED, RUNNING, Seq

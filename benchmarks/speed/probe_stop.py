@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's sim, not an installed one
 import sim.engine.runner as runner  # noqa: E402
 from sim.config.scenario import load_scenario  # noqa: E402
 from sim.planning.capacity import max_rate  # noqa: E402
-from sim.planning.plan import _base, _runner  # noqa: E402
+from sim.planning.estimate import _base, _runner  # noqa: E402
 from sim.planning.planspec import candidate_grid, load_plan, plan_scenario  # noqa: E402
 from sim.planning.probestop import stopper  # noqa: E402
 from sim.planning.traffic import steady_rule  # noqa: E402

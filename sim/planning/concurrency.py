@@ -190,7 +190,7 @@ def replicas_for_users(users: int, per_replica: int, search: SearchSpec) -> int:
 def evaluate(spec: ConcurrencyPlanSpec, cand: dict, prices: dict[str, float]) -> dict:
     from sim.config.scenario import load_scenario
     from sim.planning.candidates import label
-    from sim.planning.plan import unit_fields
+    from sim.planning.estimate import unit_fields
     from sim.planning.units import unit_of
 
     row: dict[str, Any] = {"candidate": label(cand, None), **cand}

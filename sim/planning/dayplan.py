@@ -45,7 +45,7 @@ from sim.io.specload import SpecError
 from sim.planning.candidates import check_candidates, label
 from sim.planning.capacity import max_rate
 from sim.planning.daybound import bound_schedule, lower_bound, static_peak, window_rates
-from sim.planning.plan import _base, _capacity_row, _runner
+from sim.planning.estimate import _base, _capacity_row, _runner
 from sim.planning.planspec import PlanSpec, candidate_grid, load_prices, plan_groups, plan_scenario
 from sim.planning.planspec import _resolve as _plan_path
 from sim.planning.probestop import stopper

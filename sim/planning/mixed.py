@@ -97,8 +97,8 @@ def pool_capacity(spec: MixedPlanSpec, gpu: str, path: Path, kind: str) -> dict:
     lowest failing rate, and the half-width b of the step model's 90 % error interval over
     the lookups at the sustained rate (`interval_band`)."""
     from sim.config.scenario import load_scenario
+    from sim.planning.estimate import _runner
     from sim.planning.mixed_stream import steady_for
-    from sim.planning.plan import _runner
 
     scen = _scenario_path(spec)
     base = {**_base(spec), "gpu": gpu, **stream_overrides(path, kind)}

@@ -29,8 +29,9 @@ its pools (count x tensor x pipeline x the group's GPU price). `replicas` in a r
 counts units; `unit`, `unit_gpus`, `unit_usd_per_hour` and `deployment` (aggregated /
 disaggregated) describe one.
 
-Per candidate (`sim/planning/capacity.py`): the highest rate one unit sustains with every
-seed meeting the SLOs in steady state, by bisection, on the plan's arrival process
+Per candidate (`sim/planning/estimate.py`; the search in `sim/planning/capacity.py`): the
+highest rate one unit sustains with every seed meeting the SLOs in steady state, by
+bisection, on the plan's arrival process
 (`arrival:`: Poisson, the scenario's gamma, or its trace's own arrivals replayed at the
 probed rate; each row's `arrival` and the plan's `arrival` entry say which); each probe
 runs as long as the steady rule asks (`sim/planning/steady.py`: warm-up discarded, at
@@ -42,7 +43,7 @@ $/hour from the prices file, $/M output tokens = $/hour / (target x mean output 
 3600) x 1e6 (one mean for the whole plan: the plan scenario's workload as drawn, so a
 fleet has one $/M figure whether estimated or checked), and p99 latencies of one unit at its share of the target (target / units,
 every seed). The binding constraint is read from the first probe that broke the SLOs
-(`binding`). That is the *estimate*. Each figure has a 90 % prediction interval
+(`binding`, `sim/planning/binding.py`). That is the *estimate*. Each figure has a 90 % prediction interval
 (`*_interval90`; `sim/planning/uncertainty.py`: the seed spread widened by the step
 model's 90 % error for what the run's step time stands on, `data/step_error_bands.yaml`,
 its coverage checked by benchmarks/fidelity/interval_coverage.py) and the share of its
@@ -90,19 +91,16 @@ fleet check, which moves the count either way, settles it."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-
-from sim.config.scenario import Scenario, load_scenario
+from sim.config.scenario import load_scenario
 from sim.io.specload import SpecError
-from sim.planning.candidates import ALIASES, check_candidates, label, resolve
-from sim.planning.capacity import Capacity, max_rate
+from sim.planning.binding import binding
+from sim.planning.candidates import ALIASES, check_candidates, label
 from sim.planning.deployments import deployment_fronts
+from sim.planning.estimate import _base, _usd_per_m, evaluate, output_tokens_per_request, screen
 from sim.planning.fleet import headroom, validate_fleet
 from sim.planning.planspec import (
     PlanSpec,
@@ -111,238 +109,20 @@ from sim.planning.planspec import (
     candidate_grid,
     load_plan,
     load_prices,
-    plan_groups,
     plan_scenario,
 )
-from sim.planning.probestop import stopper
-from sim.planning.steady import SteadyRule, steady_run
-from sim.planning.traffic import describe, probe_overrides, process, steady_rule
+from sim.planning.traffic import describe
 from sim.planning.uncertainty import (
-    candidate_intervals,
     fleet_group,
     fleet_intervals,
     fleet_pool,
     interval_columns,
     p99_intervals,
-    seed_group,
     seed_pools,
 )
-from sim.planning.units import Unit, unit_of
 
 __all__ = ["ALIASES", "PlanSpec", "SearchSpec", "binding", "candidate_grid", "evaluate", "label",
            "load_plan", "load_prices", "pareto", "run_plan", "validate_fleet", "write_plan"]
-
-
-def _base(spec: PlanSpec) -> dict:
-    return {"slo": spec.slo.as_scenario_slo()}
-
-
-def screen(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict | None:
-    """The skipped row of a candidate the scenario refuses or that has no price (its
-    one-line reason in `note`); None for a candidate to evaluate."""
-    row: dict[str, Any] = {"candidate": label(cand, plan_groups(spec)), **cand, "status": "skipped"}
-    sc = resolve(plan_scenario(spec), {**_base(spec), **cand})
-    if isinstance(sc, SpecError):
-        return {**row, "note": f"refused by the scenario: {sc.path}: {sc.message}"}
-    gpu = unit_of(sc).unpriced(prices)
-    if gpu is not None:
-        return {**row, "note": f"no price for GPU '{gpu}' in the prices file"}
-    return None
-
-
-def evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
-    """One candidate: sustained rate, fleet size, cost, latency at its share, binding.
-    Never raises SpecError (it runs in worker processes): a refusal is a skipped row."""
-    row: dict[str, Any] = {"candidate": label(cand, plan_groups(spec)), **cand}
-    try:
-        return {**row, **_evaluate(spec, cand, prices)}
-    except SpecError as e:
-        return {**row, "status": "skipped", "note": f"refused by the scenario: {e.path}: {e.message}"}
-
-
-def _evaluate(spec: PlanSpec, cand: dict, prices: dict[str, float]) -> dict:
-    scen = plan_scenario(spec)
-    base = {**_base(spec), **cand}
-    sc = load_scenario(scen, base)
-    unit = unit_of(sc)
-    unpriced = unit.unpriced(prices)
-    if unpriced is not None:
-        return {"status": "skipped", "note": f"no price for GPU '{unpriced}' in the prices file"}
-    gpu = unit.pools[0].gpu  # the binding constraint reads the first pool's GPU
-    s = spec.search
-    rule = steady_rule(dataclasses.replace(s.rule(), min_requests=s.rule().min_requests * unit.replicas),
-                       sc, spec.arrival)
-    run_at = _runner(scen, base, sc, rule, spec.slo.bounds(), spec.arrival)
-    seeds = [sc.seed + i for i in range(s.seeds)]
-    probe_at = _runner(scen, base, sc, rule, spec.slo.bounds(), spec.arrival,
-                       stopper(rule, spec.slo.bounds(), spec.slo.goodput_min)) if s.stop_early else run_at
-    cap = max_rate(probe_at, spec.slo, seeds, s.need, s.rate_start, s.rate_min, s.rate_max,
-                   s.rel_tol, s.max_probes, s.lazy_seeds)
-    row = {**_capacity_row(cap, gpu), "arrival": process(sc, spec.arrival)}
-    if cap.rate <= 0:
-        return {**row, "status": "infeasible", "note": "SLOs broken even at the lowest rate tried"}
-    extra = 1 if s.redundancy == "n+1" else 0
-    sizing = s.sizing_rate(spec.target_rate)
-    replicas = max(s.min_replicas, math.ceil(sizing / cap.rate - 1e-9) + extra)
-    if replicas > s.max_replicas:
-        return {**row, "status": "infeasible", "note": f"needs {replicas} replicas > max_replicas"}
-    share = spec.target_rate / max(replicas - extra, 1)  # with n+1, one unit down
-    at_share = [run_at(share, seed) for seed in seeds]
-    out_per_req = output_tokens_per_request(spec)["per_request"]
-    unit_usd_h = unit.usd_per_hour(prices)
-    usd_h = replicas * unit_usd_h
-    usd_m = _usd_per_m(usd_h, spec.target_rate, out_per_req)
-    worst = {k: max((a[f"{k}_s"]["p99"] for a in at_share if a[f"{k}_s"]["p99"] is not None), default=None)
-             for k in ("ttft", "tpot", "e2e")}
-    rng = candidate_intervals(sizing, cap.rate, cap.fail_rate,
-                           cap.at_rate.summaries[0].get("lookup_provenance"),
-                           {k: [a[f"{k}_s"]["p99"] for a in at_share] for k in ("ttft", "tpot", "e2e")},
-                           at_share[0].get("lookup_provenance"), 1, unit_usd_h, usd_m, usd_h,
-                           extra, s.min_replicas)
-    return {**row, "status": "ok", "note": "", **unit_fields(unit, prices), "replicas": replicas,
-            "gpus": replicas * unit.gpus, "usd_per_hour": usd_h, "usd_per_m_output_tokens": usd_m,
-            "ttft_p99_at_target_s": worst["ttft"], "tpot_p99_at_target_s": worst["tpot"],
-            "e2e_p99_at_target_s": worst["e2e"], **rng, **stage_fields(at_share[0]),
-            "seed_groups": _seed_groups(label(cand, plan_groups(spec)), cap, at_share, share, spec)}
-
-
-def _seed_groups(name: str, cap: Capacity, at_share: list[dict], share: float, spec: PlanSpec) -> list[dict]:
-    """A candidate's seed groups for the pooled seed term (`uncertainty.seed_pool`): each
-    probe (passed: every seed run met the SLOs) and its runs at its share; the last is the
-    share's. Loads are shares of the sustained rate."""
-    from sim.planning.capacity import violations
-
-    out = [seed_group(f"{name} probe {p.rate:.4g}/s", p.summaries, p.passed and p.seeds_passed == p.seeds_run,
-                      p.rate / cap.rate) for p in cap.probes]
-    return out + [seed_group(f"{name} at share {share:.4g}/s", at_share,
-                             not any(violations(a, spec.slo) for a in at_share), share / cap.rate)]
-
-
-def stage_fields(summary: dict) -> dict:
-    """A pipelined candidate's per-stage figures at its share of the target (a probe's
-    summary → `pipeline`): each stage's busy and bubble shares, stage 0 first."""
-    pipe = summary.get("pipeline")
-    if not pipe:
-        return {}
-    stages = pipe["per_stage"]
-    return {"stage_busy_share": " / ".join(f"{s['busy_share']:.2f}" for s in stages),
-            "stage_bubble_share": " / ".join(f"{s['bubble_share']:.2f}" for s in stages)}
-
-
-def unit_fields(unit: Unit, prices: dict[str, float]) -> dict:
-    """A candidate row's unit: `tp` (None when its pools differ), `deployment`
-    (aggregated / disaggregated), `unit` in words, its GPUs and $/hour (the sum of its
-    pools'); `replicas` in the row then counts units."""
-    return {"tp": unit.tensor, "deployment": unit.deployment, "unit": unit.describe(),
-            "unit_replicas": unit.replicas, "unit_gpus": unit.gpus,
-            "unit_usd_per_hour": unit.usd_per_hour(prices)}
-
-
-def _usd_per_m(usd_per_hour: float, rate: float, output_tokens_per_request: float) -> float:
-    return usd_per_hour / (rate * output_tokens_per_request * 3600) * 1e6
-
-
-def output_tokens_per_request(spec: PlanSpec) -> dict:
-    """The plan's one figure of output tokens per request, which every $/M output tokens
-    of the plan (estimates and fleet checks alike) divides by: the mean over the plan
-    scenario's own workload as drawn with its seed (a probe's or check's run draws from
-    the same lengths, so its own mean would differ by sampling alone)."""
-    from sim.workload.requests import generate
-
-    sc = load_scenario(plan_scenario(spec), _base(spec))
-    wl = generate(sc.workload, np.random.default_rng(sc.seed), file=sc.file or None,
-                  path="workload", base_dir=sc.base_dir or None)
-    return {"per_request": float(np.mean(wl.output_tokens)),
-            "stands_on": f"the mean output length of the plan scenario's {len(wl):,} requests "
-                         f"(seed {sc.seed})"}
-
-
-def _runner(scen: str, base: dict, sc: Scenario, rule: SteadyRule, bounds: dict,
-            arrival: str = "auto", stop=None):
-    """run_at(rate, seed) -> a steady-state probe's summary (`sim/planning/steady.py`), on
-    the plan's arrival process (a trace replay takes the seed's own window of the trace).
-    `stop` (`probestop.stopper`): each run stops once the seed's failure is certain."""
-    from sim.engine.runner import run
-
-    def run_at(rate: float, seed: int) -> dict:
-        def run_n(n: int, watch=None):
-            traffic = probe_overrides(sc, arrival, rate, n, window=seed - sc.seed)
-            out = run(scen, {**base, **traffic, "seed": seed}, watch=watch)
-            return out.requests, out.summary
-        return steady_run(run_n, rate, rule, bounds, stop)
-    return run_at
-
-
-def _capacity_row(cap: Capacity, gpu: str) -> dict:
-    spread = cap.spread("ttft_s")
-    fail = cap.at_fail
-    stopped = [x["stopped"] for p in cap.probes for x in p.summaries if x.get("stopped")]
-    return {"sustained_rate": cap.rate, "fail_rate": cap.fail_rate,
-            "seeds_passed_at_fail": f"{fail.seeds_passed}/{fail.seeds_run}" if fail else "",
-            "ttft_p99_spread_s": f"{spread[0]:.3g}-{spread[1]:.3g}" if spread else "",
-            "broke": "; ".join(fail.broke) if fail else "",
-            "binding": binding(fail.summaries[-1], gpu, fail.broke) if fail else "none up to rate_max",
-            "probes": len(cap.probes), "runs": sum(p.seeds_run for p in cap.probes),
-            "probe_traffic_s": sum(x["steady"]["traffic_run_s"] for p in cap.probes for x in p.summaries
-                                   if "steady" in x),
-            # seeds' runs stopped once their failure was certain, and their arrivals left out
-            "probe_runs_stopped": len(stopped),
-            "probe_traffic_stopped_s": sum(st["last_arrival_s"] - st["at_s"] for st in stopped)}
-
-
-def binding(summary: dict, gpu: str, broke: list[str] | None = None) -> str:
-    """`_binding`, marked '(stopped probe)' when read from a run stopped once its failure
-    was certain (its figures are the requests finished by then: probestop.py)."""
-    why = _binding(summary, gpu, broke)
-    return f"{why} (stopped probe)" if summary.get("stopped") else why
-
-
-def _binding(summary: dict, gpu: str, broke: list[str] | None = None) -> str:
-    """What ran out first at the first failing probe (derived from its summary):
-    KV capacity when requests were preempted or rejected or the cache peaked >= 95 %;
-    else, when steps ran >= 85 % of the time: host overhead when under half of that was
-    GPU kernels (the serving loop's CPU work paced it), else compute or memory bandwidth
-    by a roofline test: mean tokens per iteration (~FLOPs per weight byte at bf16)
-    against the GPU's FLOP/byte ridge; else queueing (idle time, requests waited).
-
-    Given what broke (`violations`, first first), the answer names that SLO and why: a
-    p99 TTFT that is mostly the prefill itself (p99 queueing under half of it) is
-    "p99 TTFT: prefill time", not the decode-averaged roofline's "memory bandwidth"."""
-    kv = summary["kv"]
-    if summary["preemptions"] or summary["requests"]["rejected"] or kv["util_peak"] >= 0.95:
-        return _broke(broke, "KV capacity")
-    if broke and broke[0].startswith("p99 TTFT"):
-        ttft, queue = summary["ttft_s"]["p99"], (summary.get("queue_s") or {}).get("p99")
-        if ttft is not None and queue is not None and queue < 0.5 * ttft:
-            return "p99 TTFT: prefill time"
-    return _broke(broke, _resource(summary, gpu))
-
-
-def _resource(summary: dict, gpu: str) -> str:
-    """host overhead, compute or memory bandwidth for a busy GPU, else queueing."""
-    from sim.costmodel.profiles import load_profile
-
-    busy = summary["gpu_busy_fraction"]
-    if busy >= 0.85:
-        kernels = summary["gpu_kernel_fraction"]  # None: not modelled (a measured run)
-        if kernels is not None and kernels < 0.5 * busy:
-            return "host overhead"
-        f = load_profile(gpu).facts
-        ridge = (f.peak_tflops or f.datasheet_tflops) / (f.mem_bw_tbs or f.datasheet_mem_bw_tbs)
-        iters = max(summary["iterations"]["total"], 1)
-        per_iter = summary["total_token_throughput"] * summary["duration_s"] / iters
-        return "compute" if per_iter >= ridge else "memory bandwidth"
-    return "queueing"
-
-
-def _broke(broke: list[str] | None, why: str) -> str:
-    """`why`, after the SLO that broke first ('p99 TPOT: memory bandwidth')."""
-    if not broke:
-        return why
-    first = broke[0]
-    name = next((n for n in ("p99 TTFT", "p99 TPOT", "p99 E2E", "goodput", "steady throughput")
-                 if first.startswith(n)), "rejections" if first.endswith(" rejected") else first)
-    return f"{name}: {why}"
 
 
 def pareto(rows: list[dict]) -> list[str]:
