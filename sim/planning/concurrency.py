@@ -49,6 +49,7 @@ from typing import Any
 
 from sim.io.specload import SpecError, build, load_yaml
 from sim.planning.capacity import SLO, Probe, probe, violations
+from sim.planning.lifetime import pmap
 from sim.planning.planspec import SearchSpec, load_prices
 from sim.planning.steady import window, windowed_summary
 from sim.policies.router import RouterSpec
@@ -280,7 +281,7 @@ def run_concurrency_plan(spec: ConcurrencyPlanSpec, prices_path: str | None = No
     check_candidates(spec.file, spec.candidates, _scenario_path(spec), {"slo": spec.slo.as_scenario_slo()})
     cands = candidate_grid(spec.candidates, None, spec.file) or [{}]
     workers = workers or max(1, min(os.cpu_count() or 1, len(cands)))
-    rows = _map(spec, cands, prices, workers)
+    rows = pmap(evaluate, [(spec, c, prices) for c in cands], workers)
     ranked = sorted((i for i, r in enumerate(rows) if r["status"] == "ok"),
                     key=lambda i: (rows[i]["usd_per_hour"], rows[i]["ttft_p99_at_capacity_s"]))
     done: list[tuple[int, dict]] = []
@@ -304,20 +305,6 @@ def run_concurrency_plan(spec: ConcurrencyPlanSpec, prices_path: str | None = No
             "probe_curves": curves,
             "fleet_checks": [c for _, c in done], "fleet_check": done[0][1] if done else None,
             "recommended": rec}
-
-
-def _map(spec, cands, prices, workers) -> list[dict]:
-    if workers <= 1 or len(cands) <= 1:
-        return [evaluate(spec, c, prices) for c in cands]
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    from sim.planning.lifetime import die_with_parent
-    from sim.planning.sweep import _START_METHOD
-
-    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(_START_METHOD),
-                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-        return [f.result() for f in [pool.submit(evaluate, spec, c, prices) for c in cands]]
 
 
 def concurrency_lines(result: dict) -> list[str]:

@@ -46,6 +46,7 @@ from sim.planning.candidates import check_candidates, label
 from sim.planning.capacity import max_rate
 from sim.planning.daybound import bound_schedule, lower_bound, static_peak, window_rates
 from sim.planning.estimate import _base, _capacity_row, _runner
+from sim.planning.lifetime import pmap
 from sim.planning.planspec import PlanSpec, candidate_grid, load_prices, plan_groups, plan_scenario
 from sim.planning.planspec import _resolve as _plan_path
 from sim.planning.probestop import stopper
@@ -212,7 +213,7 @@ def run_day_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers:
     check_candidates(spec.file, spec.candidates, scen, {**_base(spec), "cluster": None})
     cands = candidate_grid(spec)
     workers = workers or os.cpu_count() or 1
-    caps = _pmap(capacity, [(spec, c, prices) for c in cands], workers, progress, "capacity")
+    caps = pmap(capacity, [(spec, c, prices) for c in cands], workers, progress, "capacity")
     rates = window_rates(profile, duration, spec.day.window_s)
     per_cand, jobs = [], []
     for cand, cap in zip(cands, caps, strict=True):
@@ -231,7 +232,7 @@ def run_day_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers:
     if spec.day.screen:
         results = _screened(spec, scen, jobs, per_cand, seeds, duration, workers, progress)
     else:
-        results = _pmap(simulate_day, [(scen, over, seeds) for _, _, over in jobs], workers, progress, "day")
+        results = pmap(simulate_day, [(scen, over, seeds) for _, _, over in jobs], workers, progress, "day")
     fleets = []
     for (k, row, _), res in zip(jobs, results, strict=True):
         cap = per_cand[k]["capacity"]
@@ -300,26 +301,6 @@ def _delay(scen: str, over: dict, auto: AutoscaleSpec, file) -> float:
 
     cfg = replica_configs(load_scenario(scen, over))[0]
     return provisioning_delay(auto, cfg.budget.weight_bytes, file=file)["delay_s"]
-
-
-def _pmap(fn, args: list[tuple], workers: int, progress: bool, what: str) -> list:
-    if workers <= 1 or len(args) <= 1:
-        return [fn(*a) for a in args]
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    from sim.planning.lifetime import die_with_parent
-    from sim.planning.sweep import _START_METHOD
-
-    with cf.ProcessPoolExecutor(min(workers, len(args)), mp_context=mp.get_context(_START_METHOD),
-                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-        futs = [pool.submit(fn, *a) for a in args]
-        if progress:
-            from tqdm import tqdm
-
-            for _ in tqdm(cf.as_completed(futs), total=len(futs), desc=what, leave=False):
-                pass
-        return [f.result() for f in futs]
 
 
 def write_day_plan(result: dict, out_dir: str | Path) -> Path:

@@ -181,15 +181,11 @@ def run_screened(fn, jobs: list[dict], workers: int, progress: bool = False) -> 
 
 def _pool(fn, jobs, order, workers, screen, done, bar) -> None:
     import concurrent.futures as cf
-    import multiprocessing as mp
-    import os
 
-    from sim.planning.lifetime import die_with_parent
-    from sim.planning.sweep import _START_METHOD
+    from sim.planning.lifetime import worker_pool
 
     queue = list(order)
-    with cf.ProcessPoolExecutor(min(workers, len(jobs)), mp_context=mp.get_context(_START_METHOD),
-                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+    with worker_pool(min(workers, len(jobs))) as pool:
         running = {}
         while queue or running:
             while queue and len(running) < workers:

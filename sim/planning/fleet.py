@@ -189,14 +189,9 @@ def run_seeds(spec: PlanSpec, cand: dict, n: int, rate: float, seeds: list[int],
     one = functools.partial(_one_seed, spec, cand, n, rate, traffic_s)
     if workers <= 1:
         return [one(seed) for seed in seeds]
-    import concurrent.futures as cf
-    import multiprocessing as mp
+    from sim.planning.lifetime import worker_pool
 
-    from sim.planning.lifetime import die_with_parent
-    from sim.planning.sweep import _START_METHOD
-
-    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(_START_METHOD),
-                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+    with worker_pool(workers) as pool:
         return list(pool.map(one, seeds))
 
 

@@ -3,6 +3,8 @@ curve or plan leaves no pool worker or local Ray process behind (holding its std
 stderr open, so that a CI step reading them hangs).
 
     die_with_parent(pid)   a process pool's initializer: the worker ends with `pid`
+    worker_pool(n)         a process pool of n workers that end with this process
+    pmap(fn, args, n)      [fn(*a) for a in args] on such a pool (here, for one worker or task)
     reaper()               a watchdog that kills the local Ray this process starts, once
                            this process is gone (Ray's agents outlive a killed driver)
 """
@@ -16,6 +18,8 @@ import sys
 import threading
 import time
 
+# fork: workers need not re-import the caller (a notebook, stdin); spawn where no fork
+START_METHOD = "fork" if sys.platform != "win32" else "spawn"
 PARENT_POLL_S = 1.0  # how often a worker looks for its parent (besides PR_SET_PDEATHSIG)
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -41,6 +45,36 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="llmsim-parent-watch", daemon=True).start()
+
+
+def worker_pool(workers: int | None):
+    """A process pool (START_METHOD) whose workers end with this process: every pool of a
+    sweep, curve or plan is made here, so none can outlive a killed command. Its imports
+    wait for the first pool: a plain run never starts one."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    return cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(START_METHOD),
+                                  initializer=die_with_parent, initargs=(os.getpid(),))
+
+
+def pmap(fn, args: list[tuple], workers: int, progress: bool = False, what: str = "",
+         unit: str = "it") -> list:
+    """[fn(*a) for a in args], in order: in this process for one worker or one task, else on
+    a worker_pool of at most `workers` (`fn` and its arguments picklable); `progress` draws
+    a tqdm bar named `what` as the tasks finish."""
+    if workers <= 1 or len(args) <= 1:
+        return [fn(*a) for a in args]
+    import concurrent.futures as cf
+
+    with worker_pool(min(workers, len(args))) as pool:
+        futs = [pool.submit(fn, *a) for a in args]
+        if progress:
+            from tqdm import tqdm
+
+            for _ in tqdm(cf.as_completed(futs), total=len(futs), desc=what, unit=unit, leave=False):
+                pass
+        return [f.result() for f in futs]
 
 
 # The watchdog, run as `python -c REAPER <pid>`: every half second it notes the process

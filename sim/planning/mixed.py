@@ -133,14 +133,9 @@ def capacities(spec: MixedPlanSpec, mix: dict, workers: int) -> dict:
     kind = mix["process"]
     if workers <= 1:
         return {(g, k): pool_capacity(spec, g, mix["files"][k], kind) for g, k in jobs}
-    import concurrent.futures as cf
-    import multiprocessing as mp
+    from sim.planning.lifetime import worker_pool
 
-    from sim.planning.lifetime import die_with_parent
-    from sim.planning.sweep import _START_METHOD
-
-    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(_START_METHOD),
-                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+    with worker_pool(workers) as pool:
         futs = {(g, k): pool.submit(pool_capacity, spec, g, mix["files"][k], kind) for g, k in jobs}
         return {k: f.result() for k, f in futs.items()}
 

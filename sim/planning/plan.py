@@ -102,6 +102,7 @@ from sim.planning.candidates import ALIASES, check_candidates, label
 from sim.planning.deployments import deployment_fronts
 from sim.planning.estimate import _base, _usd_per_m, evaluate, output_tokens_per_request, screen
 from sim.planning.fleet import headroom, validate_fleet
+from sim.planning.lifetime import pmap
 from sim.planning.planspec import (
     PlanSpec,
     SearchSpec,
@@ -156,8 +157,8 @@ def run_plan(spec: PlanSpec, prices_path: str | Path | None = None, workers: int
         first = rows[0]
         raise SpecError(spec.file, "candidates", f"every candidate is skipped, e.g. {first['candidate']}: "
                         f"{first['note']}")
-    for i, r in zip(todo, _map(spec, [cands[i] for i in todo], prices,
-                               workers or os.cpu_count() or 1, progress), strict=True):
+    for i, r in zip(todo, pmap(evaluate, [(spec, cands[i], prices) for i in todo],
+                               workers or os.cpu_count() or 1, progress, "plan", "candidate"), strict=True):
         rows[i] = r
     result = {"name": spec.name, "target_rate": spec.target_rate, "slo": spec.slo.__dict__,
               "max_replicas": spec.search.max_replicas,
@@ -276,26 +277,6 @@ def _recommended(row: dict, cand: dict, check: dict, spec: PlanSpec, groups: lis
                          f"margin) for {check.get('traffic_s', '?')} s of traffic, seeds {check['seeds']} "
                          "(p99s: the worst seed)",
             "estimate": estimate}
-
-
-def _map(spec, cands, prices, workers, progress) -> list[dict]:
-    if workers <= 1 or len(cands) <= 1:
-        return [evaluate(spec, c, prices) for c in cands]
-    import concurrent.futures as cf
-    import multiprocessing as mp
-
-    from sim.planning.lifetime import die_with_parent
-    from sim.planning.sweep import _START_METHOD
-
-    with cf.ProcessPoolExecutor(workers, mp_context=mp.get_context(_START_METHOD),
-                                initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-        futs = [pool.submit(evaluate, spec, c, prices) for c in cands]
-        if progress:
-            from tqdm import tqdm
-
-            for _ in tqdm(cf.as_completed(futs), total=len(futs), desc="plan", unit="candidate", leave=False):
-                pass
-        return [f.result() for f in futs]
 
 
 def write_plan(result: dict, out_dir: str | Path) -> Path:

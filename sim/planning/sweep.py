@@ -19,8 +19,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import os
-import sys
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -30,12 +28,10 @@ import pandas as pd
 from sim.io.outdir import open_progress, write_output
 from sim.io.outputs import OutputError, _describe_oserror
 from sim.io.specload import SpecError, parse_cli_value
-from sim.planning.lifetime import die_with_parent, reaper
+from sim.planning.lifetime import reaper, worker_pool
 
 EXECUTORS = ("process", "ray", "sequential")
 UNSTABLE = ("wall_s", "simulate_wall_s")  # summary fields that differ from run to run: never in a row
-# fork: workers need not re-import the caller (a notebook, stdin); spawn where no fork
-_START_METHOD = "fork" if sys.platform != "win32" else "spawn"
 
 
 # what a swept field moves beyond the latencies, shown beside them: a swept field's dotted
@@ -135,10 +131,8 @@ def execute(tasks: list[Task], executor: str = "process", workers: int | None = 
             yield key, fn(f, o)
     elif executor == "process":
         import concurrent.futures as cf
-        import multiprocessing as mp
 
-        with cf.ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context(_START_METHOD),
-                                    initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
+        with worker_pool(workers) as pool:
             futs = {pool.submit(fn, f, o): key for key, f, o in tasks}
             try:
                 for fut in cf.as_completed(futs):
