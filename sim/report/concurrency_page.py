@@ -6,25 +6,16 @@ labels with mathtext off."""
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sim.report.document import Report, Section, fmt_cell, markup, png
+from sim.report.document import Report, Section, fmt_cell, markup, plot_value, png
 
 CANDIDATE_COLUMNS = ["candidate", "status", "users_per_replica", "fail_users", "request_rate_at_capacity",
                      "ttft_p99_at_capacity_s", "tpot_p99_at_capacity_s", "replicas", "gpus", "usd_per_hour",
                      "fleet_replicas", "fleet_usd_per_hour", "broke", "note"]
 CHECK_COLUMNS = ["candidate", "users", "estimated_replicas", "replicas", "usd_per_hour", "usd_per_m_output_tokens",
                  "ttft_p99_s", "tpot_p99_s", "request_throughput", "holds", "one_fewer_breaks"]
-
-
-def _num(v) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def users_plot(plan: dict) -> Figure:
@@ -38,7 +29,7 @@ def users_plot(plan: dict) -> Figure:
     for i, name in enumerate(names):
         mine = pts[pts.candidate == name].sort_values("users")
         for ax, key in zip(axes, ("ttft_p99_s", "tpot_p99_s"), strict=True):
-            ys = [_num(v) for v in mine[key]]
+            ys = [plot_value(v) for v in mine[key]]
             ax.plot(list(mine.users), ys, "-", color=f"C{i}", label=str(name))
             ok = mine.passed.astype(bool).to_list()
             ax.scatter([u for u, g in zip(mine.users, ok, strict=True) if g],
@@ -49,12 +40,12 @@ def users_plot(plan: dict) -> Figure:
     for c in plan.get("fleet_checks") or []:
         i = names.index(c.get("candidate")) if c.get("candidate") in names else len(names)
         for row in c.get("checks") or []:
-            per = _num(c.get("users")) / max(_num(row.get("replicas")), 1)
+            per = plot_value(c.get("users")) / max(plot_value(row.get("replicas")), 1)
             for ax, key in zip(axes, ("ttft_p99_s", "tpot_p99_s"), strict=True):
-                ax.scatter([per], [_num(row.get(key))], marker="D", color=f"C{i}", alpha=0.6)
+                ax.scatter([per], [plot_value(row.get(key))], marker="D", color=f"C{i}", alpha=0.6)
     for ax, key, name in ((axes[0], "ttft_p99_s", "p99 TTFT (s)"), (axes[1], "tpot_p99_s", "p99 TPOT (s)")):
         if slo.get(key) is not None:
-            ax.axhline(_num(slo[key]), color="r", linestyle=":", label="SLO")
+            ax.axhline(plot_value(slo[key]), color="r", linestyle=":", label="SLO")
         ys = [v for line in ax.lines for v in line.get_ydata() if v == v and v > 0]
         if ys and max(ys) > 20 * min(ys):  # a knee that runs away: log scale keeps the SLO in view
             ax.set_yscale("log")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -68,6 +69,15 @@ def fmt_cell(v) -> str:
     if isinstance(v, float):
         return f"{v:.4g}"
     return str(v)
+
+
+def plot_value(v) -> float:
+    """A value from a result file as a float to plot: NaN where it is missing or no number
+    (a shared plan.json may hold anything), so one odd cell leaves a gap, not a failed page."""
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def to_html(rep: Report) -> str:

@@ -11,7 +11,7 @@ import math
 import pandas as pd
 from matplotlib.figure import Figure
 
-from sim.report.document import Report, Section, fmt_cell, markup, png
+from sim.report.document import Report, Section, fmt_cell, markup, plot_value, png
 
 OPTION_COLUMNS = ["label", "kind", "thresholds", "usd_per_hour", "usd_per_hour_interval90"]
 SHOWN_OPTIONS = 40  # the cheapest options in the page's table (options.csv holds them all)
@@ -26,15 +26,8 @@ def _rng(r, fmt: str = "{:.3g}") -> str:
 
 def _pct(v) -> str:
     """A half-width b as '±9%' ('-' when missing)."""
-    b = _num(v)
+    b = plot_value(v)
     return "-" if math.isnan(b) else f"±{b:.0%}"
-
-
-def _num(v) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 def comparison_plot(plan: dict) -> Figure:
@@ -53,8 +46,8 @@ def comparison_plot(plan: dict) -> Figure:
         for dx, src, color, what in ((-0.15, o, "C0", "estimate"), (0.15, checks.get(key), "C2", "fleet check")):
             if not src:
                 continue
-            y = _num(src.get("usd_per_hour"))
-            lo, hi = (list(map(_num, src["usd_per_hour_interval90"])) if src.get("usd_per_hour_interval90")
+            y = plot_value(src.get("usd_per_hour"))
+            lo, hi = (list(map(plot_value, src["usd_per_hour_interval90"])) if src.get("usd_per_hour_interval90")
                       else (y, y))
             ax.bar(i + dx, y, width=0.28, color=color, alpha=0.8, label=what)
             if not (math.isnan(lo) or math.isnan(hi)):
@@ -96,7 +89,7 @@ def mixed_sections(plan: dict) -> Report:
                            fmt_cell(rec.get("tpot_p99_s")), _rng(rec.get("tpot_p99_interval90_s"))))
         single = checks.get("best_single")
         if single and single.get("holds") and rec.get("kind") == "mix":
-            saved = 1 - _num(rec.get("usd_per_hour")) / _num(single.get("usd_per_hour"))
+            saved = 1 - plot_value(rec.get("usd_per_hour")) / plot_value(single.get("usd_per_hour"))
             text.append(markup("The mix saves {} against the best single type checked ({}, ${}/hour).",
                                f"{saved:.0%}", single.get("fleet"), fmt_cell(single.get("usd_per_hour"))))
         elif rec.get("kind") == "single":
@@ -116,8 +109,8 @@ def mixed_sections(plan: dict) -> Report:
     table = pd.DataFrame([_check_row(k, c) for k, c in checks.items()])
     est = pd.DataFrame([{"option": f"{k.replace('_', ' ')}: {o.get('label')}", "usd_per_hour": o.get("usd_per_hour"),
                          "usd_per_hour_interval90": _rng(o.get("usd_per_hour_interval90"), "{:.2f}"),
-                         **{f"pool {i + 1}": f"{p.get('replicas')} x {p.get('gpu')} ({_num(p.get('share')):.0%}, "
-                            f"{_num(p.get('sustained_rate')):.3g} req/s each)"
+                         **{f"pool {i + 1}": f"{p.get('replicas')} x {p.get('gpu')} ({plot_value(p.get('share')):.0%}, "
+                            f"{plot_value(p.get('sustained_rate')):.3g} req/s each)"
                             for i, p in enumerate(o.get("pools") or [])}}
                         for k in ("best_mix", "best_single") if (o := plan.get(k))])
     images = [("mixed vs single", png(comparison_plot(plan)))] if plan.get("best_single") or plan.get("best_mix") else []
