@@ -116,8 +116,8 @@ def test_a_plan_with_both_target_users_and_target_rate_is_refused_in_one_line(tm
                          ids=lambda p: p.name)
 def test_every_shipped_concurrency_plan_loads_and_its_candidates_check(plan):
     from sim.planning.candidates import check_candidates
-    from sim.planning.concurrency import _scenario_path
+    from sim.planning.planspec import plan_scenario
 
     spec = load_concurrency_plan(plan)
-    check_candidates(spec.file, spec.candidates, _scenario_path(spec), {"slo": spec.slo.as_scenario_slo()})
+    check_candidates(spec.file, spec.candidates, plan_scenario(spec), {"slo": spec.slo.as_scenario_slo()})
     assert spec.target_users >= 1

@@ -47,10 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.io.specload import SpecError, build, load_yaml
+from sim.io.specload import SpecError, load_yaml
 from sim.planning.capacity import SLO, Probe, probe, violations
 from sim.planning.lifetime import pmap
-from sim.planning.planspec import SearchSpec, load_prices
+from sim.planning.planspec import SearchSpec, built_plan, load_prices, plan_scenario
 from sim.planning.steady import window, windowed_summary
 from sim.policies.router import RouterSpec
 
@@ -84,17 +84,7 @@ def load_concurrency_plan(file: str | Path) -> ConcurrencyPlanSpec:
         raise SpecError(p, "target_rate", "a plan sizes by target_users or target_rate, not both")
     if isinstance(data.get("router"), dict):
         data = {**data, "router": {"policy": "random", **data["router"]}}
-    spec = build(ConcurrencyPlanSpec, data, file=p)
-    object.__setattr__(spec, "file", str(p))
-    for k, values in spec.candidates.items():
-        if not values:
-            raise SpecError(p, f"candidates.{k}", "empty list (allowed: one or more values)")
-    return spec
-
-
-def _scenario_path(spec: ConcurrencyPlanSpec) -> str:
-    q = Path(spec.scenario)
-    return str(q if q.is_absolute() else Path(spec.file).resolve().parent / q)
+    return built_plan(ConcurrencyPlanSpec, data, p)
 
 
 def closed_overrides(sc, users: int, seconds: float) -> dict:
@@ -125,7 +115,7 @@ def run_users(spec: ConcurrencyPlanSpec, cand: dict, users: int, seed: int, seco
     from sim.planning.fleet import scenario_dict
     from sim.planning.units import fleet_cluster
 
-    scen = _scenario_path(spec)
+    scen = plan_scenario(spec)
     base = {"slo": spec.slo.as_scenario_slo(), **cand}
     sc = load_scenario(scen, {**base, **closed_overrides(load_scenario(scen, base), users, seconds),
                               "seed": seed})
@@ -196,7 +186,7 @@ def evaluate(spec: ConcurrencyPlanSpec, cand: dict, prices: dict[str, float]) ->
 
     row: dict[str, Any] = {"candidate": label(cand, None), **cand}
     try:
-        sc = load_scenario(_scenario_path(spec), {"slo": spec.slo.as_scenario_slo(), **cand})
+        sc = load_scenario(plan_scenario(spec), {"slo": spec.slo.as_scenario_slo(), **cand})
     except SpecError as e:
         return {**row, "status": "skipped", "note": f"refused by the scenario: {e.path}: {e.message}"}
     unit = unit_of(sc)
@@ -231,7 +221,7 @@ def check_fleet(spec: ConcurrencyPlanSpec, row: dict, cand: dict, unit_usd_h: fl
     from sim.config.scenario import load_scenario
 
     s = spec.search
-    base = load_scenario(_scenario_path(spec), {"slo": spec.slo.as_scenario_slo(), **cand}).seed
+    base = load_scenario(plan_scenario(spec), {"slo": spec.slo.as_scenario_slo(), **cand}).seed
     seeds = [base + max(1000, s.seeds) + i for i in range(s.seeds)]
     users = math.ceil(spec.target_users * (1 + s.margin))
     extra = 1 if s.redundancy == "n+1" else 0
@@ -278,7 +268,7 @@ def run_concurrency_plan(spec: ConcurrencyPlanSpec, prices_path: str | None = No
 
     prices = load_prices(prices_path or (str(Path(spec.file).resolve().parent / spec.prices)
                                          if spec.prices else None))
-    check_candidates(spec.file, spec.candidates, _scenario_path(spec), {"slo": spec.slo.as_scenario_slo()})
+    check_candidates(spec.file, spec.candidates, plan_scenario(spec), {"slo": spec.slo.as_scenario_slo()})
     cands = candidate_grid(spec.candidates, None, spec.file) or [{}]
     workers = workers or max(1, min(os.cpu_count() or 1, len(cands)))
     rows = pmap(evaluate, [(spec, c, prices) for c in cands], workers)

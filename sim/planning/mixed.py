@@ -69,14 +69,13 @@ from sim.planning.mixedspec import (  # noqa: F401  (the plan's spec, re-exporte
     MixedPlanSpec,
     MixedSpec,
     _base,
-    _scenario_path,
     describe,
     is_mixed_plan,
     load_mixed_plan,
     span_label,
     spans,
 )
-from sim.planning.planspec import SearchSpec, load_prices
+from sim.planning.planspec import SearchSpec, load_prices, plan_scenario
 from sim.planning.uncertainty import (
     fleet_pool,
     fmt_range,
@@ -100,7 +99,7 @@ def pool_capacity(spec: MixedPlanSpec, gpu: str, path: Path, kind: str) -> dict:
     from sim.planning.estimate import _runner
     from sim.planning.mixed_stream import steady_for
 
-    scen = _scenario_path(spec)
+    scen = plan_scenario(spec)
     base = {**_base(spec), "gpu": gpu, **stream_overrides(path, kind)}
     try:
         sc = load_scenario(scen, base)
@@ -208,7 +207,7 @@ def gpu_prices(spec: MixedPlanSpec, prices: dict[str, float]) -> dict[str, float
     out = {}
     for i, g in enumerate(spec.mixed.gpus):
         try:
-            unit = unit_of(load_scenario(_scenario_path(spec), {**_base(spec), "gpu": g}))
+            unit = unit_of(load_scenario(plan_scenario(spec), {**_base(spec), "gpu": g}))
         except SpecError as e:
             raise SpecError(spec.file, f"mixed.gpus[{i}]", f"'{g}' refused by the scenario: {e.message}") from None
         if unit.unpriced(prices) is not None:

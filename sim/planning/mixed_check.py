@@ -23,7 +23,8 @@ import math
 
 from sim.planning.capacity import SLO, violations
 from sim.planning.mixed_stream import steady_for, stream_overrides, traffic
-from sim.planning.mixedspec import POOL_NAMES, MixedPlanSpec, _base, _scenario_path, describe
+from sim.planning.mixedspec import POOL_NAMES, MixedPlanSpec, _base, describe
+from sim.planning.planspec import plan_scenario
 from sim.planning.steady import window, windowed_summary
 from sim.planning.uncertainty import (
     fleet_group,
@@ -62,7 +63,7 @@ def run_option(spec: MixedPlanSpec, option: dict, seed: int, mix: dict | None = 
     s = spec.search
     rate = s.sizing_rate(spec.target_rate)
     n = max(s.requests, math.ceil(rate * s.fleet_traffic_s))
-    scen = _scenario_path(spec)
+    scen = plan_scenario(spec)
     kind = mix["process"] if mix else "poisson"
     stream = stream_overrides(mix["files"]["all"], kind) if mix and kind == "replay" else {}
     sc0 = load_scenario(scen, {**_base(spec), **stream})
@@ -201,4 +202,4 @@ def _usd(option: dict, gpu_usd_h: dict[str, float]) -> float:
 def _seed(spec: MixedPlanSpec) -> int:
     from sim.config.scenario import load_scenario
 
-    return load_scenario(_scenario_path(spec), _base(spec)).seed
+    return load_scenario(plan_scenario(spec), _base(spec)).seed

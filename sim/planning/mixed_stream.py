@@ -39,7 +39,8 @@ import numpy as np
 import pandas as pd
 
 from sim.io.specload import SpecError
-from sim.planning.mixedspec import MixedPlanSpec, _base, _scenario_path, spans
+from sim.planning.mixedspec import MixedPlanSpec, _base, spans
+from sim.planning.planspec import plan_scenario
 from sim.planning.traffic import interarrival_cv
 
 TIME_VARYING = ("profile", "diurnal")
@@ -81,7 +82,7 @@ def length_mix(spec: MixedPlanSpec, folder: Path) -> dict:
     from sim.config.scenario import load_scenario
     from sim.workload.requests import generate
 
-    sc = load_scenario(_scenario_path(spec), _base(spec))
+    sc = load_scenario(plan_scenario(spec), _base(spec))
     kind = stream_process(sc, spec)
     n = spec.search.requests * 20
     if kind == "poisson":

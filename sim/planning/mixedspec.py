@@ -67,11 +67,6 @@ def load_mixed_plan(file: str | Path) -> MixedPlanSpec:
     return spec
 
 
-def _scenario_path(spec: MixedPlanSpec) -> str:
-    q = Path(spec.scenario)
-    return str(q if q.is_absolute() else Path(spec.file).resolve().parent / q)
-
-
 def _base(spec: MixedPlanSpec) -> dict:
     return {"slo": spec.slo.as_scenario_slo(), "cluster": None}
 

@@ -103,7 +103,14 @@ def load_plan(file: str | Path) -> PlanSpec:
         data = {**data, "router": {"policy": "random", **data["router"]}}
     elif "router" not in data:  # ... or its scenario is a cluster, whose router is part of the unit
         data = {**data, **_cluster_router(p, data.get("scenario"))}
-    spec = build(PlanSpec, data, file=p)
+    return built_plan(PlanSpec, data, p)
+
+
+def built_plan(cls: type, data: dict, p: Path):
+    """A plan spec of `cls` built from its file's mapping, which remembers its file (its
+    relative paths are taken from there) and refuses an empty candidate list there, where
+    the grid would otherwise silently hold no candidate."""
+    spec = build(cls, data, file=p)
     object.__setattr__(spec, "file", str(p))
     for k, values in spec.candidates.items():
         if not values:
@@ -128,13 +135,14 @@ def _cluster_router(plan: Path, scenario: object) -> dict:
     return {"router": asdict(sc.cluster.router)} if sc.cluster is not None else {}
 
 
-def _resolve(spec: PlanSpec, rel: str) -> Path:
+def _resolve(spec: Any, rel: str) -> Path:
     q = Path(rel)
     return q if q.is_absolute() else (Path(spec.file).resolve().parent / q)
 
 
-def plan_scenario(spec: PlanSpec) -> str:
-    """The plan's scenario file (a relative path is taken from the plan's folder)."""
+def plan_scenario(spec: Any) -> str:
+    """The plan's scenario file (a relative path is taken from the plan's folder): of any
+    plan spec with `scenario` and `file` (by rate, by concurrency, mixed)."""
     return str(_resolve(spec, spec.scenario))
 
 
