@@ -81,8 +81,58 @@ def test_a_long_column_in_memory_is_selected_with_the_same_floats(monkeypatch):
     monkeypatch.setattr(metrics, "SELECT_ROWS", 100)
     monkeypatch.setattr(spill, "READ_ROWS", 333)
     calls = []
-    monkeypatch.setattr(bigstats, "_select", lambda *a, _s=bigstats._select: calls.append(1) or _s(*a))
-    assert weighted_stats(v, w) == sorted_ and len(calls) == 3  # p50, p90, p99 selected
+    monkeypatch.setattr(bigstats, "select", lambda *a, _s=bigstats.select: calls.append(a[2]) or _s(*a))
+    assert weighted_stats(v, w) == sorted_ and len(calls) == 1 and len(calls[0]) == 3  # p50, p90, p99
+
+
+def _inverted_cdf(v: np.ndarray, w: np.ndarray, target: float) -> float:
+    """The known answer: sort, accumulate the weights, take the first value reaching it."""
+    order = np.argsort(v, kind="stable")
+    cum = np.cumsum(w[order])
+    return float(v[order][min(int(np.searchsorted(cum, target)), len(v) - 1)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 3000), st.sampled_from([7, 64, 500, 4096]))
+def test_shared_pass_selection_is_the_sorted_selection(seed, n, rows):
+    """All targets selected together (shared passes, one first level of bins) give each
+    the value numpy's sorted cumulative weights give, on data with ties, clusters finer
+    than a bin, negative values, zero weights and a few huge weights."""
+    rng = np.random.default_rng(seed)
+    kind = seed % 4
+    if kind == 0:
+        v = rng.exponential(0.02, n)
+    elif kind == 1:  # a cluster inside one first-level bin: narrowed twice or more
+        v = 0.0125 + rng.integers(0, 40, n) * 1e-15
+    elif kind == 2:  # few distinct values: heavy ties
+        v = rng.choice(np.array([-1.5, -0.0, 0.0, 0.25, 3.0]), n)
+    else:
+        v = rng.normal(0, 1, n) * 10.0 ** rng.integers(-5, 5, n)
+    w = rng.integers(0, 5, n) * (rng.random(n) < 0.9)
+    w[rng.integers(0, n, 3)] = 10**9  # heavy weights
+    if w.sum() == 0:
+        w[0] = 1
+    total = float(w.sum())
+    targets = [p / 100 * total for p in (0.01, 1, 50, 90, 99, 99.99, 100)]
+    want = [_inverted_cdf(v, w, t) for t in targets]
+    pos = w > 0
+    cols = v[pos], w[pos]
+    monkeypatch_rows = spill.READ_ROWS
+    try:
+        spill.READ_ROWS = rows
+        got = bigstats.select(*cols, targets, float(cols[0].max()))
+    finally:
+        spill.READ_ROWS = monkeypatch_rows
+    assert got == want
+
+
+def test_weighted_stats_known_answer_on_a_small_table(monkeypatch):
+    """Values 1..4 with weights 1, 2, 3, 4 (total 10): p50 is 3 (cumulative 1, 3, 6, 10
+    first reaches 5 at 3), p90 and p99 are 4, the mean 3.0, read 2 rows at a time."""
+    monkeypatch.setattr(spill, "READ_ROWS", 2)
+    v, w = np.array([4.0, 1.0, 3.0, 2.0]), np.array([4, 1, 3, 2])
+    assert bigstats.weighted_stats(v, w) == {"mean": 3.0, "p50": 3.0, "p90": 4.0, "p99": 4.0,
+                                              "max": 4.0}
 
 
 def _files(out, folder: Path) -> dict[str, bytes]:
