@@ -202,3 +202,31 @@ def test_window_busy_seconds_in_blocks_are_the_whole_columns_bits(gaps, block):
                                                               (t1 - t0)[np.maximum(k, 0)]), 0.0)
     got, total = _busy_until(edges, t0, t1, block=block)
     assert np.array_equal(got, want) and total == cum[-1]
+
+
+def test_request_records_come_back_in_request_order_from_one_file_a_replica():
+    """Requests 0..4 went to replicas 1, 0, 1, 0, 0; each replica's records (in id order)
+    are written once, to one file, and read back per field in request order, text fields
+    by their own names whatever codes each replica used."""
+    from sim.engine.records import NUMBERS, RequestRecords
+
+    def cols(rids, states):
+        out = {a: np.asarray(rids, dtype=t) * (10 if a == "arrival" else 1)
+               for a, t in NUMBERS.items()}
+        names = tuple(dict.fromkeys(states))
+        out["state"] = (np.array([names.index(x) for x in states], dtype=np.int32), names)
+        out["reject_reason"] = (np.zeros(len(rids), dtype=np.int32), ("",))
+        return out
+
+    sp = SpillDir()
+    recs = RequestRecords(5, np.array([1, 0, 1, 0, 0]), sp)
+    recs.add(0, cols([1, 3, 4], ["finished", "rejected", "finished"]))
+    recs.add(1, cols([0, 2], ["rejected", "finished"]))
+    assert sorted(p.name for p in sp.path.iterdir()) == ["q0", "q1"]
+    assert recs.column("rid").tolist() == [0, 1, 2, 3, 4]
+    assert recs.column("arrival").tolist() == [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert recs.column("state").tolist() == ["rejected", "finished", "finished", "rejected",
+                                             "finished"]
+    assert recs.read("replica", 1, 4).tolist() == [1, 2, 3]  # a slice across both files
+    with pytest.raises(ValueError, match="added already"):
+        recs.add(1, cols([0, 2], ["finished", "finished"]))

@@ -40,9 +40,18 @@ def columns_of(seqs: list) -> dict:
     return out
 
 
+def _width(attr: str) -> int:
+    return 4 if attr in TEXTS else np.dtype(NUMBERS[attr]).itemsize
+
+
+FIELDS = (*NUMBERS, *TEXTS)  # a replica's file: each field's rows in turn, in this order
+
+
 class RequestRecords:
-    """Every request's record, replica by replica in the files `q<replica>.<field>` of the
-    run's spill folder; `column` puts a field back in request order."""
+    """Every request's record, replica by replica in the file `q<replica>` of the run's
+    spill folder (its m records as m values of each field in turn, FIELDS' order: one
+    file a replica, as making a file costs more here than writing a few MB to it);
+    `column` puts a field back in request order."""
 
     def __init__(self, n: int, choice: np.ndarray, spill: SpillDir):
         self.n, self.spill = n, spill
@@ -52,15 +61,24 @@ class RequestRecords:
         self._rank: np.ndarray | None = None
 
     def add(self, replica: int, cols: dict) -> None:
-        """Write replica `replica`'s records (columns_of its requests, in id order)."""
-        for a in NUMBERS:
-            self.spill.append(f"q{replica}.{a}", np.ascontiguousarray(cols[a]))
+        """Write replica `replica`'s records (columns_of all its requests, in id order; once
+        a replica)."""
+        if replica in self.rows:
+            raise ValueError(f"replica {replica}'s records were added already")
+        parts = [np.ascontiguousarray(cols[a], dtype=NUMBERS[a]) for a in NUMBERS]
         for a in TEXTS:
             codes, names = cols[a]
             known = self.names[a]
             remap = np.array([known.setdefault(x, len(known)) for x in names], dtype=np.int32)
-            self.spill.append(f"q{replica}.{a}", remap[codes] if len(codes) else codes)
-        self.rows[replica] = self.rows.get(replica, 0) + len(cols["rid"])
+            parts.append(np.ascontiguousarray(remap[codes] if len(codes) else codes,
+                                              dtype=np.int32))
+        self.spill.append(f"q{replica}", np.concatenate([p.view(np.uint8) for p in parts]))
+        self.rows[replica] = len(cols["rid"])
+
+    def _offset(self, replica: int, attr: str) -> int:
+        """Where field `attr` of replica `replica`'s records starts in its file, bytes."""
+        m = self.rows[replica]
+        return m * sum(_width(a) for a in FIELDS[:FIELDS.index(attr)])
 
     def _ranks(self) -> np.ndarray:
         """Each request's row among its replica's records."""
@@ -83,8 +101,8 @@ class RequestRecords:
         cuts = np.flatnonzero(np.diff(choice[order])) + 1
         for seg in np.split(order, cuts) if len(order) else []:
             r, first = int(choice[seg[0]]), int(rank[seg[0]])
-            out[seg] = np.fromfile(self.spill.file(f"q{r}.{attr}"), dtype=kind, count=len(seg),
-                                   offset=first * kind.itemsize)
+            out[seg] = np.fromfile(self.spill.file(f"q{r}"), dtype=kind, count=len(seg),
+                                   offset=self._offset(r, attr) + first * kind.itemsize)
         return out
 
     def column(self, attr: str, dtype=None) -> np.ndarray:
