@@ -228,5 +228,6 @@ def test_request_records_come_back_in_request_order_from_one_file_a_replica():
     assert recs.column("state").tolist() == ["rejected", "finished", "finished", "rejected",
                                              "finished"]
     assert recs.read("replica", 1, 4).tolist() == [1, 2, 3]  # a slice across both files
+    assert recs.read("rid", 0, 5).tolist() == [0, 1, 2, 3, 4]  # and the whole again
     with pytest.raises(ValueError, match="added already"):
         recs.add(1, cols([0, 2], ["finished", "finished"]))
