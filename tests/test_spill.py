@@ -231,3 +231,15 @@ def test_request_records_come_back_in_request_order_from_one_file_a_replica():
     assert recs.read("rid", 0, 5).tolist() == [0, 1, 2, 3, 4]  # and the whole again
     with pytest.raises(ValueError, match="added already"):
         recs.add(1, cols([0, 2], ["finished", "finished"]))
+
+
+def test_first_level_bins_are_the_keys_top_bits_for_any_bit_pattern():
+    """bigstats._top (signed arithmetic on the bits) is _keys(v) >> TOP for every float64
+    bit pattern: negative and positive values, zeros of both signs, infinities, NaNs."""
+    rng = np.random.default_rng(11)
+    bits = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, 200_000, dtype=np.int64)
+    v = np.concatenate([bits.view(float), [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-310, -1e-310]])
+    want = (bigstats._keys(v) >> np.uint64(bigstats.TOP)).astype(np.int64)
+    assert np.array_equal(bigstats._top(v), want)
+    assert bigstats._top(np.array([-1.0, -0.0, 0.0, 1.0])).tolist() == sorted(
+        bigstats._top(np.array([-1.0, -0.0, 0.0, 1.0])).tolist())  # ordered as the values
