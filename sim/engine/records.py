@@ -14,6 +14,8 @@ summary made from them are the same bytes.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from sim.io.spill import Lazy, SpillDir
@@ -30,13 +32,13 @@ TEXTS = ("state", "reject_reason")
 def columns_of(seqs: list) -> dict:
     """The record fields of `seqs` as numpy columns; text fields as (codes, names)."""
     n = len(seqs)
-    out: dict = {a: np.fromiter((getattr(s, a) for s in seqs), dtype=t, count=n)
+    out: dict = {a: np.fromiter(map(attrgetter(a), seqs), dtype=t, count=n)
                  for a, t in NUMBERS.items()}
     for a in TEXTS:
-        names: dict[str, int] = {}
-        codes = np.fromiter((names.setdefault(getattr(s, a), len(names)) for s in seqs),
-                            dtype=np.int32, count=n)
-        out[a] = (codes, tuple(names))
+        values = list(map(attrgetter(a), seqs))
+        names = {x: i for i, x in enumerate(dict.fromkeys(values))}  # first seen, first
+        out[a] = (np.fromiter(map(names.__getitem__, values), dtype=np.int32, count=n),
+                  tuple(names))
     return out
 
 
