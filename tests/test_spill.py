@@ -81,8 +81,58 @@ def test_a_long_column_in_memory_is_selected_with_the_same_floats(monkeypatch):
     monkeypatch.setattr(metrics, "SELECT_ROWS", 100)
     monkeypatch.setattr(spill, "READ_ROWS", 333)
     calls = []
-    monkeypatch.setattr(bigstats, "_select", lambda *a, _s=bigstats._select: calls.append(1) or _s(*a))
-    assert weighted_stats(v, w) == sorted_ and len(calls) == 3  # p50, p90, p99 selected
+    monkeypatch.setattr(bigstats, "select", lambda *a, _s=bigstats.select: calls.append(a[2]) or _s(*a))
+    assert weighted_stats(v, w) == sorted_ and len(calls) == 1 and len(calls[0]) == 3  # p50, p90, p99
+
+
+def _inverted_cdf(v: np.ndarray, w: np.ndarray, target: float) -> float:
+    """The known answer: sort, accumulate the weights, take the first value reaching it."""
+    order = np.argsort(v, kind="stable")
+    cum = np.cumsum(w[order])
+    return float(v[order][min(int(np.searchsorted(cum, target)), len(v) - 1)])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 3000), st.sampled_from([7, 64, 500, 4096]))
+def test_shared_pass_selection_is_the_sorted_selection(seed, n, rows):
+    """All targets selected together (shared passes, one first level of bins) give each
+    the value numpy's sorted cumulative weights give, on data with ties, clusters finer
+    than a bin, negative values, zero weights and a few huge weights."""
+    rng = np.random.default_rng(seed)
+    kind = seed % 4
+    if kind == 0:
+        v = rng.exponential(0.02, n)
+    elif kind == 1:  # a cluster inside one first-level bin: narrowed twice or more
+        v = 0.0125 + rng.integers(0, 40, n) * 1e-15
+    elif kind == 2:  # few distinct values: heavy ties
+        v = rng.choice(np.array([-1.5, -0.0, 0.0, 0.25, 3.0]), n)
+    else:
+        v = rng.normal(0, 1, n) * 10.0 ** rng.integers(-5, 5, n)
+    w = rng.integers(0, 5, n) * (rng.random(n) < 0.9)
+    w[rng.integers(0, n, 3)] = 10**9  # heavy weights
+    if w.sum() == 0:
+        w[0] = 1
+    total = float(w.sum())
+    targets = [p / 100 * total for p in (0.01, 1, 50, 90, 99, 99.99, 100)]
+    want = [_inverted_cdf(v, w, t) for t in targets]
+    pos = w > 0
+    cols = v[pos], w[pos]
+    monkeypatch_rows = spill.READ_ROWS
+    try:
+        spill.READ_ROWS = rows
+        got = bigstats.select(*cols, targets, float(cols[0].max()))
+    finally:
+        spill.READ_ROWS = monkeypatch_rows
+    assert got == want
+
+
+def test_weighted_stats_known_answer_on_a_small_table(monkeypatch):
+    """Values 1..4 with weights 1, 2, 3, 4 (total 10): p50 is 3 (cumulative 1, 3, 6, 10
+    first reaches 5 at 3), p90 and p99 are 4, the mean 3.0, read 2 rows at a time."""
+    monkeypatch.setattr(spill, "READ_ROWS", 2)
+    v, w = np.array([4.0, 1.0, 3.0, 2.0]), np.array([4, 1, 3, 2])
+    assert bigstats.weighted_stats(v, w) == {"mean": 3.0, "p50": 3.0, "p90": 4.0, "p99": 4.0,
+                                              "max": 4.0}
 
 
 def _files(out, folder: Path) -> dict[str, bytes]:
@@ -152,3 +202,44 @@ def test_window_busy_seconds_in_blocks_are_the_whole_columns_bits(gaps, block):
                                                               (t1 - t0)[np.maximum(k, 0)]), 0.0)
     got, total = _busy_until(edges, t0, t1, block=block)
     assert np.array_equal(got, want) and total == cum[-1]
+
+
+def test_request_records_come_back_in_request_order_from_one_file_a_replica():
+    """Requests 0..4 went to replicas 1, 0, 1, 0, 0; each replica's records (in id order)
+    are written once, to one file, and read back per field in request order, text fields
+    by their own names whatever codes each replica used."""
+    from sim.engine.records import NUMBERS, RequestRecords
+
+    def cols(rids, states):
+        out = {a: np.asarray(rids, dtype=t) * (10 if a == "arrival" else 1)
+               for a, t in NUMBERS.items()}
+        names = tuple(dict.fromkeys(states))
+        out["state"] = (np.array([names.index(x) for x in states], dtype=np.int32), names)
+        out["reject_reason"] = (np.zeros(len(rids), dtype=np.int32), ("",))
+        return out
+
+    sp = SpillDir()
+    recs = RequestRecords(5, np.array([1, 0, 1, 0, 0]), sp)
+    recs.add(0, cols([1, 3, 4], ["finished", "rejected", "finished"]))
+    recs.add(1, cols([0, 2], ["rejected", "finished"]))
+    assert sorted(p.name for p in sp.path.iterdir()) == ["q0", "q1"]
+    assert recs.column("rid").tolist() == [0, 1, 2, 3, 4]
+    assert recs.column("arrival").tolist() == [0.0, 10.0, 20.0, 30.0, 40.0]
+    assert recs.column("state").tolist() == ["rejected", "finished", "finished", "rejected",
+                                             "finished"]
+    assert recs.read("replica", 1, 4).tolist() == [1, 2, 3]  # a slice across both files
+    assert recs.read("rid", 0, 5).tolist() == [0, 1, 2, 3, 4]  # and the whole again
+    with pytest.raises(ValueError, match="added already"):
+        recs.add(1, cols([0, 2], ["finished", "finished"]))
+
+
+def test_first_level_bins_are_the_keys_top_bits_for_any_bit_pattern():
+    """bigstats._top (signed arithmetic on the bits) is _keys(v) >> TOP for every float64
+    bit pattern: negative and positive values, zeros of both signs, infinities, NaNs."""
+    rng = np.random.default_rng(11)
+    bits = rng.integers(np.iinfo(np.int64).min, np.iinfo(np.int64).max, 200_000, dtype=np.int64)
+    v = np.concatenate([bits.view(float), [0.0, -0.0, np.inf, -np.inf, np.nan, 1e-310, -1e-310]])
+    want = (bigstats._keys(v) >> np.uint64(bigstats.TOP)).astype(np.int64)
+    assert np.array_equal(bigstats._top(v), want)
+    assert bigstats._top(np.array([-1.0, -0.0, 0.0, 1.0])).tolist() == sorted(
+        bigstats._top(np.array([-1.0, -0.0, 0.0, 1.0])).tolist())  # ordered as the values

@@ -198,8 +198,7 @@ def test_a_split_run_keeps_its_requests_on_disk_not_as_objects():
                      {**SHORT, "cluster.router.policy": "round_robin"})
     rec = out.result.records
     assert rec is not None and len(rec) == out.summary["requests"]["total"]
-    assert sorted(p.name for p in rec.spill.path.glob("q0.*"))[:3] == \
-        ["q0.arrival", "q0.cached_tokens", "q0.finish_t"]
+    assert [p.name for p in rec.spill.path.glob("q0*")] == ["q0"]  # one file a replica
     # read back, the records are the requests: ids in order, each on its round-robin replica
     ids = rec.column("rid")
     assert ids.tolist() == list(range(len(rec)))
@@ -252,3 +251,22 @@ def test_a_fleet_that_splits_is_sized_by_its_records_not_its_request_objects(mon
     hostmem.check_host_memory(rr, 25_000_000)
     with pytest.raises(SpecError, match="1,500 B per request"):
         hostmem.check_host_memory(lo, 25_000_000)
+
+
+def test_step_sums_made_in_the_workers_are_the_ones_made_from_the_logs_after():
+    """A split run's replicas bring their step sums (made right after each one's run); they
+    are every float of StepSums made afresh from the merged logs, and a measured window
+    (t0) never reuses them."""
+    from sim.engine.metrics import StepSums, step_sums
+
+    out = runner.run(ROOT / "scenarios/fleet_routers.yaml",
+                     {**SHORT, "cluster.router.policy": "round_robin"}, workers=2)
+    res = out.result
+    assert all(r.sums is not None for r in res.replicas)
+    for carried, r in zip(step_sums(res), res.replicas, strict=True):
+        fresh = StepSums(r)
+        assert vars(carried).keys() == vars(fresh).keys()
+        for k, v in vars(fresh).items():
+            assert np.array_equal(getattr(carried, k), v), k
+    t0 = float(res.replicas[0].steps.column("t_end")[0])
+    assert step_sums(res, t0)[0] is not res.replicas[0].sums

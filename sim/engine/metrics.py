@@ -233,6 +233,13 @@ class StepSums:
         self.block_size = rep.kv.block_size
 
 
+def step_sums(res: RunResult, t0: float | None = None) -> list[StepSums]:
+    """Each replica's StepSums (from `t0` on), the ones its simulation summed already reused
+    (they cover the whole log: only when `t0` is None)."""
+    return [r.sums if t0 is None and r.sums is not None else StepSums(r, t0)
+            for r in res.replicas]
+
+
 def _duration(arrival: np.ndarray, finish: np.ndarray, done: np.ndarray) -> tuple[float, float]:
     start = float(arrival.min()) if len(arrival) else 0.0
     end = float(finish[done].max()) if done.any() else start
@@ -248,9 +255,10 @@ def _measured(req) -> tuple[np.ndarray | None, float | None]:
     return keep, (float(arrival.min()) if len(arrival) else None)
 
 
-def summarize(req, steps, res: RunResult, slo=None) -> dict:
+def summarize(req, steps, res: RunResult, slo=None, sums: list[StepSums] | None = None) -> dict:
     """The run summary. `req`: the request table (or frame); the step figures are summed
-    from each replica's step log in `res` (the rows of `steps`, which is not read again).
+    from each replica's step log in `res` (the rows of `steps`, which is not read again),
+    or taken from `sums` (step_sums of the same run and window).
     A table of request records on disk (sim/engine/records.py) is read a block at a time
     (sim/engine/reqsummary.py: the same floats)."""
     del steps
@@ -263,7 +271,7 @@ def summarize(req, steps, res: RunResult, slo=None) -> dict:
             "output_tokens", "prompt_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s",
             "preemptions")}, slo)
     duration = fig["duration_s"]
-    sums = [StepSums(r, t0) for r in res.replicas]
+    sums = step_sums(res, t0) if sums is None else sums
     busy = sum(s.busy for s in sums)
     by_kind = sum(s.by_kind for s in sums)
     s = {
@@ -342,9 +350,10 @@ def _groups(codes: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     return order, bounds
 
 
-def per_replica(req, steps, res: RunResult) -> list[dict]:
+def per_replica(req, steps, res: RunResult, sums: list[StepSums] | None = None) -> list[dict]:
     """Each replica's share of the run: requests served, latency, busy time, KV use (one
-    grouping of the requests; step figures summed per replica from its log)."""
+    grouping of the requests; step figures summed per replica from its log, or taken
+    from `sums`, as summarize takes them)."""
     del steps
     keep, t0 = _measured(req)
     status = np.asarray(req["status"], dtype=object)
@@ -364,12 +373,13 @@ def per_replica(req, steps, res: RunResult) -> list[dict]:
     cols = {k: _col(req, k) for k in ("ttft_s", "tpot_s", "e2e_s")}
     output = _col(req, "output_tokens")
     preempt = _col(req, "preemptions", np.int64)
+    sums = step_sums(res, t0) if sums is None else sums
     out = []
     for i, r in enumerate(res.replicas):
         rows = order[bounds[i]:bounds[i + 1]]
         rows = rows if keep is None else rows[keep[rows]]
         fin = rows[done[rows]]
-        steps_i = StepSums(r, t0)
+        steps_i = sums[i]
         busy = steps_i.busy
         out.append({
             "replica": r.name, "group": r.group, "role": r.role, "gpu": r.gpu,
@@ -418,4 +428,4 @@ def goodput(fin, duration: float, slo) -> dict | None:
 
 __all__ = ["REQUEST_COLUMNS", "STEP_COLUMNS", "LOG_COLUMNS", "KIND_NAMES", "Table", "num_rows",
            "request_table", "step_tables", "itl_table", "requests_frame", "steps_frame",
-           "summarize", "per_replica", "goodput", "weighted_stats"]
+           "summarize", "per_replica", "goodput", "weighted_stats", "step_sums"]

@@ -14,6 +14,8 @@ summary made from them are the same bytes.
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import numpy as np
 
 from sim.io.spill import Lazy, SpillDir
@@ -30,19 +32,37 @@ TEXTS = ("state", "reject_reason")
 def columns_of(seqs: list) -> dict:
     """The record fields of `seqs` as numpy columns; text fields as (codes, names)."""
     n = len(seqs)
-    out: dict = {a: np.fromiter((getattr(s, a) for s in seqs), dtype=t, count=n)
+    out: dict = {a: np.fromiter(map(attrgetter(a), seqs), dtype=t, count=n)
                  for a, t in NUMBERS.items()}
     for a in TEXTS:
-        names: dict[str, int] = {}
-        codes = np.fromiter((names.setdefault(getattr(s, a), len(names)) for s in seqs),
-                            dtype=np.int32, count=n)
-        out[a] = (codes, tuple(names))
+        values = list(map(attrgetter(a), seqs))
+        names = {x: i for i, x in enumerate(dict.fromkeys(values))}  # first seen, first
+        out[a] = (np.fromiter(map(names.__getitem__, values), dtype=np.int32, count=n),
+                  tuple(names))
     return out
 
 
+def _width(attr: str) -> int:
+    return 4 if attr in TEXTS else np.dtype(NUMBERS[attr]).itemsize
+
+
+FIELDS = (*NUMBERS, *TEXTS)  # a replica's file: each field's rows in turn, in this order
+# bytes of one record's fields before each field (its block starts at m times this)
+BEFORE = {a: sum(_width(b) for b in FIELDS[:i]) for i, a in enumerate(FIELDS)}
+
+
+def _by_replica(choice: np.ndarray) -> np.ndarray:
+    """The rows of `choice` (replica indices) sorted by replica, stably: as int16 keys when
+    they fit (numpy sorts those by radix, ~10x faster than int64 ones; the same order)."""
+    small = len(choice) and 0 <= choice.min() and choice.max() < 1 << 15
+    return np.argsort(choice.astype(np.int16) if small else choice, kind="stable")
+
+
 class RequestRecords:
-    """Every request's record, replica by replica in the files `q<replica>.<field>` of the
-    run's spill folder; `column` puts a field back in request order."""
+    """Every request's record, replica by replica in the file `q<replica>` of the run's
+    spill folder (its m records as m values of each field in turn, FIELDS' order: one
+    file a replica, as making a file costs more here than writing a few MB to it);
+    `column` puts a field back in request order."""
 
     def __init__(self, n: int, choice: np.ndarray, spill: SpillDir):
         self.n, self.spill = n, spill
@@ -50,22 +70,34 @@ class RequestRecords:
         self.rows: dict[int, int] = {}  # replica -> records written
         self.names: dict[str, dict[str, int]] = {a: {} for a in TEXTS}
         self._rank: np.ndarray | None = None
+        # the last block's layout: its (lo, hi) and, per replica among its requests, (the
+        # replica, the rank of its first request there, their rows in the block); the
+        # summary reads a dozen fields of one block in turn, so it is worked out once
+        self._layout: tuple = ((0, 0), [])
 
     def add(self, replica: int, cols: dict) -> None:
-        """Write replica `replica`'s records (columns_of its requests, in id order)."""
-        for a in NUMBERS:
-            self.spill.append(f"q{replica}.{a}", np.ascontiguousarray(cols[a]))
+        """Write replica `replica`'s records (columns_of all its requests, in id order; once
+        a replica)."""
+        if replica in self.rows:
+            raise ValueError(f"replica {replica}'s records were added already")
+        parts = [np.ascontiguousarray(cols[a], dtype=NUMBERS[a]) for a in NUMBERS]
         for a in TEXTS:
             codes, names = cols[a]
             known = self.names[a]
             remap = np.array([known.setdefault(x, len(known)) for x in names], dtype=np.int32)
-            self.spill.append(f"q{replica}.{a}", remap[codes] if len(codes) else codes)
-        self.rows[replica] = self.rows.get(replica, 0) + len(cols["rid"])
+            parts.append(np.ascontiguousarray(remap[codes] if len(codes) else codes,
+                                              dtype=np.int32))
+        self.spill.append(f"q{replica}", np.concatenate([p.view(np.uint8) for p in parts]))
+        self.rows[replica] = len(cols["rid"])
+
+    def _offset(self, replica: int, attr: str) -> int:
+        """Where field `attr` of replica `replica`'s records starts in its file, bytes."""
+        return self.rows[replica] * BEFORE[attr]
 
     def _ranks(self) -> np.ndarray:
         """Each request's row among its replica's records."""
         if self._rank is None:
-            order = np.argsort(self.choice, kind="stable")
+            order = _by_replica(self.choice)
             counts = np.bincount(self.choice, minlength=max(self.rows, default=0) + 1)
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
             rank = np.empty(self.n, dtype=np.int64)
@@ -77,15 +109,23 @@ class RequestRecords:
         """Field `attr` of requests lo..hi (text fields as codes into `self.names[attr]`):
         each replica's rows among them are consecutive in its file, read in one piece."""
         kind = np.dtype(np.int32 if attr in TEXTS else NUMBERS[attr])
-        choice, rank = self.choice[lo:hi], self._ranks()[lo:hi]
-        out = np.empty(len(choice), dtype=kind)
-        order = np.argsort(choice, kind="stable")
-        cuts = np.flatnonzero(np.diff(choice[order])) + 1
-        for seg in np.split(order, cuts) if len(order) else []:
-            r, first = int(choice[seg[0]]), int(rank[seg[0]])
-            out[seg] = np.fromfile(self.spill.file(f"q{r}.{attr}"), dtype=kind, count=len(seg),
-                                   offset=first * kind.itemsize)
+        out = np.empty(max(hi - lo, 0), dtype=kind)
+        for r, first, seg in self._segments(lo, hi):
+            out[seg] = np.fromfile(self.spill.file(f"q{r}"), dtype=kind, count=len(seg),
+                                   offset=self._offset(r, attr) + first * kind.itemsize)
         return out
+
+    def _segments(self, lo: int, hi: int) -> list:
+        """(replica, rank of its first request, rows) of each replica among requests
+        lo..hi, the rows in request order (a stable sort by replica)."""
+        if self._layout[0] != (lo, hi):
+            choice, rank = self.choice[lo:hi], self._ranks()[lo:hi]
+            order = _by_replica(choice)
+            cuts = np.flatnonzero(np.diff(choice[order])) + 1
+            segs = [(int(choice[seg[0]]), int(rank[seg[0]]), seg)
+                    for seg in (np.split(order, cuts) if len(order) else [])]
+            self._layout = ((lo, hi), segs)
+        return self._layout[1]
 
     def column(self, attr: str, dtype=None) -> np.ndarray:
         """Field `attr` of every request, in request order (text fields as object arrays of

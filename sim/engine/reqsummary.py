@@ -8,7 +8,7 @@ latency column's finished, non-NaN values go to a file of the run's spill folder
 request order (the order numpy would hold them in); their mean is numpy's pairwise sum
 replayed over the file (sim/engine/bigstats.py `pairwise_sum`) divided by their count,
 and each percentile numpy's linear interpolation between the two order statistics
-around it, each selected exactly from the file (`bigstats._select` with unit weights:
+around it, each selected exactly from the file (`bigstats.select` with unit weights:
 the smallest value with k + 1 values at or below it is the k-th of the sorted column).
 Memory: a block of requests and the selection's bins, whatever the run's size; a column
 of at most SORT_VALUES values is read back whole and sorted instead (faster, 32 MiB).
@@ -44,8 +44,9 @@ def _linear(col, m: int) -> dict[str, float | None]:
         mean = float(bigstats.pairwise_sum(lambda i, j: col[i:j], m) / m)
         ones = Constant(1, m, np.int64)
         vmax = max(float(np.max(v)) for _, v in blocks(col))
-        at = {i: bigstats._select(col, ones, float(i + 1), vmax)
-              for i in set(lo.tolist()) | set(hi.tolist())}
+        ranks = sorted(set(lo.tolist()) | set(hi.tolist()))
+        at = dict(zip(ranks, bigstats.select(col, ones, [float(i + 1) for i in ranks], vmax),
+                      strict=True))
         a, b = np.array([at[i] for i in lo.tolist()]), np.array([at[i] for i in hi.tolist()])
     diff = b - a
     q = np.where(gamma >= 0.5, b - diff * (1 - gamma), a + diff * gamma)

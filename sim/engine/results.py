@@ -133,6 +133,9 @@ class ReplicaResult:
     speculator: object | None = None  # sim.policies.speculative.Speculator, when speculating
     events: list[Event] = field(default_factory=list)  # preemptions, swaps, KV transfers
     kernel_busy_s: float = 0.0  # GPU kernel seconds of its steps (the step model's, before jitter)
+    # its whole step log's sums (sim/engine/metrics.py StepSums), when summed where it ran
+    # (a split fleet's worker: in parallel, while its files are fresh), else None
+    sums: object | None = None
 
     @classmethod
     def of(cls, rep) -> ReplicaResult:

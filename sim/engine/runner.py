@@ -41,6 +41,7 @@ from sim.engine.metrics import (
     itl_table,
     per_replica,
     request_table,
+    step_sums,
     step_tables,
     summarize,
 )
@@ -185,6 +186,7 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
         res, t_sim, scaling = done
     req = request_table(res)
     steps = step_tables(res)
+    sums = step_sums(res, _measured(req)[1])  # summarize's and per_replica's
     first = configs[0]
     lats = list({id(c.latency): c.latency for c in configs}.values())
     summary = {
@@ -202,7 +204,7 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
         "parallel": _parallel(first.scenario.parallel),
         "dtype": {"weights": first.scenario.dtype.weights,
                   "kv_cache": first.scenario.dtype.kv_cache},
-        **summarize(req, steps, res, sc.slo),
+        **summarize(req, steps, res, sc.slo, sums),
         "memory_gib": first.budget.as_dict(),
         "prefix_cache": combine_summaries([r.prefix_cache for r in res.replicas]),
         "speculative": speculative_summary([r.speculator for r in res.replicas]),
@@ -224,7 +226,7 @@ def _finish(sc: Scenario, configs: list[ReplicaConfig], wl: Workload, t0: float,
     if wl.clients is not None:
         summary["clients"] = client_summary(wl.clients, req)
     if len(configs) > 1:
-        summary["per_replica"] = per_replica(req, steps, res)
+        summary["per_replica"] = per_replica(req, steps, res, sums)
         summary["groups"] = [{"group": c.group, "role": c.role, "gpu": c.profile.name,
                               "runtime": c.runtime.name, "tensor": c.scenario.parallel.tensor,
                               "memory_gib": c.budget.as_dict()}

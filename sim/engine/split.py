@@ -50,6 +50,7 @@ import numpy as np
 from sim.engine.build import build_replica
 from sim.engine.closedloop import streamed
 from sim.engine.feed import Feed, fed_replica, feedable, instants
+from sim.engine.metrics import StepSums
 from sim.engine.processes import (
     Clock,
     Fleet,
@@ -202,6 +203,7 @@ def simulate_replicas(setup: Setup, indices: list[int], spill_path: str | None,
     out = {"results": [], "gaps": [], "records": [], "ends": [], "every": []}
     for i in indices:
         result, rec, records, end, every = simulate_one(setup, i, seed_rng, spill)
+        result.sums = StepSums(result)  # here, in parallel, not in the parent after the run
         result.steps.spill, result.steps.then = None, None  # the parent points them at its folder
         out["results"].append(result)
         out["gaps"].append((rec.gaps_spilled, rec.gaps, rec.weights))
