@@ -316,8 +316,25 @@ def _notices_on_stderr() -> None:
         log.propagate = False
 
 
+# OpenBLAS reads the first of these that is set (a user's choice is kept)
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def _one_blas_thread() -> None:
+    """Start numpy's OpenBLAS with one thread, as a process that is llmsim's command does.
+    With one per core it starts them when numpy is imported, and they spin: about 0.06 s
+    of CPU on each `llmsim` command (half of importing numpy; ~7 % of `llmsim run` on the
+    Azure hour) that buys nothing, as llmsim multiplies no large matrices (its one least-
+    squares fit is 4 columns wide, sim/costmodel/l2flush.py). Worker processes inherit it.
+    Not where numpy is imported already, or any of BLAS_THREAD_VARIABLES is set."""
+    if "numpy" not in sys.modules and not any(v in os.environ for v in BLAS_THREAD_VARIABLES):
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+
 def main(argv: list[str] | None = None) -> int:
     frozen, ending = gc.get_freeze_count(), argv is None  # `run` freezes its objects ...
+    if ending:  # the process's own command line: this process is llmsim's
+        _one_blas_thread()
     _notices_on_stderr()
     argv = _attach_negative_lists(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv[0] if argv else None).parse_args(argv)
