@@ -320,13 +320,14 @@ def _notices_on_stderr() -> None:
 BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
 
 
-def _one_blas_thread() -> None:
-    """Start numpy's OpenBLAS with one thread, as a process that is llmsim's command does.
-    With one per core it starts them when numpy is imported, and they spin: about 0.06 s
-    of CPU on each `llmsim` command (half of importing numpy; ~7 % of `llmsim run` on the
-    Azure hour) that buys nothing, as llmsim multiplies no large matrices (its one least-
-    squares fit is 4 columns wide, sim/costmodel/l2flush.py). Worker processes inherit it.
-    Not where numpy is imported already, or any of BLAS_THREAD_VARIABLES is set."""
+def one_blas_thread() -> None:
+    """Have numpy's OpenBLAS start one thread in a process whose command line is llmsim's.
+    With one per core it starts them all when numpy is imported, and they spin: about
+    0.06 s of CPU on every `llmsim` command (half of importing numpy; ~7 % of `llmsim run`
+    on the Azure hour) that buys nothing, as llmsim multiplies no large matrices (its one
+    least-squares fit is 3 columns wide: sim/costmodel/l2flush.py). Worker processes
+    inherit it. Nothing is set where numpy is imported already (too late) or where any of
+    BLAS_THREAD_VARIABLES is set (the user's choice)."""
     if "numpy" not in sys.modules and not any(v in os.environ for v in BLAS_THREAD_VARIABLES):
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
@@ -334,7 +335,7 @@ def _one_blas_thread() -> None:
 def main(argv: list[str] | None = None) -> int:
     frozen, ending = gc.get_freeze_count(), argv is None  # `run` freezes its objects ...
     if ending:  # the process's own command line: this process is llmsim's
-        _one_blas_thread()
+        one_blas_thread()
     _notices_on_stderr()
     argv = _attach_negative_lists(sys.argv[1:] if argv is None else argv)
     args = build_parser(argv[0] if argv else None).parse_args(argv)
