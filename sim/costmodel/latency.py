@@ -545,7 +545,7 @@ class StepLatency(RankPricing):
         """Simulated GPU milliseconds that came from each kind of lookup."""
         # math.fsum: exactly rounded, so the same whatever order the memo was filled in
         # (a parallel fleet merges its workers' memos: sim/engine/parallel.py)
-        # (C loops over the entries, not a generator: ~2.5x faster, the same products)
+        # (C loops over the entries, not a generator: faster, the same products)
         entries = list(self._memo.values())
         breakdowns, uses = [e[1] for e in entries], [e[2] for e in entries]
         tot = [math.fsum(map(mul, map(itemgetter(i), breakdowns), uses))
