@@ -78,3 +78,15 @@ def test_main_called_in_a_process_leaves_blas_threads_alone(tmp_path, monkeypatc
 @given(st.lists(st.floats(0, 1), min_size=1, max_size=40))
 def test_the_mixed_decode_median_is_statistics_median(values):
     assert median(values) == statistics.median(values)
+
+
+def test_commands_that_time_kernels_leave_blas_threads_alone():
+    code = ("import os, sys; sys.argv = ['llmsim', 'calibrate', '--help']\n"
+            "from sim.cli.main import main\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(os.environ.get('OPENBLAS_NUM_THREADS'))\n")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                       env={**env, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert r.stdout.splitlines()[-1] == "None", r.stderr
