@@ -327,8 +327,8 @@ def one_blas_thread() -> None:
     0.06 s of CPU on every `llmsim` command (half of importing numpy; ~7 % of `llmsim run`
     on the Azure hour) that buys nothing, as llmsim multiplies no large matrices (its one
     least-squares fit is 3 columns wide: sim/costmodel/l2flush.py). Worker processes
-    inherit it; TIMING_COMMANDS do not call it. Nothing is set where numpy is imported already (too late) or where any of
-    BLAS_THREAD_VARIABLES is set (the user's choice)."""
+    inherit it; TIMING_COMMANDS do not call it. Nothing is set where numpy is imported
+    already (too late) or where any of BLAS_THREAD_VARIABLES is set (the user's choice)."""
     if "numpy" not in sys.modules and not any(v in os.environ for v in BLAS_THREAD_VARIABLES):
         os.environ["OPENBLAS_NUM_THREADS"] = "1"
 
