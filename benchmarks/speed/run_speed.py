@@ -15,7 +15,7 @@ bytecode (in a private temp folder, PYTHONPYCACHEPREFIX, filled by the untimed f
 run), as an installed llmsim has it; without it they run as the environment says (where
 PYTHONDONTWRITEBYTECODE is set, every module is compiled at every start). Phases: the same
 run in this process, each phase timed by `time.process_time()`: importing the CLI's
-modules (in a child), loading the scenario and its workload, reading the step-time cache,
+modules (in a child, numpy's BLAS started as the command starts it), loading the scenario and its workload, reading the step-time cache,
 simulate() (cold, and warm from the cache), building the tables and the summary, writing
 the tables and summary.json (and the plots, with --plots). Prints the peak resident memory
 of the end-to-end child (ru_maxrss). With --checkout, only the end to end time of another
@@ -85,7 +85,8 @@ def end_to_end(scenario: Path, extra: list[str], repeat: int, checkout: Path = R
 
 
 def phases(scenario: Path, plots: bool, fmt: str) -> None:
-    _, imports, _ = child(["-c", "import sim.cli.main, sim.engine.runner, sim.config.scenario, sim.io.outputs"])
+    _, imports, _ = child(["-c", "import sim.cli.main as m; getattr(m, 'one_blas_thread', lambda: 0)(); "
+                                 "import sim.engine.runner, sim.config.scenario, sim.io.outputs"])
     _, bare, _ = child(["-c", "pass"])
     from sim.config.scenario import load_scenario
     from sim.costmodel.stepcache import warm

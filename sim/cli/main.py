@@ -316,10 +316,29 @@ def _notices_on_stderr() -> None:
         log.propagate = False
 
 
+# OpenBLAS reads the first of these that is set (a user's choice is kept)
+BLAS_THREAD_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+TIMING_COMMANDS = ("calibrate", "validate")  # time kernels (PyTorch): BLAS threads left as they are
+
+
+def one_blas_thread() -> None:
+    """Have numpy's OpenBLAS start one thread in a process whose command line is llmsim's.
+    With one per core it starts them all when numpy is imported, and they spin: about
+    0.06 s of CPU on every `llmsim` command (half of importing numpy; ~7 % of `llmsim run`
+    on the Azure hour) that buys nothing, as llmsim multiplies no large matrices (its one
+    least-squares fit is 3 columns wide: sim/costmodel/l2flush.py). Worker processes
+    inherit it; TIMING_COMMANDS do not call it. Nothing is set where numpy is imported
+    already (too late) or where any of BLAS_THREAD_VARIABLES is set (the user's choice)."""
+    if "numpy" not in sys.modules and not any(v in os.environ for v in BLAS_THREAD_VARIABLES):
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+
 def main(argv: list[str] | None = None) -> int:
     frozen, ending = gc.get_freeze_count(), argv is None  # `run` freezes its objects ...
     _notices_on_stderr()
     argv = _attach_negative_lists(sys.argv[1:] if argv is None else argv)
+    if ending and not (argv and argv[0] in TIMING_COMMANDS):  # the process is llmsim's
+        one_blas_thread()
     args = build_parser(argv[0] if argv else None).parse_args(argv)
     main_thread = threading.current_thread() is threading.main_thread()
     before = signal.signal(signal.SIGTERM, _terminated) if main_thread else None

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from statistics import NormalDist
 
 MAX_GROUPS = 8  # a skewed routing's experts are priced in at most this many popularity groups
 
@@ -90,6 +89,8 @@ class Routing:
         share = math.fsum(self.picks) / self.top_k
         if share >= 1.0:
             return 1.0
+        from statistics import NormalDist  # here: a dense model's run need not import it
+
         slots = tokens * self.top_k
         z = NormalDist().inv_cdf((self.ranks - 0.375) / (self.ranks + 0.25))
         return min(1.0 / share, 1.0 + z * math.sqrt((1.0 - share) / (slots * share)))
