@@ -25,6 +25,7 @@ from sim.policies.protocols import KVManager
 from sim.policies.scheduler import ReplicaState, SchedulerSpec, never_fits, resumed
 
 _MIXED = StepKind.MIXED
+DECODING = StepPlan(_MIXED)  # the running batch's decodes alone (shared: nobody mutates a plan)
 
 
 class ChunkedPolicy:
@@ -42,8 +43,11 @@ class ChunkedPolicy:
 
     def schedule(self, st: ReplicaState, now: float) -> StepPlan:
         batch, kv, spec = st.batch, st.kv, self.spec
-        if not len(batch) and not st.prefilling and not st.waiting:
-            return IDLE
+        if not st.prefilling and not st.waiting:
+            if not len(batch):
+                return IDLE
+            if batch.new_blocks_needed() <= kv.free_blocks:
+                return DECODING  # what the rest would plan: the batch's decodes alone
         plan = StepPlan(_MIXED)
         need = batch.new_blocks_needed()
         free = kv.free_blocks
