@@ -510,7 +510,10 @@ class StepLatency(RankPricing):
                 hits.append(e)
                 tokens += q
             else:
-                da = memo.get(("da", n, *self._ctx_keys(n, sum_ctx, max_ctx)))
+                ctx_q = _quantize_run(sum_ctx // n, 7)[0]  # _ctx_keys, inlined
+                max_q = ctx_q if n == 1 else min(max(ctx_q, _quantize_run(max_ctx, 5)[0]),
+                                                 ctx_q * n)
+                da = memo.get(("da", n, ctx_q, max_q))
                 dense, lm = memo.get(("dense", n + tokens)), memo.get(("lm", n + len(chunks)))
                 if da is not None and dense is not None and lm is not None:
                     gpu = 0.0  # the sums in `_per_sequence`'s and the cold path's order

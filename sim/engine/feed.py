@@ -257,7 +257,8 @@ def mixed_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> float
     if need:
         take(need)
     n = batch.n_compute
-    secs = rep.lat.mixed(n, batch.sum_ctx(), batch.max_ctx(), chunks, rep.prefill_shapes)
+    secs = rep.lat.mixed(n, batch.s0 + n * batch.D, batch.max_ctx(), chunks,  # sum_ctx()
+                         rep.prefill_shapes)
     rec.kernel_busy_s += rep.kernels.kernel_s  # (+ 0.0 s loaded from host memory)
     step = rep.step
     step.seconds, step.seqs, step.tokens, step.kind, step.plan = (
