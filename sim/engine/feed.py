@@ -254,8 +254,9 @@ def mixed_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> float
         chunks.append((q, done))
         tokens += q
     need = batch.new_blocks_needed()
-    if need:
-        take(need)
+    if need > kv.free_blocks:  # (KVAccount.take without a prefix cache: a planned take)
+        take(need)  # raises
+    kv.free_blocks -= need
     n = batch.n_compute
     secs = rep.lat.mixed(n, batch.s0 + n * batch.D, batch.max_ctx(), chunks,  # sum_ctx()
                          rep.prefill_shapes)
@@ -285,7 +286,7 @@ def mixed_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> float
             else:
                 batch.join(s, t_end)
     # Replica.record (no prefix cache: no token counted twice)
-    rec.log.add(now, t_end, step.kind, step.seqs, step.tokens, kv.used_blocks,
+    rec.log.add(now, t_end, step.kind, step.seqs, step.tokens, kv.num_blocks - kv.free_blocks,
                 batch.kv_tokens() + rep.port.outside_tokens)
     return t_end
 
@@ -305,5 +306,7 @@ def _admit_chunked(rep: Replica, admit: list[Admission], now: float) -> set[Seq]
         s.prefilled = 0
         need += kv.blocks_for(a.chunk_tokens)
         prefilling.append(s)
-    rep.kv.take(need)
+    if need > kv.free_blocks:  # (KVAccount.take without a prefix cache: a planned take)
+        rep.kv.take(need)  # raises
+    kv.free_blocks -= need
     return {a.seq for a in admit}

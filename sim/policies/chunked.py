@@ -65,7 +65,7 @@ class ChunkedPolicy:
         for s in st.prefilling:
             if s in gone:
                 continue
-            q = min(s.tokens_to_prefill - s.prefilled, budget)
+            q = min(s.prompt + s.generated - s.prefilled, budget)  # tokens_to_prefill
             blocks = kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled)
             if q <= 0 or blocks > free:
                 break
@@ -81,7 +81,7 @@ class ChunkedPolicy:
             if budget <= 0 or seqs + st.held_places + 1 > spec.max_num_seqs:
                 break
             h, cached, _ = st.admission(s) if prefix is not None else _MISS
-            q = min(s.tokens_to_prefill - cached, budget)
+            q = min(s.prompt + s.generated - cached, budget)  # tokens_to_prefill
             if st.prefix is not None and s.prefix:
                 blocks = st.prefix.admission_blocks(s, h, cached + q)
             else:
