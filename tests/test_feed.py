@@ -7,10 +7,13 @@ scenario is compared with stepping in tests/test_leap.py."""
 from __future__ import annotations
 
 import dataclasses
+from unittest import mock
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
 
+import sim.engine.feed as feed
 import sim.engine.processes as processes
 from sim.config.scenario import scenario_from_dict
 from sim.engine.build import build_fleet
@@ -18,8 +21,12 @@ from sim.engine.feed import Feed, instants
 from sim.engine.metrics import request_table, step_tables
 from sim.engine.prepare import prepare
 from sim.engine.processes import Fleet, make_seqs, simulate
+from sim.engine.runner import run
+from sim.io.specload import SpecError
 from sim.io.tablefile import Labels
 from sim.policies.batch import FINISHED, Seq
+from tests.test_leap import FILES, WALL
+from tests.test_random_scenarios import scenarios
 
 SCENARIO = {
     "name": "feed", "seed": 3, "model": "llama-3-8b", "gpu": "h200-sxm", "runtime": "cuda-graph",
@@ -145,3 +152,65 @@ def test_a_watched_fed_replica_yields_at_each_check_instead_of_running_ahead():
     longest = max(e - s for s, e in zip(steps["t_start"], steps["t_end"], strict=True))
     assert now <= last_end < now + longest + max(np.diff(wl.arrival_s))  # one step (and a prefill) late at most
     assert sum(s.state == FINISHED for s in res.seqs) < len(res.seqs)  # stopped mid-run
+
+
+def _one_call_or_not(sc, one_call: bool, tmp) -> tuple[dict, object, int]:
+    """The output files' bytes (summary.json without wall clock), the run, and how many
+    steps `feed.mixed_through` ran, with the fed replica's one-call steps on or off (off:
+    every plan through Replica.start and Replica.finish)."""
+    calls = []
+    through = feed.mixed_through
+
+    def counted(*args):
+        calls.append(1)
+        return through(*args)
+    with mock.patch.object(feed, "mixed_through", counted), mock.patch.object(
+            feed, "plain_prefills", feed.plain_prefills if one_call else lambda rep: False):
+        out = run(sc)
+    folder = out.write(tmp / ("one" if one_call else "two"), plots=False)
+    files = {n: (folder / n).read_bytes() for n in FILES}
+    files["summary.json"] = WALL.sub(b"", files["summary.json"])
+    return files, out, len(calls)
+
+
+def _same_either_way(sc, tmp) -> int:
+    """Asserts a run is the same with one-call steps and without; returns the steps
+    `mixed_through` ran."""
+    (one, a, calls), (two, b, none) = (_one_call_or_not(sc, x, tmp) for x in (True, False))
+    assert none == 0
+    for name in FILES:
+        assert one[name] == two[name], name
+    for x, y in ((a.result.itl_gaps, b.result.itl_gaps),
+                 (a.result.itl_weights, b.result.itl_weights)):
+        assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
+    for ra, rb in zip(a.result.replicas, b.result.replicas, strict=True):
+        assert ra.kernel_busy_s == rb.kernel_busy_s
+    return calls
+
+
+def test_a_chunked_replica_runs_its_mixed_steps_in_one_call_with_the_same_results(tmp_path):
+    # long prompts over a small budget (several chunks each) among decodes, with jitter
+    sc = scenario_from_dict({**SCENARIO, "runtime": "h200-eager-live",
+                             "scheduler": {"policy": "chunked", "max_num_batched_tokens": 512},
+                             "workload": {"num_requests": 60,
+                                          "arrival": {"kind": "poisson", "rate": 20.0},
+                                          "prompt": {"kind": "uniform", "low": 10, "high": 2000},
+                                          "output": {"kind": "uniform", "low": 1, "high": 200}}})
+    assert _same_either_way(sc, tmp_path) > 60
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much,
+                                 HealthCheck.function_scoped_fixture])
+@given(data=scenarios())
+def test_a_random_chunked_replica_gives_the_same_bytes_with_one_call_steps_or_not(
+        data, tmp_path_factory):
+    data = {k: v for k, v in data.items() if k != "cluster"}  # one replica, fed
+    data["scheduler"] = {**data["scheduler"], "policy": "chunked"}
+    data["kv"] = {**data["kv"], "manager": "paged"}
+    data["speculative"] = {"method": "none"}
+    try:
+        sc = scenario_from_dict(data)
+    except SpecError:
+        assume(False)  # a combination the loader refuses
+    _same_either_way(sc, tmp_path_factory.mktemp("feed"))

@@ -26,22 +26,8 @@ contexts, and the LM head runs on one row per sequence (k+1 rows per sequence
 when verifying k draft tokens). Every kernel time comes from the GPU profile
 (measured tables, interpolated or extrapolated, or analytic roofline).
 
-Host overhead comes from a runtime profile (`sim/costmodel/runtime.py`: `gpu_profiles/runtimes/`,
-one per serving stack): the host issues kernels at a cost per step, per layer, and per
-sequence and layer for the per-sequence attention launches of prefill and of
-multi-token (verify) steps, and prepares inputs, samples and detokenises at a cost
-per prefill and per decode sequence. That host work overlaps the GPU (the host runs
-ahead of an asynchronous GPU until the GPU is the bottleneck, as with async output
-processing), so the step takes the slower of the two; a serial part per step and per
-sequence (what waits for the GPU's sampled tokens) adds to it, and so does a stall the
-first time a replica sees a prefill shape (fitted from live logs by sim/fit/logfit.py):
-
-    step = max(host, GPU) + serial_ms_per_step + serial_ms_per_seq · sequences
-           + serial_ms_per_new_prefill_shape · new prefill shapes
-           + remote workers · (serial_ms_per_rank + serial_ms_per_rank_seq · sequences)
-
-(remote workers: the tensor-parallel workers the stack's driver calls by RPC every step,
-`RuntimeSpec.remote_workers`; an older vLLM's Ray actors pay the most).
+Host overhead (a runtime profile's host and serial terms, combined with the GPU time):
+sim/costmodel/hoststep.py.
 
 `cuda-graph` has no host cost (kernels only, a lower bound for any stack).
 
@@ -56,6 +42,7 @@ from operator import itemgetter, mul
 
 from sim.costmodel.deepep import AllToAllSpec, DeepEP
 from sim.costmodel.fused import stack_elementwise
+from sim.costmodel.hoststep import HostPricing
 from sim.costmodel.layer import (
     ModelOps,
     attended_keys,
@@ -95,7 +82,7 @@ def _at_least(tag: str, floor: str) -> str:
     return tag if _TAG_INDEX[tag] >= _TAG_INDEX[floor] else floor
 
 
-class StepLatency(RankPricing):
+class StepLatency(RankPricing, HostPricing):
     """Seconds per step; lookups memoised, provenance counted per use. Shared by the
     replicas of a group: what a server has run before is its own, passed in as `seen`."""
 
@@ -130,6 +117,7 @@ class StepLatency(RankPricing):
         self._memo: dict[tuple, list] = {}  # key -> [ms, breakdown per tag, uses(, s, kernel s)]
         self._parts: dict[tuple, list] = {}  # sub-results shared by memoised steps
         self._combines: dict[tuple, tuple[float, float]] = {}  # `_combined`'s (s, kernel s)
+        self._hosts: dict[tuple, tuple] = {}  # `_combine`'s parts by the step's counts
         self.kernel_s = 0.0  # GPU kernel seconds of the step priced last (before jitter)
 
     def _price_ops(self, ops: ModelOps) -> None:
@@ -322,52 +310,6 @@ class StepLatency(RankPricing):
         return self._piece(("va", q_len, kv_q), compute)
 
     # ---- steps (seconds) --------------------------------------------------------
-    def _combine(self, gpu_ms: float, prefill_seqs: int = 0, verify_seqs: int = 0,
-                 decode_seqs: int = 0, decode: bool = False, new_shapes: int = 0) -> float:
-        """Seconds of a step: combine(host, GPU) + the serial host part. The host issues
-        kernels (per step, layer, and per-sequence attention launch) and prepares inputs,
-        samples and detokenises per sequence (a verify sequence counts as a decode one)."""
-        rt, layers = self.rt, self.m.layers
-        if self.data > 1:  # each attention rank's own host process: its share
-            prefill_seqs, verify_seqs = self._rank(prefill_seqs), self._rank(verify_seqs)
-            decode_seqs = self._rank(decode_seqs)
-        seqs = decode_seqs + verify_seqs
-        host = (rt.host_ms_per_step + rt.host_ms_per_layer * layers
-                + rt.host_ms_per_prefill_seq * prefill_seqs + rt.host_ms_per_decode_seq * seqs)
-        if decode:
-            host += rt.host_ms_per_layer_decode_extra * layers
-        if prefill_seqs or verify_seqs:
-            host += layers * (rt.host_ms_per_prefill_seq_layer * prefill_seqs
-                              + rt.host_ms_per_verify_seq_layer * verify_seqs)
-        gpu = gpu_ms * (rt.gpu_scale_decode if decode else rt.gpu_scale)
-        self.kernel_s = gpu * 1e-3
-        serial = (rt.serial_ms_per_step + rt.serial_ms_per_seq * (prefill_seqs + seqs)
-                  + rt.serial_ms_per_new_prefill_shape * new_shapes)
-        if self.remote:  # the driver's call to each tensor-parallel worker, and its sequences
-            serial += self.remote * (rt.serial_ms_per_rank
-                                     + rt.serial_ms_per_rank_seq * (prefill_seqs + seqs))
-        return ((host + gpu if rt.combine == "sum" else max(host, gpu)) + serial) * 1e-3
-
-    def _combined(self, gpu_ms: float, seqs: int, new_shapes: int) -> float:
-        """`_combine` of a prefill step, memoised on its arguments (sets kernel_s; a mixed
-        step's GPU time takes too many values to memoise)."""
-        key = (gpu_ms, seqs, new_shapes)
-        c = self._combines.get(key)
-        if c is None:
-            secs = self._combine(gpu_ms, prefill_seqs=seqs, new_shapes=new_shapes)
-            c = self._combines[key] = (secs, self.kernel_s)
-        self.kernel_s = c[1]
-        return c[0]
-
-    def _new_shapes(self, chunks: list[tuple[int, int]], seen: set | None) -> int:
-        """How many of these prefill shapes the server that ran the shapes in `seen` has
-        not run before (`seen` gains them); none when the caller keeps no such set."""
-        if seen is None or not self.rt.serial_ms_per_new_prefill_shape:
-            return 0
-        before = len(seen)
-        seen.update(chunks)
-        return len(seen) - before
-
     def _step(self, key: tuple, rows: int, attn, seqs: int) -> float:
         """Seconds of a whole decode-like step of `seqs` sequences, memoised by `key` (one
         dict hit when warm): the dense ops and the LM head on `rows` rows, then the parts
@@ -485,6 +427,34 @@ class StepLatency(RankPricing):
             return self.decode(n, sum_ctx, max_ctx)
         if not n:
             return self.prefill(chunks, seen)
+        if self.data == 1:  # warm: each piece one dict hit, counted as `_piece` counts it
+            memo = self._memo
+            hits = []
+            tokens = 0
+            for q, cached in chunks:
+                e = memo.get(("pa", q, q + cached))
+                if e is None:
+                    break
+                hits.append(e)
+                tokens += q
+            else:
+                ctx_q = _quantize_run(sum_ctx // n, 7)[0]  # _ctx_keys, inlined
+                max_q = ctx_q if n == 1 else min(max(ctx_q, _quantize_run(max_ctx, 5)[0]),
+                                                 ctx_q * n)
+                da = memo.get(("da", n, ctx_q, max_q))
+                dense, lm = memo.get(("dense", n + tokens)), memo.get(("lm", n + len(chunks)))
+                if da is not None and dense is not None and lm is not None:
+                    gpu = 0.0  # the sums in `_per_sequence`'s and the cold path's order
+                    for e in hits:
+                        gpu += e[0]
+                        e[2] += 1
+                    da[2] += 1
+                    dense[2] += 1
+                    lm[2] += 1
+                    gpu += da[0]
+                    gpu += dense[0] + lm[0]
+                    return self._combine(gpu, len(chunks), 0, n, True,
+                                         self._new_shapes(chunks, seen))
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.decode_attn_ms(n, sum_ctx, max_ctx)
         gpu += self.dense_ms(n + tokens) + self.lm_head_ms(n + len(chunks))

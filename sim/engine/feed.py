@@ -36,9 +36,9 @@ if TYPE_CHECKING:
     from sim.engine.fleet import Fleet, Node
     from sim.engine.replica import Replica
     from sim.policies.batch import Seq
-    from sim.policies.plan import StepPlan
+    from sim.policies.plan import Admission, StepPlan
 
-_IDLE, _PREFILL = StepKind.IDLE, StepKind.PREFILL
+_IDLE, _PREFILL, _MIXED = StepKind.IDLE, StepKind.PREFILL, StepKind.MIXED
 _INF = float("inf")
 
 
@@ -138,9 +138,10 @@ def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
     feed.deliver(now)  # the requests dispatched at the start (before the replica started)
     while True:
         plan = policy.schedule(st, now)
-        if plain and plan.kind is _PREFILL and not (
+        kind = plan.kind
+        if plain and (kind is _MIXED and plan.chunks or kind is _PREFILL) and not (
                 plan.reject or plan.preempt or plan.swap_out or plan.swap_in):
-            now = prefill_through(rep, plan, now, feed)
+            now = (mixed_through if kind is _MIXED else prefill_through)(rep, plan, now, feed)
             step = None
         elif steady is not None and (repeats := steady(st, plan)) and (
                 now + rep.step.seconds < feed.next):
@@ -230,3 +231,82 @@ def prefill_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> flo
     rec.log.add(now, t_end, _PREFILL, len(chunks), tokens, kv.used_blocks,
                 batch.kv_tokens() + rep.port.outside_tokens)
     return t_end
+
+
+def mixed_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> float:
+    """`Replica.start` then `Replica.finish` of a plain chunked-prefill plan (decodes and
+    prefill chunks, nothing rejected or preempted) begun at `now`: its requests admitted
+    with their first chunk's KV, the chunks' KV and the decodes' new blocks taken, the step
+    priced, the decodes advanced, completed prefills' first tokens, the step's row; the
+    arrivals its end sees delivered in between (they touch only the queue). Returns its
+    end. The same state changes, row and draws as those (`tests/test_feed.py`)."""
+    st, rec = rep.st, rep.rec
+    kv, batch, prefilling = st.kv, st.batch, st.prefilling
+    take = rep.kv.take
+    new = _admit_chunked(rep, plan.admit, now) if plan.admit else ()
+    chunks = []
+    tokens = 0
+    for c in plan.chunks:  # Replica.mixed_step
+        s, q = c.seq, c.tokens
+        done = s.prefilled
+        if s not in new:  # (an admitted request took its first chunk's blocks above)
+            take(kv.blocks_for(done + q) - kv.blocks_for(done))
+        chunks.append((q, done))
+        tokens += q
+    need = batch.new_blocks_needed()
+    if need > kv.free_blocks:  # (KVAccount.take without a prefix cache: a planned take)
+        take(need)  # raises
+    kv.free_blocks -= need
+    n = batch.n_compute
+    secs = rep.lat.mixed(n, batch.s0 + n * batch.D, batch.max_ctx(), chunks,  # sum_ctx()
+                         rep.prefill_shapes)
+    rec.kernel_busy_s += rep.kernels.kernel_s  # (+ 0.0 s loaded from host memory)
+    step = rep.step
+    step.seconds, step.seqs, step.tokens, step.kind, step.plan = (
+        secs, n + len(chunks), n + tokens, _MIXED if n else _PREFILL, plan)
+    t_end = now + secs
+    if t_end >= feed.next:
+        feed.deliver(t_end)
+    if n:  # Replica.finish_mixed_step
+        for s in batch.advance(t_end, rec.gaps, rec.weights):
+            rep.release(s)
+    for c in plan.chunks:
+        s = c.seq
+        s.prefilled += c.tokens
+        if s.prefilled >= s.prompt + s.generated:  # Replica.first_token (no prefix cache)
+            prefilling.remove(s)
+            s.generated += 1
+            if s.first_token_t < 0:
+                s.first_token_t = t_end
+            else:  # resumed after a recompute preemption: one long gap
+                rec.resumed(t_end, s.last_token_t)
+            if s.generated >= s.output:
+                s.finish_t = t_end
+                rep.release(s)
+            else:
+                batch.join(s, t_end)
+    # Replica.record (no prefix cache: no token counted twice)
+    rec.log.add(now, t_end, step.kind, step.seqs, step.tokens, kv.num_blocks - kv.free_blocks,
+                batch.kv_tokens() + rep.port.outside_tokens)
+    return t_end
+
+
+def _admit_chunked(rep: Replica, admit: list[Admission], now: float) -> set[Seq]:
+    """`Replica.admit` of a chunked plan's admissions without a prefix cache (each takes
+    its first chunk's blocks: KVAccount.admit), and their entry among the prefills under
+    way (`Replica.mixed_step`); returns the requests admitted."""
+    st, kv = rep.st, rep.st.kv
+    waiting, prefilling = st.waiting, st.prefilling
+    need = 0
+    for a in admit:
+        s = a.seq
+        waiting.popleft()
+        if s.sched_t < 0:
+            s.sched_t = now
+        s.prefilled = 0
+        need += kv.blocks_for(a.chunk_tokens)
+        prefilling.append(s)
+    if need > kv.free_blocks:  # (KVAccount.take without a prefix cache: a planned take)
+        rep.kv.take(need)  # raises
+    kv.free_blocks -= need
+    return {a.seq for a in admit}

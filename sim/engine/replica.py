@@ -312,9 +312,13 @@ class Replica:
     def finish(self, step: Step, t0: float, t_end: float) -> list[Seq]:
         """The step begun at `t0` ended at `t_end`: tokens out, finished requests free
         their KV, the step is logged. Returns the requests that finished in it."""
-        kind = step.plan.kind
+        plan = step.plan
+        kind = plan.kind
         st, rec = self.st, self.rec
-        if kind is _DECODE:  # finish_decode_step and record, inlined: the hot path
+        if kind is _DECODE or (kind is _MIXED and not plan.chunks and step.kind is _DECODE
+                               and self.speculator is None):
+            # finish_decode_step and record, inlined: the hot path (a chunked plan without
+            # chunks, decodes only, ends as a decode step: finish_mixed_step's advance)
             batch = st.batch
             done = batch.advance(t_end, rec.gaps, rec.weights)
             for s in done:

@@ -25,6 +25,9 @@ from sim.policies.protocols import KVManager
 from sim.policies.scheduler import ReplicaState, SchedulerSpec, never_fits, resumed
 
 _MIXED = StepKind.MIXED
+_NONE: frozenset = frozenset()
+_MISS = (0, 0, 0)  # ReplicaState.admission without a prefix cache (its blocks unused here)
+DECODING = StepPlan(_MIXED)  # the running batch's decodes alone (shared: nobody mutates a plan)
 
 
 class ChunkedPolicy:
@@ -34,6 +37,10 @@ class ChunkedPolicy:
         self.spec = spec
         self.watermark = int(spec.watermark * kv.num_blocks)
         self.max_seqs, self.step_tokens = spec.max_num_seqs, spec.max_num_batched_tokens
+        # prefill lengths (prompt + generated) that fit an empty replica, first chunk and
+        # all (`never_fits`, `first_chunk_never_fits`: with paged KV, a function of the
+        # length alone: the limits are the replica's own)
+        self.fits: set[int] = set()
 
     @staticmethod
     def row_reservation(st: ReplicaState, seqs: list[Seq]) -> int:
@@ -42,20 +49,23 @@ class ChunkedPolicy:
 
     def schedule(self, st: ReplicaState, now: float) -> StepPlan:
         batch, kv, spec = st.batch, st.kv, self.spec
-        if not len(batch) and not st.prefilling and not st.waiting:
-            return IDLE
+        if not st.prefilling and not st.waiting:
+            if not len(batch):
+                return IDLE
+            if batch.new_blocks_needed() <= kv.free_blocks:
+                return DECODING  # what the rest would plan: the batch's decodes alone
         plan = StepPlan(_MIXED)
         need = batch.new_blocks_needed()
         free = kv.free_blocks
         if need > free:
             free, need = self.preempt(st, plan, free, need)
-        gone = set(plan.preempt)
+        gone = set(plan.preempt) if plan.preempt else _NONE
         budget = spec.max_num_batched_tokens - (len(batch) - len(gone))
         free -= need
         for s in st.prefilling:
             if s in gone:
                 continue
-            q = min(s.tokens_to_prefill - s.prefilled, budget)
+            q = min(s.prompt + s.generated - s.prefilled, budget)  # tokens_to_prefill
             blocks = kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled)
             if q <= 0 or blocks > free:
                 break
@@ -63,15 +73,15 @@ class ChunkedPolicy:
             budget -= q
             free -= blocks
         seqs = len(batch) + len(st.prefilling) - len(gone)
+        fits, prefix = self.fits, st.prefix
         for s in st.waiting if not plan.preempt else ():
-            reason = never_fits(st, s) or self.first_chunk_never_fits(st, s)
-            if reason:
+            if s.prompt + s.generated not in fits and (reason := self.why_never(st, s)):
                 plan.reject.append(Rejection(s, reason))
                 continue
             if budget <= 0 or seqs + st.held_places + 1 > spec.max_num_seqs:
                 break
-            h, cached, _ = st.admission(s)
-            q = min(s.tokens_to_prefill - cached, budget)
+            h, cached, _ = st.admission(s) if prefix is not None else _MISS
+            q = min(s.prompt + s.generated - cached, budget)  # tokens_to_prefill
             if st.prefix is not None and s.prefix:
                 blocks = st.prefix.admission_blocks(s, h, cached + q)
             else:
@@ -89,12 +99,19 @@ class ChunkedPolicy:
             free -= blocks
             seqs += 1
         if not plan.chunks and len(batch) == len(gone):
-            stuck = [s for s in st.prefilling if s not in gone]
-            if stuck and not plan.reject:  # prefills under way hold the blocks each needs
-                plan.preempt.append(stuck[-1])
-            plan.kind = StepKind.REJECT if plan.reject else (
-                StepKind.PREEMPT if plan.preempt else StepKind.IDLE)
+            self.stalled(st, plan, gone)
         return plan
+
+    @staticmethod
+    def stalled(st: ReplicaState, plan: StepPlan, gone: set[Seq] | frozenset) -> None:
+        """A plan that computes nothing (no chunk, every decode preempted, `gone`) rejects,
+        preempts or idles; where prefills under way hold the blocks each needs, the newest
+        of them is preempted."""
+        stuck = [s for s in st.prefilling if s not in gone]
+        if stuck and not plan.reject:
+            plan.preempt.append(stuck[-1])
+        plan.kind = StepKind.REJECT if plan.reject else (
+            StepKind.PREEMPT if plan.preempt else StepKind.IDLE)
 
     @staticmethod
     def steady(st: ReplicaState, plan: StepPlan) -> int:
@@ -109,6 +126,15 @@ class ChunkedPolicy:
         if not st.waiting:
             return THROUGH_FINISH
         return UNTIL_FINISH if st.prefix is None else CHANGES
+
+    def why_never(self, st: ReplicaState, s: Seq) -> str:
+        """Why `s` can never be admitted (`never_fits`, `first_chunk_never_fits`; "" if it
+        can); a length that fits is remembered in `fits` (paged KV: the verdict is a
+        function of the length alone)."""
+        reason = never_fits(st, s) or self.first_chunk_never_fits(st, s)
+        if not reason and st.kv.paged:
+            self.fits.add(s.prompt + s.generated)
+        return reason
 
     def first_chunk_never_fits(self, st: ReplicaState, s: Seq) -> str:
         """Why the first chunk of `s` cannot be admitted even into an empty replica, whose
