@@ -55,7 +55,8 @@ def run_screened(sc: Scenario, screen):
     """The scenario's fleet, replica by replica, each followed by `screen.replica(index,
     frame)` (frame: that replica's requests as `records_frame` makes them) -> why to stop,
     or None; `screen.begin(arrival_s)` first, with the whole fleet's arrival times.
-    Returns the run's RunOutput (never stopped) or a `Screened`."""
+    Returns the run's RunOutput (never stopped), a `Screened`, or None for a run `run`
+    would simulate whole (`may_screen` reads the spec alone; the replicas may refuse)."""
     from sim.engine.parallel import assign, merge
     from sim.engine.prepare import prepare
     from sim.engine.runner import _finish
@@ -65,9 +66,8 @@ def run_screened(sc: Scenario, screen):
 
     t0 = time.perf_counter()
     configs, wl, rng = prepare(sc)
-    why = refusal(sc, configs, wl)
-    if why is not None:
-        raise ValueError(f"not a fleet simulated replica by replica: {why}")
+    if refusal(sc, configs, wl) is not None:  # simulated whole: `run` with a watch instead
+        return None
     n = len(configs)
     choice = assign(sc, wl, n)
     spill = SpillDir()

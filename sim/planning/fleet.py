@@ -62,7 +62,9 @@ def simulate_fleet(scenario: Scenario, replicas: int, seed: int,
     if watch is not None:
         from sim.engine.screensplit import Screened, may_screen, run_screened
 
-        out = run_screened(sc, watch) if may_screen(sc) else run(sc, watch=watch)
+        out = run_screened(sc, watch) if may_screen(sc) else None
+        if out is None:  # a fleet simulated whole: the engine's watcher
+            out = run(sc, watch=watch)
         if isinstance(out, Screened):
             from sim.planning.fleetstop import partial_summary
 
