@@ -178,3 +178,28 @@ def test_the_count_a_check_settles_on_is_run_whole_when_its_run_was_stopped(tmp_
     assert calls == [(1, True), (2, True), (2, False)]
     rows = {c["replicas"]: c for c in check["checks"]}
     assert rows[2]["ttft_p99_s"] == 9.0 and rows[1]["ttft_p99_s"] == 4.0
+
+
+def test_a_plan_recommends_the_same_fleet_with_its_fleet_runs_stopped_or_not(tmp_path):
+    # one candidate: its fleet check tries counts that fail (stopped) and one that holds;
+    # the headroom search fails above the target (stopped) and passes below
+    import dataclasses
+
+    from sim.planning.plan import run_plan
+
+    spec = _plan(tmp_path)
+    spec = dataclasses.replace(spec, search=dataclasses.replace(spec.search, headroom_probes=2))
+    object.__setattr__(spec, "file", tmp_path / "p.yaml")
+    off = dataclasses.replace(spec, search=dataclasses.replace(spec.search, stop_early=False))
+    object.__setattr__(off, "file", spec.file)
+    fast, full = run_plan(spec, workers=1), run_plan(off, workers=1)
+    stopped = [c for f in fast["fleet_checks"] for c in f["checks"] if "stopped" in c["broke"]]
+    assert stopped, "no fleet run was stopped: the test's plan no longer exercises the stop"
+    head_f, head_o = fast["recommended"].pop("headroom"), full["recommended"].pop("headroom")
+    assert fast["recommended"] == full["recommended"] and fast["candidates"] == full["candidates"]
+    assert fast["seed_pool"] == full["seed_pool"]
+    assert head_f["factor"] == head_o["factor"]
+    assert [t["passed"] for t in head_f["tried"]] == [t["passed"] for t in head_o["tried"]]
+    for f, o in zip(fast["fleet_checks"], full["fleet_checks"], strict=True):
+        assert [c["passed"] for c in f["checks"]] == [c["passed"] for c in o["checks"]]
+        assert [c for c in f["checks"] if c["passed"]] == [c for c in o["checks"] if c["passed"]]
