@@ -118,7 +118,10 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
     worst seed's, its output tokens per request the mean over seeds. A cluster scenario's
     fleet is N units of it (`sim/planning/units.py`). With
     `search.redundancy: n+1` the fleet is that N plus one (the SLOs hold with one
-    replica down); never under `search.min_replicas`."""
+    replica down); never under `search.min_replicas`. With `search.stop_early` a count's
+    runs stop once a seed certainly fails (sim/planning/fleetstop.py: the same verdicts);
+    the count settled on is run again whole if its runs were stopped, so the figures the
+    plan reports of it are whole runs'."""
     s = spec.search
     seeds = fresh_seeds(spec, cand)
     rate = s.sizing_rate(spec.target_rate)
@@ -255,7 +258,9 @@ def headroom(spec: PlanSpec, cand: dict, n: int, hint: float | None = None) -> d
     target: bisection in log rate between the target plus the margin (passed by the fleet
     check) and a
     failing rate, each rate a steady-rule probe of the fleet (`search.headroom_probes`
-    runs at most; `hint`: the per-replica estimate of the multiple)."""
+    runs at most; `hint`: the per-replica estimate of the multiple). With
+    `search.stop_early` a failing probe's runs stop once its failure is certain: the same
+    verdicts, its p99s (in `tried`, never pooled) the requests finished by then."""
     from sim.planning.capacity import violations
 
     seeds, target = fresh_seeds(spec, cand), spec.target_rate
