@@ -151,7 +151,7 @@ def test_redundancy_and_min_replicas_size_the_checked_fleet(tmp_path, monkeypatc
     # leaves 3; min_replicas 5 serves 5
     import sim.planning.fleet as fleet
 
-    def run_seeds(spec, cand, n, rate, seeds, traffic_s):
+    def run_seeds(spec, cand, n, rate, seeds, traffic_s, stop=False):
         ttft = 0.5 if n >= 3 else 5.0
         return [{"ttft_s": {"p99": ttft}, "tpot_s": {"p99": 0.02}, "e2e_s": {"p99": 5.0}, "goodput": None,
                  "requests": {"rejected": 0}, "steady": {"ratio": 1.0, "verdict": "steady"},

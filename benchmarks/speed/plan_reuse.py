@@ -1,8 +1,10 @@
 """Planning that reuses work, before and after: a plan run with every seed of every probe
 and every fleet's whole day (`search.lazy_seeds: false`, `day.screen: false`: the search
-as it was), then as shipped (lazy seeds: sim/planning/capacity.py `max_rate`; screened
-day fleets: sim/planning/dayscreen.py), with the wall and CPU time of each (this process
-and its workers), the steady-state runs, and whether the two recommend the same fleet.
+as it was), then as shipped (lazy seeds: sim/planning/capacity.py `max_rate`; probes and
+fleet runs stopped once they certainly fail, `search.stop_early`: sim/planning/probestop.py,
+sim/planning/fleetstop.py; screened day fleets: sim/planning/dayscreen.py), with the wall
+and CPU time of each (this process and its workers), the steady-state runs, the fleet
+counts checked and stopped, and whether the two recommend the same fleet.
 
     python benchmarks/speed/plan_reuse.py [--plan plans/chat_8b.yaml] [--workers 2] [--only after]
 
@@ -65,8 +67,12 @@ def work(result: dict) -> str:
                 f"{sum(f['status'] == 'ok' for f in fleets)} whole days, "
                 f"{sum(f['status'] == 'screened' for f in fleets)} screened")
     rows = result["candidates"]
+    counts = [c for f in result.get("fleet_checks") or [] for c in f["checks"]]
+    tried = ((result.get("recommended") or {}).get("headroom") or {}).get("tried", [])
     return (f"{sum(r.get('runs', 0) for r in rows)} probe runs, "
-            f"{sum(r.get('probe_traffic_s', 0) for r in rows) / 3600:.1f} h of probe traffic")
+            f"{sum(r.get('probe_traffic_s', 0) for r in rows) / 3600:.1f} h of probe traffic; "
+            f"{len(counts)} fleet counts checked, {sum('stopped' in c['broke'] for c in counts)} stopped; "
+            f"{len(tried)} headroom probes")
 
 
 def main() -> None:

@@ -101,8 +101,13 @@ def violations(summary: dict, slo: SLO) -> list[str]:
 
 def stopped_words(st: dict) -> str:
     """A stopped run's violation: 'p99 TTFT > 3 s certain (12 of 1080 window requests over
-    it; stopped at 21 s of 60 s of arrivals, 812 requests unfinished)'."""
+    it; stopped at 21 s of 60 s of arrivals, 812 requests unfinished)'; a fleet stopped
+    between replicas says after how many ('stopped after 1 of 3 replicas, 10560 requests
+    not simulated)')."""
     why, detail = (st["reason"][:-1], "; ") if st["reason"].endswith(")") else (st["reason"], " (")
+    if "replicas_run" in st:  # a fleet simulated replica by replica (sim/planning/fleetstop.py)
+        return (f"{why}{detail}stopped after {st['replicas_run']} of {st['replicas']} replicas, "
+                f"{st['unfinished']} requests not simulated)")
     return (f"{why}{detail}stopped at {st['at_s']:.3g} s of {st['last_arrival_s']:.3g} s of arrivals, "
             f"{st['unfinished']} requests unfinished)")
 

@@ -45,8 +45,12 @@ class FleetResult:
 
 
 def simulate_fleet(scenario: Scenario, replicas: int, seed: int,
-                   router: RouterSpec = RANDOM_ROUTER) -> FleetResult:
-    """Simulate `replicas` copies of the scenario's deployment behind `router`."""
+                   router: RouterSpec = RANDOM_ROUTER, watch=None) -> FleetResult:
+    """Simulate `replicas` copies of the scenario's deployment behind `router`. `watch`
+    (sim/planning/fleetstop.py `FleetStop`): the run stops once its failure is certain,
+    as the engine's watcher (a fleet simulated whole) or between replicas (one simulated
+    replica by replica: sim/engine/screensplit.py); `watch.stopped` then says why, and a
+    fleet stopped between replicas has the summary of the requests it simulated."""
     from sim.engine.runner import run
 
     if replicas < 1:
@@ -54,7 +58,23 @@ def simulate_fleet(scenario: Scenario, replicas: int, seed: int,
     data = scenario_dict(scenario)
     data["seed"] = seed
     data["cluster"] = fleet_cluster(scenario, replicas, router)
-    out = run(scenario_from_dict(data, file=scenario.file or None, base_dir=scenario.base_dir or None))
+    sc = scenario_from_dict(data, file=scenario.file or None, base_dir=scenario.base_dir or None)
+    if watch is not None:
+        from sim.engine.screensplit import Screened, may_screen, run_screened
+
+        out = run_screened(sc, watch) if may_screen(sc) else None
+        if out is None:  # a fleet simulated whole: the engine's watcher
+            out = run(sc, watch=watch)
+        if isinstance(out, Screened):
+            from sim.planning.fleetstop import partial_summary
+
+            watch.stopped["replicas"] = out.replicas
+            summary = {**partial_summary(out.requests, replicas),
+                       "stands_on": f"the cluster engine, {router_label(router)} (sim/planning/fleet.py), "
+                                    f"stopped after {out.replicas_run} of {out.replicas} replicas"}
+            return FleetResult(replicas, out.requests, summary, [])
+    else:
+        out = run(sc)
     names = [r.name for r in out.result.replicas]
     index = {n: i for i, n in enumerate(names)}
     req = out.requests.rename(columns={"replica": "replica_name"})
@@ -98,18 +118,24 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
     worst seed's, its output tokens per request the mean over seeds. A cluster scenario's
     fleet is N units of it (`sim/planning/units.py`). With
     `search.redundancy: n+1` the fleet is that N plus one (the SLOs hold with one
-    replica down); never under `search.min_replicas`."""
+    replica down); never under `search.min_replicas`. With `search.stop_early` a count's
+    runs stop once a seed certainly fails (sim/planning/fleetstop.py: the same verdicts);
+    the count settled on is run again whole if its runs were stopped, so the figures the
+    plan reports of it are whole runs'."""
     s = spec.search
     seeds = fresh_seeds(spec, cand)
     rate = s.sizing_rate(spec.target_rate)
     checks: dict[int, dict] = {}
+    stopped: set[int] = set()  # counts whose runs a seed's certain failure stopped
 
-    def check(n: int) -> bool:
+    def check(n: int, stop: bool = s.stop_early) -> bool:
         if n < 1:
             return False
         if n not in checks:
-            runs = run_seeds(spec, cand, n, rate, seeds, s.fleet_traffic_s)
+            runs = run_seeds(spec, cand, n, rate, seeds, s.fleet_traffic_s, stop)
             checks[n] = _check_row(n, runs, spec)
+            if any(r.get("stopped") for r in runs):
+                stopped.add(n)
         return checks[n]["passed"]
 
     extra = 1 if s.redundancy == "n+1" else 0
@@ -133,6 +159,9 @@ def validate_fleet(spec: PlanSpec, row: dict, cand: dict) -> dict:
     serving = max(s.min_replicas, min(n + extra, s.max_replicas))
     if serving != n:
         ok = ok and check(serving)
+    if serving in stopped:  # failed (holds false), but its figures are the plan's: whole runs
+        del checks[serving]
+        check(serving, stop=False)
     return {"candidate": row["candidate"], "replicas": serving, "needed": n, "estimated_replicas": row["replicas"],
             "holds": ok, "one_fewer_breaks": not fewer, "redundancy": s.redundancy,
             "holds_one_down": bool(extra) and serving - 1 >= n and checks[n]["passed"],
@@ -151,10 +180,14 @@ def fresh_seeds(spec: PlanSpec, cand: dict) -> list[int]:
     return [first + i for i in range(spec.search.seeds)]
 
 
-def run_fleet(spec: PlanSpec, cand: dict, n: int, rate: float, seed: int, traffic_s: float | None) -> dict:
+def run_fleet(spec: PlanSpec, cand: dict, n: int, rate: float, seed: int, traffic_s: float | None,
+              stop: bool = False) -> dict:
     """One fleet of `n` replicas at `rate` for `traffic_s` of traffic, measured over the
-    steady rule's window; `traffic_s` None: the steady rule decides the length (doubling)."""
+    steady rule's window; `traffic_s` None: the steady rule decides the length (doubling).
+    `stop`: each run stops once the seed's failure is certain (sim/planning/fleetstop.py;
+    the verdict is the whole run's, a stopped run's figures its simulated requests')."""
     from sim.config.scenario import load_scenario
+    from sim.planning.fleetstop import fleet_stopper
     from sim.planning.planspec import plan_scenario
     from sim.planning.steady import steady_run, window, windowed_summary
     from sim.planning.traffic import probe_overrides, steady_rule
@@ -164,29 +197,35 @@ def run_fleet(spec: PlanSpec, cand: dict, n: int, rate: float, seed: int, traffi
     base_sc = load_scenario(scen, base)
     rule, bounds = steady_rule(spec.search.rule(), base_sc, spec.arrival), spec.slo.bounds()
 
-    def run_n(k: int):  # a trace replay takes the seed's own window of the trace
+    def run_n(k: int, watch=None):  # a trace replay takes the seed's own window of the trace
         sc = load_scenario(scen, {**base, **probe_overrides(base_sc, spec.arrival, rate, k, window=seed)})
-        f = simulate_fleet(sc, n, seed, spec.router)
+        f = simulate_fleet(sc, n, seed, spec.router, watch)
         return f.requests, f.summary
 
+    stopper = fleet_stopper(rule, bounds, spec.slo.goodput_min) if stop else None
     if traffic_s is None:
-        return steady_run(run_n, rate, rule, bounds)
+        return steady_run(run_n, rate, rule, bounds, stopper)
     k = max(rule.min_requests, math.ceil(rate * traffic_s))
-    req, summary = run_n(k)
-    return windowed_summary(summary, window(req, rule, bounds), k, rate)
+    watch = stopper(k, True) if stopper is not None else None  # one run: its last
+    req, summary = run_n(k, watch)
+    w = window(req, rule, bounds)
+    if watch is not None and watch.stopped is not None:
+        return watch.mark(windowed_summary(summary, {**w, "verdict": watch.stopped["verdict"]}, k, rate), req)
+    return windowed_summary(summary, w, k, rate)
 
 
-def _one_seed(spec: PlanSpec, cand: dict, n: int, rate: float, traffic_s: float | None, seed: int) -> dict:
-    return run_fleet(spec, cand, n, rate, seed, traffic_s)
+def _one_seed(spec: PlanSpec, cand: dict, n: int, rate: float, traffic_s: float | None, stop: bool,
+              seed: int) -> dict:
+    return run_fleet(spec, cand, n, rate, seed, traffic_s, stop)
 
 
 def run_seeds(spec: PlanSpec, cand: dict, n: int, rate: float, seeds: list[int],
-              traffic_s: float | None) -> list[dict]:
+              traffic_s: float | None, stop: bool = False) -> list[dict]:
     """`run_fleet` for each seed, the seeds in parallel worker processes (one per CPU)."""
     import os
 
     workers = min(len(seeds), os.cpu_count() or 1)
-    one = functools.partial(_one_seed, spec, cand, n, rate, traffic_s)
+    one = functools.partial(_one_seed, spec, cand, n, rate, traffic_s, stop)
     if workers <= 1:
         return [one(seed) for seed in seeds]
     from sim.planning.lifetime import worker_pool
@@ -214,14 +253,16 @@ def headroom(spec: PlanSpec, cand: dict, n: int, hint: float | None = None) -> d
     target: bisection in log rate between the target plus the margin (passed by the fleet
     check) and a
     failing rate, each rate a steady-rule probe of the fleet (`search.headroom_probes`
-    runs at most; `hint`: the per-replica estimate of the multiple)."""
+    runs at most; `hint`: the per-replica estimate of the multiple). With
+    `search.stop_early` a failing probe's runs stop once its failure is certain: the same
+    verdicts, its p99s (in `tried`, never pooled) the requests finished by then."""
     from sim.planning.capacity import violations
 
     seeds, target = fresh_seeds(spec, cand), spec.target_rate
     lo, hi, tried = 1 + spec.search.margin, None, []  # the fleet check passed there
     f = max(hint or 1.25, lo * 1.05)
     for _ in range(spec.search.headroom_probes):
-        runs = run_seeds(spec, cand, n, target * f, seeds, None)
+        runs = run_seeds(spec, cand, n, target * f, seeds, None, spec.search.stop_early)
         ok = not any(violations(r, spec.slo) for r in runs)
         tried.append({"factor": f, "rate": target * f, "passed": ok,  # each seed's p99s: seed_pool
                       **{f"{k}_p99_seeds_s": [r[f"{k}_s"]["p99"] for r in runs] for k in ("ttft", "tpot", "e2e")}})
