@@ -83,7 +83,9 @@ def test_csv_floats_round_halves_as_printf(tmp_path):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(_USUAL, _EDGY, st.integers(-2**63, 2**63 - 1),
-                          st.text(st.characters(blacklist_characters="\r"), max_size=4),
+                          # (no lone surrogates: UTF-8 cannot encode them, for pandas either)
+                          st.text(st.characters(exclude_characters="\r",
+                                                exclude_categories=("Cs",)), max_size=4),
                           st.integers(0, 2**64 - 1)), max_size=40),
        st.sampled_from(["%.6f", "%.3f", "%.0f", "%.9f", "%g", "%.2e"]),
        st.sampled_from([np.float64, np.float32]))
