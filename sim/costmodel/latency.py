@@ -343,30 +343,36 @@ class StepLatency(RankPricing, HostPricing):
             head = self._parts[("head", rows)] = (ms, br)
         return head
 
+    def _warm_chunks(self, chunks: list[tuple[int, int]]) -> tuple[list, int] | None:
+        """The memo entries of `chunks`' prefill attention, and their new tokens in all, where
+        every one is memoised (one dict hit each; no use counted yet), else None."""
+        memo = self._memo
+        hits = []
+        tokens = 0
+        for q, cached in chunks:
+            e = memo.get(("pa", q, q + cached))
+            if e is None:
+                return None
+            hits.append(e)
+            tokens += q
+        return hits, tokens
+
     def prefill(self, chunks: list[tuple[int, int]], seen: set | None = None) -> float:
         """A step prefilling `chunks` of (new tokens, tokens already cached) per sequence;
         `seen`: the (new, cached) shapes this server has prefilled before (updated here)."""
-        if self.data == 1:  # warm: each piece one dict hit, counted as `_piece` counts it
-            memo = self._memo
-            hits = []
-            tokens = 0
-            for q, cached in chunks:
-                e = memo.get(("pa", q, q + cached))
-                if e is None:
-                    break
-                hits.append(e)
-                tokens += q
-            else:
-                dense, lm = memo.get(("dense", tokens)), memo.get(("lm", len(chunks)))
-                if dense is not None and lm is not None:
-                    ms = 0.0  # the sums in `_per_sequence`'s and the cold path's order
-                    for e in hits:
-                        ms += e[0]
-                        e[2] += 1
-                    dense[2] += 1
-                    lm[2] += 1
-                    return self._combined(ms + (dense[0] + lm[0]), len(chunks),
-                                          self._new_shapes(chunks, seen))
+        warm = self._warm_chunks(chunks) if self.data == 1 else None
+        if warm is not None:  # each piece one dict hit, counted as `_piece` counts it
+            memo, hits, tokens = self._memo, *warm
+            dense, lm = memo.get(("dense", tokens)), memo.get(("lm", len(chunks)))
+            if dense is not None and lm is not None:
+                ms = 0.0  # the sums in `_per_sequence`'s and the cold path's order
+                for e in hits:
+                    ms += e[0]
+                    e[2] += 1
+                dense[2] += 1
+                lm[2] += 1
+                return self._combined(ms + (dense[0] + lm[0]), len(chunks),
+                                      self._new_shapes(chunks, seen))
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.dense_ms(tokens) + self.lm_head_ms(len(chunks))
         return self._combined(gpu, len(chunks), self._new_shapes(chunks, seen))
@@ -427,34 +433,26 @@ class StepLatency(RankPricing, HostPricing):
             return self.decode(n, sum_ctx, max_ctx)
         if not n:
             return self.prefill(chunks, seen)
-        if self.data == 1:  # warm: each piece one dict hit, counted as `_piece` counts it
-            memo = self._memo
-            hits = []
-            tokens = 0
-            for q, cached in chunks:
-                e = memo.get(("pa", q, q + cached))
-                if e is None:
-                    break
-                hits.append(e)
-                tokens += q
-            else:
-                ctx_q = _quantize_run(sum_ctx // n, 7)[0]  # _ctx_keys, inlined
-                max_q = ctx_q if n == 1 else min(max(ctx_q, _quantize_run(max_ctx, 5)[0]),
-                                                 ctx_q * n)
-                da = memo.get(("da", n, ctx_q, max_q))
-                dense, lm = memo.get(("dense", n + tokens)), memo.get(("lm", n + len(chunks)))
-                if da is not None and dense is not None and lm is not None:
-                    gpu = 0.0  # the sums in `_per_sequence`'s and the cold path's order
-                    for e in hits:
-                        gpu += e[0]
-                        e[2] += 1
-                    da[2] += 1
-                    dense[2] += 1
-                    lm[2] += 1
-                    gpu += da[0]
-                    gpu += dense[0] + lm[0]
-                    return self._combine(gpu, len(chunks), 0, n, True,
-                                         self._new_shapes(chunks, seen))
+        warm = self._warm_chunks(chunks) if self.data == 1 else None
+        if warm is not None:  # each piece one dict hit, counted as `_piece` counts it
+            memo, hits, tokens = self._memo, *warm
+            ctx_q = _quantize_run(sum_ctx // n, 7)[0]  # _ctx_keys, inlined
+            max_q = ctx_q if n == 1 else min(max(ctx_q, _quantize_run(max_ctx, 5)[0]),
+                                             ctx_q * n)
+            da = memo.get(("da", n, ctx_q, max_q))
+            dense, lm = memo.get(("dense", n + tokens)), memo.get(("lm", n + len(chunks)))
+            if da is not None and dense is not None and lm is not None:
+                gpu = 0.0  # the sums in `_per_sequence`'s and the cold path's order
+                for e in hits:
+                    gpu += e[0]
+                    e[2] += 1
+                da[2] += 1
+                dense[2] += 1
+                lm[2] += 1
+                gpu += da[0]
+                gpu += dense[0] + lm[0]
+                return self._combine(gpu, len(chunks), 0, n, True,
+                                     self._new_shapes(chunks, seen))
         tokens, gpu = self._per_sequence(chunks, self.prefill_attn_ms)
         gpu += self.decode_attn_ms(n, sum_ctx, max_ctx)
         gpu += self.dense_ms(n + tokens) + self.lm_head_ms(n + len(chunks))

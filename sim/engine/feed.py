@@ -215,18 +215,9 @@ def prefill_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> flo
     t_end = now + secs
     if t_end >= feed.next:
         feed.deliver(t_end)
-    for s in seqs:  # Replica.finish_prefill_step, first_token
+    for s in seqs:  # Replica.finish_prefill_step
         s.prefilled = s.prompt + s.generated
-        s.generated += 1
-        if s.first_token_t < 0:
-            s.first_token_t = t_end
-        else:  # resumed after a recompute preemption: one long gap
-            rec.resumed(t_end, s.last_token_t)
-        if s.generated >= s.output:
-            s.finish_t = t_end
-            rep.release(s)
-        else:
-            batch.join(s, t_end)
+        _first_token(rep, s, t_end)
     # Replica.record (no prefix cache: no token counted twice)
     rec.log.add(now, t_end, _PREFILL, len(chunks), tokens, kv.used_blocks,
                 batch.kv_tokens() + rep.port.outside_tokens)
@@ -273,22 +264,29 @@ def mixed_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> float
     for c in plan.chunks:
         s = c.seq
         s.prefilled += c.tokens
-        if s.prefilled >= s.prompt + s.generated:  # Replica.first_token (no prefix cache)
+        if s.prefilled >= s.prompt + s.generated:
             prefilling.remove(s)
-            s.generated += 1
-            if s.first_token_t < 0:
-                s.first_token_t = t_end
-            else:  # resumed after a recompute preemption: one long gap
-                rec.resumed(t_end, s.last_token_t)
-            if s.generated >= s.output:
-                s.finish_t = t_end
-                rep.release(s)
-            else:
-                batch.join(s, t_end)
+            _first_token(rep, s, t_end)
     # Replica.record (no prefix cache: no token counted twice)
     rec.log.add(now, t_end, step.kind, step.seqs, step.tokens, kv.num_blocks - kv.free_blocks,
                 batch.kv_tokens() + rep.port.outside_tokens)
     return t_end
+
+
+def _first_token(rep: Replica, s: Seq, t_end: float) -> None:
+    """`Replica.first_token` without a prefix cache: `s`'s prefill ended at `t_end` with
+    its first token (or, resumed after a recompute preemption, its next one after one long
+    gap); it finishes there or joins the decoding batch."""
+    s.generated += 1
+    if s.first_token_t < 0:
+        s.first_token_t = t_end
+    else:
+        rep.rec.resumed(t_end, s.last_token_t)
+    if s.generated >= s.output:
+        s.finish_t = t_end
+        rep.release(s)
+    else:
+        rep.st.batch.join(s, t_end)
 
 
 def _admit_chunked(rep: Replica, admit: list[Admission], now: float) -> set[Seq]:
