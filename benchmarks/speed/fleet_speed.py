@@ -4,7 +4,7 @@ wrapping around, Poisson arrivals at 64 x 5.38 req/s).
 
     python benchmarks/speed/fleet_speed.py [--replicas 64] [--router round_robin] [--write DIR]
         [--hours H] [--rate R | --day] [--diurnal PEAK_TO_TROUGH]
-        [--workers N|auto [--executor ray]] [--no-split]
+        [--workers N|auto [--executor ray]] [--no-split] [--step-log summary]
 
 The day (issue 19): `--day` is a 128-replica fleet at 25 M requests a day (289 req/s,
 Poisson, the same lengths); `--hours 0.1` simulates a slice of it and extrapolates to
@@ -21,7 +21,9 @@ A round-robin or random fleet is simulated replica by replica, each replica alon
 its own requests (sim/engine/split.py: the same results); --no-split simulates it whole,
 in one engine, as before. --workers N spreads the replicas over N processes
 (sim/engine/parallel.py). With --write, also the time to write requests.csv,
-steps.csv and summary.json. The test suite runs `--replicas 2 --hours 0.005 --write DIR`.
+steps.csv and summary.json. `--step-log summary` keeps each replica's step sums instead of
+its rows (sim/engine/steptally.py: no steps.csv; a whole day's rows would not fit on disk).
+The test suite runs `--replicas 2 --hours 0.005 --write DIR`.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ DAY_REPLICAS, DAY_RATE = 128, 25e6 / 86400  # issue 19's fleet-day: ~25 M reques
 
 
 def scenario(replicas: int, router: str, hours: float, rate: float | None = None,
-             diurnal: float | None = None):
+             diurnal: float | None = None, step_log: str = "rows"):
     rate = CONV_RATE * replicas if rate is None else rate
     arrival = ({"kind": "poisson", "rate": rate} if diurnal is None else
                {"kind": "diurnal", "rate": rate, "peak_to_trough": diurnal, "period_s": 86400.0})
@@ -54,6 +56,7 @@ def scenario(replicas: int, router: str, hours: float, rate: float | None = None
         "model": "llama-3-8b",
         "gpu": "h200-sxm",
         "runtime": "cuda-graph",
+        "step_log": step_log,
         "cluster": {"router": {"policy": router}, "groups": [{"name": "h200", "count": replicas}]},
         "workload": {
             "trace": {"path": str(ROOT / "data/traces/azure_2023_conv.csv"), "format": "azure"},
@@ -77,6 +80,8 @@ def main() -> None:
     ap.add_argument("--write", help="also write the run's tables into this (new) folder")
     ap.add_argument("--workers", default="1", help="N, or auto (as `llmsim run`'s default)")
     ap.add_argument("--executor", default="process", choices=("process", "ray"))
+    ap.add_argument("--step-log", choices=("rows", "summary"), default="rows",
+                    help="what each replica keeps of its steps (summary: their sums only)")
     ap.add_argument("--no-split", action="store_true",
                     help="the whole fleet in one engine (not replica by replica)")
     a = ap.parse_args()
@@ -84,7 +89,7 @@ def main() -> None:
         a.replicas = a.replicas or DAY_REPLICAS
         a.rate = a.rate or DAY_RATE
     a.replicas = a.replicas or 64
-    sc = scenario(a.replicas, a.router, a.hours, a.rate, a.diurnal)
+    sc = scenario(a.replicas, a.router, a.hours, a.rate, a.diurnal, a.step_log)
     t0, c0 = time.perf_counter(), time.process_time()
     workers = a.workers if a.workers == "auto" else int(a.workers)
     out = run(sc, workers=workers, executor=a.executor,  # what `llmsim run` does

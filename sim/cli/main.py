@@ -38,6 +38,21 @@ def _run_naming_sets(sc, sets: dict, **kw):
         raise relabel(e, sc.file, override_labels(sets, _set_origins(sets))) from None
 
 
+def _rows_readers(sc, a, sets: dict, origins: dict[str, str]) -> None:
+    """A scenario that keeps no step rows (step_log: summary) with a flag that draws from
+    them: one line naming both, before anything is simulated."""
+    if sc.step_log != "summary":
+        return
+    flag = "--plots" if a.plots else "--trace-out" if getattr(a, "trace_out", None) else None
+    if flag is not None:
+        from sim.config.scenario import override_labels, relabel
+
+        what = "the timeline plot is" if flag == "--plots" else "the trace's steps are"
+        raise relabel(SpecError(sc.file or None, "step_log", f"'summary' keeps no step rows, "
+                                f"and {flag} needs them ({what} drawn from them; allowed: "
+                                f"rows, or no {flag})"), sc.file, override_labels(sets, origins))
+
+
 def _check_format(a) -> None:
     if a.format == "parquet":
         from sim.io.tablefile import parquet_available
@@ -85,7 +100,11 @@ def cmd_run(a) -> int:
 
         _check_format(a)
         sets = parse_sets(a.set)
-        sc = load_scenario(a.scenario, sets, origins=_set_origins(sets))
+        origins = _set_origins(sets)
+        if a.step_log is not None:
+            sets["step_log"], origins["step_log"] = a.step_log, "--step-log"
+        sc = load_scenario(a.scenario, sets, origins=origins)
+        _rows_readers(sc, a, sets, origins)
         dest = Path(a.out) if a.out else Path("runs") / safe_folder_name(sc.name)
         check_out_dir(dest)  # before the simulation, not after it
         if a.trace_out:
@@ -111,9 +130,11 @@ def cmd_run(a) -> int:
         print("\n" + stage_table(out.summary["pipeline"]))
     if a.interval:
         print("\n" + _interval_lines(out, sc, sets, a.interval))
-    print(f"\nwrote {dest}/ (requests.{a.format}, steps.{a.format}, summary.json"
+    steps = f"steps.{a.format}, " if out.step_tables is not None else ""
+    print(f"\nwrote {dest}/ (requests.{a.format}, {steps}summary.json"
           + (", latency_cdf.png, timeline.png" if a.plots else "; --plots adds the plots") + ")"
-          + (f" and {a.trace_out}" if a.trace_out else ""))
+          + (f" and {a.trace_out}" if a.trace_out else "")
+          + ("; no steps table: step_log summary kept only its sums" if not steps else ""))
     return 0
 
 
@@ -158,6 +179,8 @@ def cmd_compare(a) -> int:
 
     sets = parse_sets(a.set)
     scs = [load_scenario(f, sets, origins=_set_origins(sets)) for f in a.scenarios]  # validate all first
+    for sc in scs:
+        _rows_readers(sc, a, sets, _set_origins(sets))
     return _run_and_print([sc.name for sc in scs], scs, a)
 
 
@@ -253,6 +276,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                         "replica (the same results, slower)")
     r.add_argument("--executor", choices=("process", "ray"), default="process",
                    help="where --workers run: a local process pool (default) or Ray")
+    r.add_argument("--step-log", choices=("rows", "summary"), default=None,
+                   help="what each replica keeps of its steps: rows (steps.csv) or summary "
+                        "(the summary's sums only: no steps table, plot or trace; for long "
+                        "runs; default: the scenario's step_log, rows)")
     r.add_argument("--interval", type=int, nargs="?", const=1, default=0, metavar="SEEDS",
                    help="also print 90 %% prediction intervals of the headline figures: the "
                    "step model's error by provenance, plus the spread over SEEDS seeds "

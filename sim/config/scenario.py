@@ -87,12 +87,20 @@ class Scenario:
     parallel: ParallelSpec = ParallelSpec()  # GPUs per replica (sim/costmodel/parallel.py)
     dtype: DTypeSpec = DTypeSpec()  # weight and KV-cache number formats
     cluster: ClusterSpec | None = None  # replica groups behind a router (sim/config/cluster.py)
+    # what each replica keeps of its steps: `rows` (steps.csv: one row an iteration) or
+    # `summary` (the summary's sums only, sim/engine/steptally.py: no steps.csv, no timeline
+    # plot or trace; for fleet-days, whose rows would not fit on disk)
+    step_log: Literal["rows", "summary"] = "rows"
     # set by the loader, not by the YAML: the scenario file and its folder (where
     # relative paths resolve)
     base_dir: str = field(default="", init=False, compare=False)
     file: str = field(default="", init=False, compare=False)
 
     def check(self):
+        if self.step_log == "summary":
+            needs = self._rows_needed()
+            if needs:
+                return "step_log", f"'summary' keeps no step rows, and {needs} (allowed: rows)"
         if self.speculative.method != "none" and self.scheduler.policy != "continuous":
             return "speculative.method", ("needs scheduler.policy: continuous (the default "
                                           "policy is chunked)")
@@ -115,6 +123,16 @@ class Scenario:
                 "'contiguous' needs kv.manager: contiguous "
                 "(allowed with paged: paged, paged_reference, paged_gather)",
             )
+        return None
+
+    def _rows_needed(self) -> str | None:
+        """What of this scenario reads the step log's rows (None: nothing)."""
+        if self.cluster is not None and self.cluster.autoscale is not None:
+            return "cluster.autoscale's power per window reads them"
+        clients = self.workload.clients
+        if clients is not None and clients.warmup_requests:
+            return ("a closed loop's warm-up leaves its steps out of the figures by them "
+                    "(workload.clients.warmup_requests)")
         return None
 
     @property

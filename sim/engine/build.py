@@ -28,6 +28,7 @@ from sim.costmodel.profiles import GPUProfile, load_profile
 from sim.costmodel.runtime import RuntimeSpec, load_runtime
 from sim.engine.memory import MemoryBudget, memory_budget, stage_budgets
 from sim.engine.pipeline import PipelinedReplica, VirtualEngine
+from sim.engine.recorder import StepRecorder
 from sim.engine.replica import Replica
 from sim.io.specload import ROOT, SpecError, load_yaml
 from sim.policies.batch import RunningBatch
@@ -251,6 +252,8 @@ def build_replica(cfg: ReplicaConfig, rng: np.random.Generator, *,
     rep = (PipelinedReplica if pp > 1 else Replica)(state, policy, latency,
                                                     cfg.kv_bytes_per_token, pcie)
     rep.name, rep.index, rep.config, rep.speculator = cfg.name, index, cfg, spec
+    if sc.step_log == "summary":  # the step log's sums only (sim/engine/steptally.py)
+        rep.rec = StepRecorder(summary=True)
     if pp > 1:  # the sibling engines: own batch and scheduler, the replica's queue and KV
         def engine(_: int) -> VirtualEngine:
             b = RunningBatch(kv.block_size, paged, keep_finished=False,

@@ -28,6 +28,7 @@ from __future__ import annotations
 from sim.costmodel.jitter import BLOCK, FactorStream, JitteredLatency
 from sim.costmodel.latency import StepLatency
 from sim.engine.replica import Replica, Step
+from sim.engine.steptally import StepTally
 from sim.policies.plan import THROUGH_FINISH, StepKind, StepPlan
 
 _DECODE = StepKind.DECODE
@@ -49,10 +50,19 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     members, heap, phase, bs = batch.members, batch.finish_heap, batch.phase, batch.bs
     paged, holds, mixed = batch.paged, rep.holds_batch, plan.kind is not _DECODE
     num_blocks = kv.num_blocks
-    add_start, add_end, add_kind, add_seqs, add_tokens, add_used, add_held, add_gap, add_weight = (
+    # step_log: summary (sim/engine/steptally.py): a plain step's row as running sums in
+    # locals (seconds, blocks used and tokens held times seconds, peak blocks used), folded
+    # into the tally at each other step and at the end (`fold`), instead of 7 appends
+    keep_rows = type(log) is not StepTally
+    tally = None if keep_rows else log
+    sum_busy = sum_used = sum_toks = 0.0
+    used = peak = 0
+    mark, since = batch.D, now  # the first step not folded yet, and its start
+    add_start, add_end, add_kind, add_seqs, add_tokens, add_used, add_held = (
         log.t_start.append, log.t_end.append, log.kind.append, log.num_seqs.append,
-        log.num_tokens.append, log.kv_blocks_used.append, log.kv_tokens.append,
-        rec.gaps.append, rec.weights.append)
+        log.num_tokens.append, log.kv_blocks_used.append, log.kv_tokens.append
+    ) if keep_rows else (None,) * 7
+    add_gap, add_weight = rec.gaps.append, rec.weights.append
     # a jittered step: the model's seconds * the stream's next factor * the batch size's
     # level (JitteredLatency.decode, inlined; .mixed multiplies by the factor * the level);
     # without jitter factors of exactly 1
@@ -60,7 +70,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     jitter = lat if draws else None
     stream = jitter.decode_f if jitter is not None else None
     factors, fi = (stream.block, stream.i) if stream is not None else (_ONES, 0)
-    left = log.limit - len(log.t_end)  # rows before the log spills (StepLog.add)
+    left = log.room()  # rows before the log spills (StepLog.add)
     D = first = batch.D  # (the first step's blocks fit: the policy just planned it)
     n, s0, live, rows, longest, outside = _shape(rep, D)  # (what changes when one finishes)
     level = _level(jitter, n)
@@ -105,13 +115,22 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                     add_gap(t_end - last)
                     add_weight(rows)
                 D, last, held = D + 1, t_end, held + rows
-                add_start(now)
-                add_end(t_end)
-                add_kind(decode)
-                add_seqs(n)
-                add_tokens(n)
-                add_used(num_blocks - kv.free_blocks)
-                add_held(held)
+                if keep_rows:
+                    add_start(now)
+                    add_end(t_end)
+                    add_kind(decode)
+                    add_seqs(n)
+                    add_tokens(n)
+                    add_used(num_blocks - kv.free_blocks)
+                    add_held(held)
+                else:
+                    dur = t_end - now
+                    sum_busy += dur
+                    used = num_blocks - kv.free_blocks
+                    sum_used += used * dur
+                    sum_toks += held * dur
+                    if used > peak:
+                        peak = used
                 now = t_end
                 continue
             if not quiet and finish_at <= D + 1:
@@ -129,23 +148,32 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                     add_gap(t_end - last)
                     add_weight(rows)
             D, last = D + 1, t_end
-            add_start(now)
-            add_end(t_end)
-            add_kind(decode)
-            add_seqs(n)
-            add_tokens(n)
+            step_n = n
+            if keep_rows:
+                add_start(now)
+                add_end(t_end)
+                add_kind(decode)
+                add_seqs(n)
+                add_tokens(n)
             if done:
                 n, s0, live, rows, longest, outside = _shape(rep, D)
                 level = _level(jitter, n)
                 fresh_at = D  # another shape: another price
-            add_used(num_blocks - kv.free_blocks)
-            held = live + rows * (D - 1) + outside
-            add_held(held)
+            if keep_rows:
+                add_used(num_blocks - kv.free_blocks)
+                held = live + rows * (D - 1) + outside
+                add_held(held)
+            else:  # the plain steps before this one, then its own row
+                held = live + rows * (D - 1) + outside
+                tally.fold(D - 1 - mark, sum_busy, step_n, sum_used, sum_toks, peak, since, now)
+                tally.add(now, t_end, decode, step_n, step_n, num_blocks - kv.free_blocks, held)
+                sum_busy = sum_used = sum_toks = 0.0
+                peak, mark, since = 0, D, t_end
             now = t_end
-            left = log.limit - len(log.t_end)
+            left = log.room()
             if left <= 0:
                 log.flush()
-                left = log.limit - len(log.t_end)
+                left = log.room()
             if holds:
                 batch.D, batch.last_decode_end = D, last
                 rep.end_of_step()
@@ -154,6 +182,8 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
             calm = -1 if holds else min(finish_at - 1, D + left - 1)
     finally:  # what the loop kept in locals
         rec.kernel_busy_s, batch.D, batch.last_decode_end = busy, D, last
+        if tally is not None:
+            tally.fold(D - mark, sum_busy, n, sum_used, sum_toks, peak, since, now)
         if reused:
             entry[2] += reused
         if stream is not None:

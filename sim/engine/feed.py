@@ -145,10 +145,10 @@ def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
             step = None
         elif steady is not None and (repeats := steady(st, plan)) and (
                 now + rep.step.seconds < feed.next):
-            rows = len(log.t_end)
+            rows = log.rows() if progress is not None else 0
             bound = min(feed.next, env.peek())
             now, step = decode_run(rep, plan, now, bound, repeats, True)
-            if progress is not None and len(log.t_end) // 2000 != rows // 2000:
+            if progress is not None and log.rows() // 2000 != rows // 2000:
                 progress(now)
             if step is None:
                 continue
@@ -173,7 +173,7 @@ def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
                 feed.deliver(t_end)
             rep.finish(step, now, t_end)
             now = t_end
-        if progress is not None and len(log.t_end) % 2000 == 0:
+        if progress is not None and log.rows() % 2000 == 0:
             progress(now)
         if now > env.now and env.peek() <= now:  # another's event is due: it sees this
             yield env.timeout_at(now)

@@ -34,6 +34,7 @@ import numpy as np
 from sim.engine import bigstats
 from sim.engine.replica import ReplicaResult, RunResult
 from sim.engine.reqsummary import request_figures
+from sim.engine.steptally import StepTally
 from sim.io.spill import Constant, is_lazy
 from sim.io.tablefile import Labels, Table, frame, num_rows
 from sim.policies.batch import FINISHED
@@ -103,9 +104,12 @@ def _log_column(log, name: str):
     return log.column(name)
 
 
-def step_tables(res: RunResult) -> list[dict]:
+def step_tables(res: RunResult) -> list[dict] | None:
     """Each replica's iterations as a table in STEP_COLUMNS (views of its step log; lazy
-    columns, read a block at a time, for a log spilled to disk)."""
+    columns, read a block at a time, for a log spilled to disk); None when the replicas
+    kept no rows (step_log: summary)."""
+    if not keeps_rows(res):
+        return None
     names = tuple(r.name for r in res.replicas)
     out = []
     for i, r in enumerate(res.replicas):
@@ -118,13 +122,25 @@ def step_tables(res: RunResult) -> list[dict]:
     return out
 
 
+def keeps_rows(res: RunResult) -> bool:
+    """Whether the run's replicas logged their steps' rows (step_log: rows)."""
+    return not any(isinstance(r.steps, StepTally) for r in res.replicas)
+
+
 def requests_frame(res: RunResult):
     return frame(request_table(res))
 
 
 def steps_frame(res: RunResult):
     """Every replica's iterations, replica by replica, with a `replica` column."""
-    return frame(step_tables(res))
+    return frame(_rows(step_tables(res)))
+
+
+def _rows(tables: list[dict] | None) -> list[dict]:
+    """`tables`, or a ValueError saying that the run kept none (step_log: summary)."""
+    if tables is None:
+        raise ValueError("step_log: summary keeps no step rows (allowed: step_log: rows)")
+    return tables
 
 
 def itl_table(res: RunResult) -> dict:
@@ -207,13 +223,25 @@ def _replica_codes(req, res: RunResult, name: str = "replica") -> np.ndarray:
 
 class StepSums:
     """One replica's step figures, summed from its step log a block of rows at a time
-    (numpy, no copy of the log; temporaries bounded by BLOCK rows)."""
+    (numpy, no copy of the log; temporaries bounded by BLOCK rows), or taken from a log
+    that kept only these sums (step_log: summary, sim/engine/steptally.py: the same
+    figures within its TOLERANCE)."""
 
     BLOCK = 1 << 20
 
     def __init__(self, rep: ReplicaResult, t0: float | None = None):
         """`t0`: only the steps that end after it (a closed loop's measured window)."""
         log = rep.steps
+        self.num_blocks = rep.kv.num_blocks
+        self.block_size = rep.kv.block_size
+        if isinstance(log, StepTally):
+            if t0 is not None:
+                raise ValueError("step_log: summary keeps no rows to window (allowed: rows)")
+            self.n, self.by_kind = log.n, np.array(log.by_kind, dtype=np.int64)
+            self.busy, self.seqs_dur, self.used_dur, self.toks_dur = (
+                log.busy, log.seqs_dur, log.used_dur, log.toks_dur)
+            self.used_peak = float(log.used_peak)
+            return
         cols = {c: _log_column(log, c) for c in LOG_COLUMNS}
         first = 0 if t0 is None else int(np.searchsorted(np.asarray(cols["t_end"]), t0,
                                                           side="right"))
@@ -229,8 +257,6 @@ class StepSums:
             self.used_dur += float((part["kv_blocks_used"] * dur).sum())  # block-seconds
             self.toks_dur += float((part["kv_tokens"] * dur).sum())
             self.used_peak = max(self.used_peak, float(part["kv_blocks_used"].max()))
-        self.num_blocks = rep.kv.num_blocks
-        self.block_size = rep.kv.block_size
 
 
 def step_sums(res: RunResult, t0: float | None = None) -> list[StepSums]:
@@ -427,5 +453,5 @@ def goodput(fin, duration: float, slo) -> dict | None:
 
 
 __all__ = ["REQUEST_COLUMNS", "STEP_COLUMNS", "LOG_COLUMNS", "KIND_NAMES", "Table", "num_rows",
-           "request_table", "step_tables", "itl_table", "requests_frame", "steps_frame",
+           "request_table", "step_tables", "keeps_rows", "itl_table", "requests_frame", "steps_frame",
            "summarize", "per_replica", "goodput", "weighted_stats", "step_sums"]

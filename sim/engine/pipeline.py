@@ -165,7 +165,7 @@ def _engine(env: simpy.Environment, node, rep: PipelinedReplica, e: VirtualEngin
                 else:
                     yield wake
             e.end_of_step()
-        if progress is not None and len(log.t_end) % 2000 == 0:
+        if progress is not None and log.rows() % 2000 == 0:
             progress(env.now)
 
 

@@ -132,7 +132,7 @@ def autoscaler(env: simpy.Environment, fleet: Fleet, policy, seqs: list[Seq], fi
             break  # (simulate's own check names them)
         yield env.timeout(lc.spec.scrape_s)
     else:
-        last = max((r.rec.log.t_end[-1] for r in reps if len(r.rec.log.t_end)), default=env.now)
+        last = max((e for r in reps if (e := r.rec.log.last_end()) is not None), default=env.now)
         while lc.cancel_newest_starting(last):  # no request left for them: the run's end
             pass
         retire(fleet, env.now, check=total)
@@ -146,8 +146,8 @@ def retire(fleet: Fleet, now: float, check: int | None = None) -> None:
     for i, state in enumerate(lc.state):
         rep = fleet.front[i].rep
         if state == "draining" and rep.port.load.outstanding == 0:
-            t_end = rep.rec.log.t_end
-            lc.gone(i, max(lc.current[i].draining, t_end[-1] if len(t_end) else 0.0))
+            last = rep.rec.log.last_end()
+            lc.gone(i, max(lc.current[i].draining, last if last is not None else 0.0))
     if check is not None:
         lc.check_accounted([n.rep.done for n in fleet.front], check)
 
@@ -232,9 +232,9 @@ def replica(env: Clock, node: Node, progress=None, leap: bool = True):
         # (else a run would stop at once, as in a busy fleet): the steps before it at once
         if steady is not None and node.room is None and (repeats := steady(st, plan)) and (
                 now + rep.step.seconds < (bound := env.peek())):
-            rows = len(log.t_end)
+            rows = log.rows() if progress is not None else 0
             now, step = decode_run(rep, plan, now, bound, repeats, quiet)
-            if progress is not None and len(log.t_end) // 2000 != rows // 2000:
+            if progress is not None and log.rows() // 2000 != rows // 2000:
                 progress(now)
             if step is None:
                 continue
@@ -265,7 +265,7 @@ def replica(env: Clock, node: Node, progress=None, leap: bool = True):
             rep.end_of_step()
         if node.room is not None:
             node.stepped()
-        if progress is not None and len(log.t_end) % 2000 == 0:
+        if progress is not None and log.rows() % 2000 == 0:
             progress(now)
 
 
@@ -393,6 +393,6 @@ def simulate(workload: Workload, replicas: list[Replica], router=None, *, decode
     gaps, weights = pooled_gaps([r.rec for r in replicas], marks)
     results = [ReplicaResult.of(r) for r in replicas]
     end = env.now if not finished[0] else max(
-        (r.steps.t_end[-1] for r in results if len(r.steps.t_end)), default=0.0)
+        (e for r in results if (e := r.steps.last_end()) is not None), default=0.0)
     return RunResult(seqs, results, gaps, weights, end, warmup)
 

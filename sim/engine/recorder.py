@@ -9,6 +9,7 @@ from array import array
 import numpy as np
 
 from sim.engine.results import Event, StepLog, move_events
+from sim.engine.steptally import StepTally
 from sim.io.spill import Chain, DiskColumn, SpillDir, blocks
 from sim.policies.plan import StepKind
 
@@ -22,8 +23,9 @@ class StepRecorder:
     __slots__ = ("log", "gaps", "weights", "events", "swap_bytes", "transfer_bytes",
                  "kernel_busy_s", "gaps_spilled")
 
-    def __init__(self) -> None:
-        self.log = StepLog()
+    def __init__(self, summary: bool = False) -> None:
+        # `summary` (step_log: summary): the step log's sums only (sim/engine/steptally.py)
+        self.log: StepLog | StepTally = StepTally() if summary else StepLog()
         self.gaps = array("d")     # inter-token gaps, weighted (see RunningBatch.advance)
         self.weights = array("q")
         self.events: list[Event] = []  # preemptions, swaps and KV transfers, with their times
@@ -70,6 +72,9 @@ class StepRecorder:
         """No logged step computed more than `max_seqs` sequences, nor a step that
         prefills (prefill, mixed) more than `step_tokens` tokens."""
         log = self.log
+        if isinstance(log, StepTally):
+            log.check_limits(name, max_seqs, step_tokens)
+            return
         t_start = log.column("t_start")
         for lo, seqs in blocks(log.column("num_seqs")):
             if seqs.max() > max_seqs:

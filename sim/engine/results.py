@@ -72,6 +72,14 @@ class StepLog:
         """Iterations logged (on disk and in memory)."""
         return self.spilled + len(self.t_end)
 
+    def room(self) -> int:
+        """Rows `add` takes before it spills (at most 0: `flush` is due)."""
+        return self.limit - len(self.t_end)
+
+    def last_end(self) -> float | None:
+        """The last step's end (None before any)."""
+        return self.t_end[-1] if self.t_end else None
+
     def column(self, name: str):
         """A whole column: a numpy view of the arrays, or a DiskColumn once spilled."""
         buf = getattr(self, name)

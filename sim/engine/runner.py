@@ -38,6 +38,7 @@ from sim.engine.closedloop import client_summary
 from sim.engine.energy import energy_and_cost
 from sim.engine.metrics import (
     _measured,
+    _rows,
     itl_table,
     per_replica,
     request_table,
@@ -72,7 +73,9 @@ TABLE_FORMATS = ("csv", "parquet")
 class RunOutput:
     scenario: Scenario
     request_table: dict  # numpy columns (sim/engine/metrics.py request_table)
-    step_tables: list[dict]  # one per replica, views of its step log
+    # one per replica, views of its step log; None: the replicas kept only its sums
+    # (step_log: summary, sim/engine/steptally.py)
+    step_tables: list[dict] | None
     summary: dict
     result: RunResult
     itl_table: dict  # weighted inter-token gaps: gap_s, count
@@ -88,8 +91,8 @@ class RunOutput:
 
     @cached_property
     def steps(self) -> pd.DataFrame:
-        """Every replica's iterations, replica by replica."""
-        return frame(self.step_tables)
+        """Every replica's iterations, replica by replica (ValueError: step_log: summary)."""
+        return frame(_rows(self.step_tables))
 
     @cached_property
     def itl(self) -> pd.DataFrame:
@@ -100,16 +103,22 @@ class RunOutput:
         """Write all outputs into the folder `out_dir`, replacing an earlier llmsim run
         there atomically; any other non-empty folder is refused (see sim.io.outputs)."""
         return write_atomically(out_dir, lambda folder: self.write_files(folder, plots, fmt),
-                                {"scenario": self.scenario.name})
+                                {"scenario": self.scenario.name, **(
+                                    {"step_log": "summary"} if self.step_tables is None
+                                    else {})})
 
     def write_files(self, folder: Path, plots: bool = True, fmt: str = "csv") -> None:
-        """requests.csv, steps.csv (or .parquet), summary.json (and the plots) into an
-        existing folder."""
+        """requests.csv, steps.csv (or .parquet; not for step_log: summary, which kept no
+        rows), summary.json (and the plots: they need the rows) into an existing folder."""
         if fmt not in TABLE_FORMATS:
             raise ValueError(f"table format {fmt!r} (known: {', '.join(TABLE_FORMATS)})")
+        if plots and self.step_tables is None:
+            raise ValueError("the timeline plot needs the step rows: step_log: summary kept "
+                             "none (allowed: plots=False, or step_log: rows)")
         write = write_parquet if fmt == "parquet" else write_csv
         write(folder / f"requests.{fmt}", self.request_table)
-        write(folder / f"steps.{fmt}", self.step_tables)
+        if self.step_tables is not None:
+            write(folder / f"steps.{fmt}", self.step_tables)
         (folder / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
         if plots:
             from sim.engine.plots import plot_run

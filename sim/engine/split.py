@@ -65,6 +65,7 @@ from sim.engine.recorder import spill_logs
 from sim.engine.records import RequestRecords, columns_of
 from sim.engine.replica import ReplicaResult
 from sim.engine.splitrule import FEEDBACK_FREE, may_split
+from sim.engine.steptally import StepTally
 from sim.io.spill import SpillDir, blocks
 
 
@@ -128,6 +129,8 @@ def simulate_one(setup: Setup, index: int, rng, spill: SpillDir | None,
                             else None, index=index)
         if spill is not None:
             spill_logs([rep], spill, fleet_size=len(setup.configs))
+        if not every and isinstance(rep.rec.log, StepTally):  # no rows for `ties` to read
+            rep.rec.log.watch(np.unique(setup.clock[rows]).tolist())
         seqs = make_seqs(wl, setup.max_len, rows)
         prefix_views(wl, [rep])
         env = Clock()
@@ -166,7 +169,9 @@ def _restore_uses(memo: dict, uses: list) -> None:
 
 def ties(rep, node, clock: np.ndarray, seqs: list) -> bool:
     """Whether one of the replica's own arrival instants equals a time the replica had
-    scheduled before it: a step's end or a request's entry into its queue."""
+    scheduled before it: a step's end or a request's entry into its queue. (A step log
+    of sums (sim/engine/steptally.py) watched its step ends for these instants as they
+    came: `StepTally.tied`.)"""
     own = np.unique(clock)
     if len(own) == 0:
         return False
@@ -175,9 +180,15 @@ def ties(rep, node, clock: np.ndarray, seqs: list) -> bool:
         i = np.minimum(np.searchsorted(own, times), len(own) - 1)
         return bool((own[i] == times).any())
 
-    for _, t_end in blocks(rep.rec.log.column("t_end")):
-        if hits(t_end):
+    log = rep.rec.log
+    if isinstance(log, StepTally):
+        tied, log.instants = log.tied, None  # (not shipped back with the result)
+        if tied:
             return True
+    else:
+        for _, t_end in blocks(log.column("t_end")):
+            if hits(t_end):
+                return True
     if node.request_s is not None:
         receive, per_token = node.request_s[:2]
         prompt = np.fromiter((s.prompt for s in seqs), dtype=np.int64, count=len(seqs))
