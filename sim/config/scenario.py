@@ -13,6 +13,7 @@ kv: {manager: paged, block_size: 16, gpu_memory_utilization: 0.9}
 parallel: {tensor: 1, pipeline: 1}         # optional; see sim/costmodel/parallel.py
 dtype: {weights: bf16, kv_cache: bf16}    # optional; fp8 on GPUs with FP8 tensor cores
 slo: {ttft_s: 1.0, tpot_s: 0.1}
+step_log: rows               # optional; summary: no steps.csv, the summary's step sums only
 workload: {...}              # see sim/workload/requests.py
 ```
 """
