@@ -178,3 +178,14 @@ def test_flags_that_draw_from_rows_are_refused(tmp_path, refused, flag):
                    "--step-log step_log=summary: step_log: 'summary' keeps no step rows",
                    f"{flag[0]} needs them")
     assert "allowed: rows" in line
+
+
+def test_a_closed_loop_without_warm_up_sums_all_its_steps():
+    # its measured window opens at its first send, before any step ends
+    rows, summed = _both(ROOT / "scenarios" / "closed_loop.yaml",
+                         {"workload.clients.warmup_requests": 0})
+    assert "warmup" in rows.request_table
+    _same_figures(rows, summed)
+    t = StepTally()
+    t.add(1.0, 2.0, 1, 1, 1, 1, 16)
+    assert t.covers(1.5) is True and t.covers(2.0) is False

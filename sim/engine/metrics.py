@@ -235,8 +235,9 @@ class StepSums:
         self.num_blocks = rep.kv.num_blocks
         self.block_size = rep.kv.block_size
         if isinstance(log, StepTally):
-            if t0 is not None:
-                raise ValueError("step_log: summary keeps no rows to window (allowed: rows)")
+            if t0 is not None and not log.covers(t0):
+                raise ValueError(f"step_log: summary keeps no rows to leave out the steps "
+                                 f"that ended by {t0} s (allowed: step_log: rows)")
             self.n, self.by_kind = log.n, np.array(log.by_kind, dtype=np.int64)
             self.busy, self.seqs_dur, self.used_dur, self.toks_dur = (
                 log.busy, log.seqs_dur, log.used_dur, log.toks_dur)

@@ -44,7 +44,7 @@ class StepTally:
     steps `then` runs (the recorder's gaps go to disk), so the gaps' memory stays bounded."""
 
     __slots__ = ("n", "by_kind", "busy", "seqs_dur", "used_dur", "toks_dur", "used_peak",
-                 "seqs_peak", "budget_peak", "last", "pending", "limit", "spill", "key",
+                 "seqs_peak", "budget_peak", "last", "early", "pending", "limit", "spill", "key",
                  "spilled", "then", "instants", "tied")
 
     def __init__(self) -> None:
@@ -53,6 +53,7 @@ class StepTally:
         self.busy = self.seqs_dur = self.used_dur = self.toks_dur = 0.0
         self.used_peak = self.seqs_peak = self.budget_peak = 0
         self.last: float | None = None  # the last step's end
+        self.early = float("inf")  # no step ended at or before this (`covers`)
         self.pending = 0  # steps since `then` last ran
         self.limit = sys.maxsize
         self.spill = None
@@ -104,6 +105,8 @@ class StepTally:
         if num_tokens > self.budget_peak and kind in _PREFILLS:
             self.budget_peak = num_tokens
         self.last = t_end
+        if t_end < self.early:
+            self.early = t_end
         if self.instants is not None and not self.tied:
             self._look(t_start, t_end, True)
         self.pending += 1
@@ -129,11 +132,18 @@ class StepTally:
         if seqs > self.seqs_peak:
             self.seqs_peak = seqs
         self.last = t_to
+        if t_from < self.early:
+            self.early = t_from
         if self.instants is not None and not self.tied:
             self._look(t_from, t_to, False)
         self.pending += rows
 
     # ---- what the rows would have answered -----------------------------------------------
+    def covers(self, t0: float) -> bool:
+        """Whether every step ended after `t0` (StepSums' window from `t0` is then all the
+        steps: a closed loop without warm-up, whose window opens at its first send)."""
+        return self.early > t0
+
     def watch(self, instants) -> None:
         """Note whether a step ends at one of `instants` (sorted; a replica's own arrival
         instants, sim/engine/split.py `ties`): `tied`."""
