@@ -182,8 +182,7 @@ def ties(rep, node, clock: np.ndarray, seqs: list) -> bool:
 
     log = rep.rec.log
     if isinstance(log, StepTally):
-        tied, log.instants = log.tied, None  # (not shipped back with the result)
-        if tied:
+        if log.unwatch():
             return True
     else:
         for _, t_end in blocks(log.column("t_end")):

@@ -45,7 +45,7 @@ class StepTally:
 
     __slots__ = ("n", "by_kind", "busy", "seqs_dur", "used_dur", "toks_dur", "used_peak",
                  "seqs_peak", "budget_peak", "last", "early", "pending", "limit", "spill", "key",
-                 "spilled", "then", "instants", "tied")
+                 "spilled", "then", "instants", "own", "tied")
 
     def __init__(self) -> None:
         self.n = 0
@@ -61,6 +61,7 @@ class StepTally:
         self.spilled = 0  # (no rows ever go to disk: for code that asks a StepLog)
         self.then: Callable[[], None] | None = None
         self.instants: list[float] | None = None  # own arrival instants, sorted (`watch`)
+        self.own: set[float] | None = None  # the same, to look a step's end up in
         self.tied = False
 
     # ---- as StepLog ----------------------------------------------------------------------
@@ -107,8 +108,8 @@ class StepTally:
         self.last = t_end
         if t_end < self.early:
             self.early = t_end
-        if self.instants is not None and not self.tied:
-            self._look(t_start, t_end, True)
+        if self.own is not None and t_end in self.own:
+            self.tied = True
         self.pending += 1
         if self.pending >= self.limit:
             self.flush()
@@ -135,7 +136,11 @@ class StepTally:
         if t_from < self.early:
             self.early = t_from
         if self.instants is not None and not self.tied:
-            self._look(t_from, t_to, False)
+            # a step of these may end at an instant in (t_from, t_to]: counted as tied (a
+            # superset: never missed; sim/engine/decoderun.py runs end before the next event)
+            ins = self.instants
+            i = bisect_right(ins, t_from)
+            self.tied = i < len(ins) and ins[i] <= t_to
         self.pending += rows
 
     # ---- what the rows would have answered -----------------------------------------------
@@ -148,17 +153,13 @@ class StepTally:
         """Note whether a step ends at one of `instants` (sorted; a replica's own arrival
         instants, sim/engine/split.py `ties`): `tied`."""
         self.instants = list(instants)
+        self.own = set(self.instants)
 
-    def _look(self, t_from: float, t_to: float, exact: bool) -> None:
-        """A step ending at `t_to` (`exact`), or a run of steps ending in (t_from, t_to]
-        (counted as tied if any instant lies there: a superset, so never missed)."""
-        ins = self.instants
-        if exact:
-            j = bisect_right(ins, t_to)
-            self.tied = j > 0 and ins[j - 1] == t_to
-        else:
-            i = bisect_right(ins, t_from)
-            self.tied = i < len(ins) and ins[i] <= t_to
+    def unwatch(self) -> bool:
+        """Whether a step ended at a watched instant; the instants forgotten (a result
+        shipped from a worker does not carry them)."""
+        self.instants = self.own = None
+        return self.tied
 
     def check_limits(self, name: str, max_seqs: int, step_tokens: int | None) -> None:
         """StepRecorder.check_limits from the largest steps (no rows: no step's time)."""
