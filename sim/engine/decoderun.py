@@ -83,6 +83,9 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     # batching aside) nothing follows them; their rows' tokens held go up by `rows` a step
     calm = -1 if holds or batch.fresh else min(finish_at - 1, D + left - 1)
     held = live + rows * (D - 1) + outside
+    # steps before `fast` need no refill of factors, no new price and are plain (`calm`):
+    # one test instead of three (set where any of the three bounds moves: the else below)
+    fast = -1
     try:
         while True:
             # ---- start (Replica.start, or mixed_step, for a plain plan) ----
@@ -94,16 +97,20 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                     kv.free_blocks -= need
                 else:
                     kva.take(need)
-            if fi == len(factors):
-                factors, fi = _refill(stream, fi)
-            if D >= fresh_at:
-                if reused:
-                    entry[2] += reused
-                    reused = 0
-                base, ks, entry, steps = span(n, s0 + n * D, D + longest)
-                fresh_at = D + steps
-            else:
+            if D < fast:  # factors left, the price holds, no finish due (all three, at once)
                 reused += 1
+            else:
+                if fi == len(factors):
+                    factors, fi = _refill(stream, fi)
+                if D >= fresh_at:
+                    if reused:
+                        entry[2] += reused
+                        reused = 0
+                    base, ks, entry, steps = span(n, s0 + n * D, D + longest)
+                    fresh_at = D + steps
+                else:
+                    reused += 1
+                fast = min(calm, fresh_at, D + len(factors) - fi)
             secs = base * (factors[fi] * level) if spread else base * factors[fi] * level
             fi += 1
             busy += ks
