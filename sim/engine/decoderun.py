@@ -10,7 +10,9 @@ returned, but without asking the policy again at each step (it said how long its
 holds: `BatchPolicy.steady`), without a SimPy event and without the per-step method calls:
 step times from the same `StepLatency` calls (so the same memo uses and the same jitter
 draws, in the same order), the step log's rows, the inter-token gaps and the KV blocks
-written and taken exactly as stepping writes and takes them.
+written and taken exactly as stepping writes and takes them. A step log of sums
+(`step_log: summary`, sim/engine/steptally.py) gets a run's plain steps summed in locals,
+folded into it at each other step and at the end, instead of seven appends a step.
 
 A run stops at the first step that
 * ends at or after `bound` (the engine's next event, `env.peek()`): started, it is
