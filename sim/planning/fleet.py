@@ -41,7 +41,7 @@ class FleetResult:
     replicas: int
     requests: pd.DataFrame  # every request; `replica` is 0..replicas-1, `replica_name` the engine's
     summary: dict  # the cluster run's summary (pooled over replicas)
-    replica_steps: list[pd.DataFrame]  # each replica's iterations
+    replica_steps: list[pd.DataFrame]  # each replica's iterations (none kept: empty)
 
 
 def simulate_fleet(scenario: Scenario, replicas: int, seed: int,
@@ -79,7 +79,8 @@ def simulate_fleet(scenario: Scenario, replicas: int, seed: int,
     index = {n: i for i, n in enumerate(names)}
     req = out.requests.rename(columns={"replica": "replica_name"})
     req.insert(0, "replica", req.replica_name.map(index).astype(int))
-    steps = [out.steps[out.steps.replica == n].drop(columns="replica").reset_index(drop=True) for n in names]
+    steps = [out.steps[out.steps.replica == n].drop(columns="replica").reset_index(drop=True)
+             for n in names] if out.step_tables is not None else []  # none: step_log summary
     summary = {**out.summary, "stands_on": f"the cluster engine, {router_label(router)} (sim/planning/fleet.py)"}
     return FleetResult(replicas, req, summary, steps)
 
