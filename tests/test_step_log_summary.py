@@ -83,8 +83,11 @@ def test_summary_stepping_equals_leaping(monkeypatch):
     _same_figures(rows, leap)
 
 
-@pytest.mark.parametrize("kw", [{"workers": 1}, {"workers": 2}, {"split": False}])
+@pytest.mark.parametrize("kw", [{"workers": 1}, {"workers": 2}, {"split": False},
+                                {"workers": 2, "executor": "ray"}])
 def test_a_split_fleet_sums_as_the_rows_do(kw):
+    if kw.get("executor") == "ray":
+        pytest.importorskip("ray")
     sc = fleet_scenario(4, "round_robin", 0.01)
     rows = run(sc, **kw)
     summed = run(replace_scenario(sc, step_log="summary"), **kw)
