@@ -27,8 +27,8 @@ task imports, so `run` finds Ray connected and its workers warm, as a day's run 
 after its first seconds) and shutting it down. Everything inside `run` is scaled: the
 simulation, the workload's generation, the parent's merge and summary (its passes read
 every gap and step: they grow with the day), and the little that does not grow (the
-configs resolved again, ~0.1 s a task; forking the process pool's workers, ms), which
-the extrapolation therefore overstates slightly. Before, Ray's start-up (~5 s) was
+configs resolved again, ~0.02 s a Ray task; forking the process pool's workers, ms), which
+the extrapolation therefore overstates slightly. Before, Ray's start-up (4-7 s here) was
 multiplied by the 96 slices of a 0.25 h day. The spill folder's size scales the same
 way (by requests: it holds every step).
 A round-robin or random fleet is simulated replica by replica, each replica alone with
