@@ -27,6 +27,7 @@ column's range settles within its first chunks). Read int64 columns through
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import weakref
@@ -105,8 +106,9 @@ def _typed(name: str, kind: np.dtype) -> str:
 
 def stored_type(spill: SpillDir, name: str) -> np.dtype | None:
     """The type int64 column `name` has on disk (None: no file yet)."""
+    base = os.path.join(spill.path, name)  # (os.path: a read checks this every block)
     for kind in (WIDE, *NARROW):
-        if spill.file(_typed(name, kind)).exists():
+        if os.path.exists(base if kind == WIDE else f"{base}~{kind.name}"):
             return kind
     return None
 
