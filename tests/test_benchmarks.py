@@ -121,6 +121,11 @@ def test_fleet_speed_runs_a_slice_of_the_day_on_workers_and_extrapolates(tmp_pat
     assert re.search(r"^4 replicas, router round_robin: [\d,]+ requests", out, re.M), out
     assert "on 2 processes (process)" in out and re.search(r"workers: +1 x \([\d.]+\) s cpu", out)
     assert re.search(r"a day \(25\.0 M requests, x\d+\): +[\d.]+ min wall", out), out
+    # what a day pays once (the imports) is added once, not scaled with the requests
+    assert re.search(r"fixed costs: +imports [\d.]+ s: [\d.]+ s wall.*not scaled", out), out
+    assert re.search(r"fixed costs once \+ \d+ x the run\), [\d,]+ M iterations, [\d,]+ GB "
+                     r"spilled", out), out
+    assert re.search(r"spill folder: +[\d,]+ MiB on disk", out), out
 
 
 def test_autoscale_day_speed_runs_a_short_autoscaled_day(tmp_path):

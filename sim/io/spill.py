@@ -6,16 +6,28 @@ A `SpillDir` is one run's private folder, `.llmsim-spill-<pid>@<host>-<random>` 
 system temp folder (named as `sim/io/tempdirs.py` names its folders, so `clean_stale`
 removes one a killed run left); it is made at the first write and removed with the last
 object that refers to it (or at exit). A column is a raw file of fixed-width numbers
-(float64 or int64, native order) that rows are appended to; `DiskColumn` is such a file
+(native order) that rows are appended to; `DiskColumn` is such a file
 followed by the rows still in memory, read by slices (`col[lo:hi]`: one `np.fromfile`),
 never mapped, so reading it back does not raise the process's resident memory beyond a
 slice. `Chain` joins columns end to end (a fleet's pooled gaps); `Constant` is a column
 of one repeated value; `Lazy` one a function makes a slice at a time (request records
 gathered from their replicas' files, and columns computed from them).
+
+An int64 column goes to disk in the narrowest integer type that holds every value written
+to it so far (`NARROW`: uint8 .. int32, else int64), its type in its file's name
+(`<name>~uint8`; int64 under the plain name), and `DiskColumn` widens what it reads back:
+the same int64 values, in a fraction of the bytes. A fleet-day logs ~2 G steps, each with
+five int64 step-log fields and one gap weight (a batch's row count: at most the
+replica's max_num_seqs), most of them below 2^16: 48 bytes of integers a step on disk,
+then ~8 (issue 19: the day's spill folder would not fit this machine's disk). A chunk
+that needs a wider type than its file has rewrites the file in that type once (rare: a
+column's range settles within its first chunks). Read int64 columns through
+`DiskColumn` (`SpillDir.file(name)` is the plain file of the other types).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import weakref
@@ -33,6 +45,7 @@ class SpillDir:
     def __init__(self, path: str | Path | None = None):
         self._path = Path(path) if path is not None else None
         self.owned = path is None
+        self._stored: dict[str, np.dtype] = {}  # int64 columns written here: their type on disk
 
     @property
     def path(self) -> Path:
@@ -47,9 +60,57 @@ class SpillDir:
         return self.path / name
 
     def append(self, name: str, values) -> None:
-        """Append `values` (an array.array or numpy array) to the column file `name`."""
+        """Append `values` (an array.array or numpy array) to the column file `name`
+        (int64 values: to its narrowest file, see the module's docstring)."""
+        if memoryview(values).itemsize == 8 and np.asarray(values).dtype == np.int64:
+            self._append_narrow(name, np.asarray(values))
+            return
         with open(self.file(name), "ab") as f:
             f.write(memoryview(values).cast("B"))
+
+    def _append_narrow(self, name: str, a: np.ndarray) -> None:
+        old = self._stored.get(name)
+        if old is None or not self.file(_typed(name, old)).exists():
+            old = stored_type(self, name)  # (a file removed meanwhile: none, start afresh)
+        lo, hi = (int(a.min()), int(a.max())) if len(a) else (0, 0)
+        if old is not None:
+            lo, hi = min(lo, int(np.iinfo(old).min)), max(hi, int(np.iinfo(old).max))
+        kind = narrowest(lo, hi)
+        if old is not None and kind != old:  # widen what the file holds, once
+            before = self.file(_typed(name, old))
+            self.file(_typed(name, kind)).write_bytes(
+                np.fromfile(before, dtype=old).astype(kind).tobytes())
+            before.unlink()
+        with open(self.file(_typed(name, kind)), "ab") as f:
+            f.write(a.astype(kind).tobytes())
+        self._stored[name] = kind
+
+
+NARROW = tuple(np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32))
+WIDE = np.dtype(np.int64)
+
+
+def narrowest(lo: int, hi: int) -> np.dtype:
+    """The first of NARROW that holds every integer from lo to hi, else int64."""
+    for t in NARROW:
+        info = np.iinfo(t)
+        if info.min <= lo and hi <= info.max:
+            return t
+    return WIDE
+
+
+def _typed(name: str, kind: np.dtype) -> str:
+    """The file of int64 column `name` stored as `kind`."""
+    return name if kind == WIDE else f"{name}~{kind.name}"
+
+
+def stored_type(spill: SpillDir, name: str) -> np.dtype | None:
+    """The type int64 column `name` has on disk (None: no file yet)."""
+    base = os.path.join(spill.path, name)  # (os.path: a read checks this every block)
+    for kind in (WIDE, *NARROW):
+        if os.path.exists(base if kind == WIDE else f"{base}~{kind.name}"):
+            return kind
+    return None
 
 
 class DiskColumn:
@@ -66,8 +127,13 @@ class DiskColumn:
         parts = []
         if lo < self.rows:
             end = min(hi, self.rows)
-            parts.append(np.fromfile(self.spill.file(self.name), dtype=self.dtype,
-                                     count=end - lo, offset=lo * self.dtype.itemsize))
+            kind, file = self.dtype, self.name
+            if kind == WIDE:  # stored narrower (SpillDir.append): widened as read
+                kind = stored_type(self.spill, self.name) or WIDE
+                file = _typed(file, kind)
+            a = np.fromfile(self.spill.file(file), dtype=kind, count=end - lo,
+                            offset=lo * kind.itemsize)
+            parts.append(a if kind == self.dtype else a.astype(self.dtype))
         if hi > self.rows:
             parts.append(self.tail[max(lo - self.rows, 0):hi - self.rows])
         if len(parts) == 1:
@@ -184,4 +250,4 @@ def is_lazy(col) -> bool:
 
 
 __all__ = ["SpillDir", "DiskColumn", "Chain", "Constant", "Lazy", "blocks", "is_lazy",
-           "READ_ROWS"]
+           "READ_ROWS", "NARROW", "narrowest", "stored_type"]
