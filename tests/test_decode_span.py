@@ -59,3 +59,17 @@ def test_runs_reusing_prices_count_each_steps_use_as_stepping_does():
     leapt, stepped = memo_uses(True), memo_uses(False)
     assert leapt == stepped
     assert max(c for k, c in leapt.items() if k[0] == "decode") > 10
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 1 << 20), st.integers(0, 1 << 20))
+def test_a_spans_key_and_steps_are_the_rounding_runs_of_its_lengths(n, mean, extra):
+    """decode_span rounds inline; the key and run it finds are `_quantize_run`'s."""
+    sum_ctx, max_ctx = n * mean + extra % n, mean + extra
+    ctx_q, steps = _quantize_run(sum_ctx // n, 7)
+    max_q = ctx_q
+    if n > 1:
+        max_q, more = _quantize_run(max_ctx, 5)
+        max_q, steps = min(max(max_q, ctx_q), ctx_q * n), min(steps, more)
+    _, _, entry, got = LAT.decode_span(n, sum_ctx, max_ctx)
+    assert got == steps and entry is LAT._memo[("decode", n, ctx_q, max_q)]

@@ -407,12 +407,35 @@ class StepLatency(RankPricing, HostPricing):
         per row (`sum_ctx` + n·i, `max_ctx` + i), have this step's key, so its price (this
         lookup counts one use of the entry; a caller reusing the price for the steps after
         it adds their uses to the entry's count, `entry[2]`, itself)."""
-        ctx_q, steps = _quantize_run(sum_ctx // n, 7)  # sum_ctx // n: one more each step
+        # `_quantize_run(sum_ctx // n, 7)` and `_quantize_run(max_ctx, 5)`, inlined: a run
+        # of decode steps prices itself here once per `steps` steps (the same integers;
+        # tests/test_decode_span.py holds this to `_quantize_run`)
+        ctx = sum_ctx // n  # one more each step
+        bits = ctx.bit_length()
+        shift = bits - 7
+        q = 1 << shift if shift > 4 else 16
+        half = q >> 1
+        r = (ctx + half) // q * q
+        steps = r + q - half - ctx
+        if shift >= 4 and (1 << bits) - ctx < steps:
+            steps = (1 << bits) - ctx
+        ctx_q = r if r > q else q
         if n == 1:
             max_q = ctx_q
         else:
-            max_q, more = _quantize_run(max_ctx, 5)
-            max_q = min(max(max_q, ctx_q), ctx_q * n)
+            bits = max_ctx.bit_length()
+            shift = bits - 5
+            q = 1 << shift if shift > 4 else 16
+            half = q >> 1
+            r = (max_ctx + half) // q * q
+            more = r + q - half - max_ctx
+            if shift >= 4 and (1 << bits) - max_ctx < more:
+                more = (1 << bits) - max_ctx
+            max_q = r if r > q else q
+            if max_q < ctx_q:
+                max_q = ctx_q
+            if max_q > ctx_q * n:
+                max_q = ctx_q * n
             if more < steps:
                 steps = more
         key = ("decode", n, ctx_q, max_q)
