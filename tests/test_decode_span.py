@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.config.scenario import scenario_from_dict
-from sim.costmodel.latency import _quantize_run
+from sim.costmodel.latency import _ctx_keys, _quantize, _quantize_run
 from sim.engine.build import build_fleet
 from sim.engine.processes import simulate
 from sim.engine.runner import prepare
@@ -59,3 +59,26 @@ def test_runs_reusing_prices_count_each_steps_use_as_stepping_does():
     leapt, stepped = memo_uses(True), memo_uses(False)
     assert leapt == stepped
     assert max(c for k, c in leapt.items() if k[0] == "decode") > 10
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 300), st.integers(0, 1 << 20), st.integers(0, 1 << 20))
+def test_a_spans_key_and_steps_are_the_rounding_runs_of_its_lengths(n, mean, extra):
+    """decode_span rounds inline; the key and run it finds are `_quantize_run`'s."""
+    sum_ctx, max_ctx = n * mean + extra % n, mean + extra
+    ctx_q, steps = _quantize_run(sum_ctx // n, 7)
+    max_q = ctx_q
+    if n > 1:
+        max_q, more = _quantize_run(max_ctx, 5)
+        max_q, steps = min(max(max_q, ctx_q), ctx_q * n), min(steps, more)
+    _, _, entry, got = LAT.decode_span(n, sum_ctx, max_ctx)
+    assert got == steps and entry is LAT._memo[("decode", n, ctx_q, max_q)]
+
+
+@given(st.integers(1, 300), st.integers(0, 1 << 22), st.integers(0, 1 << 22))
+def test_a_steps_attention_key_is_its_lengths_rounded(n, mean, extra):
+    """`_ctx_keys` rounds inline; its key is `_quantize`'s of the mean and the longest."""
+    sum_ctx, max_ctx = n * mean + extra % n, mean + extra
+    ctx_q = _quantize(sum_ctx // n, 7)
+    max_q = ctx_q if n == 1 else min(max(ctx_q, _quantize(max_ctx, 5)), ctx_q * n)
+    assert _ctx_keys(n, sum_ctx, max_ctx) == (ctx_q, max_q)

@@ -214,3 +214,25 @@ def test_a_random_chunked_replica_gives_the_same_bytes_with_one_call_steps_or_no
     except SpecError:
         assume(False)  # a combination the loader refuses
     _same_either_way(sc, tmp_path_factory.mktemp("feed"))
+
+
+def test_an_arrival_prefilled_whole_in_one_step_takes_the_flat_path_with_the_same_results(
+        tmp_path):
+    """Prompts that mostly fit the token budget, some not (several chunks): the flat path
+    of an arrival's one-chunk step (`feed._one_arrival`) and the general one both run, and
+    the bytes are those of Replica.start and Replica.finish."""
+    flat = []
+    one_arrival = feed._one_arrival
+
+    def counted(*args):
+        flat.append(1)
+        return one_arrival(*args)
+    sc = scenario_from_dict({**SCENARIO, "runtime": "h200-eager-live",
+                             "scheduler": {"policy": "chunked", "max_num_batched_tokens": 1024},
+                             "workload": {"num_requests": 80,
+                                          "arrival": {"kind": "poisson", "rate": 8.0},
+                                          "prompt": {"kind": "uniform", "low": 10, "high": 1500},
+                                          "output": {"kind": "uniform", "low": 1, "high": 120}}})
+    with mock.patch.object(feed, "_one_arrival", counted):
+        calls = _same_either_way(sc, tmp_path)
+    assert 0 < len(flat) < calls

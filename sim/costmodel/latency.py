@@ -77,6 +77,24 @@ def _quantize_run(ctx: int, rel_bits: int) -> tuple[int, int]:
     return (r if r > q else q), run
 
 
+def _ctx_keys(n: int, sum_ctx: int, max_ctx: int) -> tuple[int, int]:
+    """The decode attention key of `n` contexts totalling `sum_ctx`, the longest `max_ctx`:
+    (their mean rounded to 2^-7, the longest rounded to 2^-5 within [mean, n x mean]);
+    `_quantize`'s rounding inlined (a chunked step's pricing asks this once a step)."""
+    ctx = sum_ctx // n
+    shift = ctx.bit_length() - 7
+    q = 1 << shift if shift > 4 else 16
+    r = (ctx + (q >> 1)) // q * q
+    ctx_q = r if r > q else q
+    if n == 1:
+        return ctx_q, ctx_q
+    shift = max_ctx.bit_length() - 5
+    q = 1 << shift if shift > 4 else 16
+    r = (max_ctx + (q >> 1)) // q * q
+    max_q = r if r > q else q
+    return ctx_q, min(max(ctx_q, max_q), ctx_q * n)
+
+
 def _at_least(tag: str, floor: str) -> str:
     """The less exact of two provenance tags."""
     return tag if _TAG_INDEX[tag] >= _TAG_INDEX[floor] else floor
@@ -247,12 +265,7 @@ class StepLatency(RankPricing, HostPricing):
         ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
         return self._piece(("da", n, ctx_q, max_q), lambda: self._decode_attn_parts(n, ctx_q, max_q))
 
-    @staticmethod
-    def _ctx_keys(n: int, sum_ctx: int, max_ctx: int) -> tuple[int, int]:
-        ctx_q = _quantize(sum_ctx // n, 7)
-        if n == 1:
-            return ctx_q, ctx_q
-        return ctx_q, min(max(ctx_q, _quantize(max_ctx, 5)), ctx_q * n)
+    _ctx_keys = staticmethod(_ctx_keys)
 
     def _kv_ctx(self, ctx: int) -> int:
         """The bf16 context of equal KV bytes: decode kernels read an fp8 cache's bytes at
@@ -407,12 +420,35 @@ class StepLatency(RankPricing, HostPricing):
         per row (`sum_ctx` + n·i, `max_ctx` + i), have this step's key, so its price (this
         lookup counts one use of the entry; a caller reusing the price for the steps after
         it adds their uses to the entry's count, `entry[2]`, itself)."""
-        ctx_q, steps = _quantize_run(sum_ctx // n, 7)  # sum_ctx // n: one more each step
+        # `_quantize_run(sum_ctx // n, 7)` and `_quantize_run(max_ctx, 5)`, inlined: a run
+        # of decode steps prices itself here once per `steps` steps (the same integers;
+        # tests/test_decode_span.py holds this to `_quantize_run`)
+        ctx = sum_ctx // n  # one more each step
+        bits = ctx.bit_length()
+        shift = bits - 7
+        q = 1 << shift if shift > 4 else 16
+        half = q >> 1
+        r = (ctx + half) // q * q
+        steps = r + q - half - ctx
+        if shift >= 4 and (1 << bits) - ctx < steps:
+            steps = (1 << bits) - ctx
+        ctx_q = r if r > q else q
         if n == 1:
             max_q = ctx_q
         else:
-            max_q, more = _quantize_run(max_ctx, 5)
-            max_q = min(max(max_q, ctx_q), ctx_q * n)
+            bits = max_ctx.bit_length()
+            shift = bits - 5
+            q = 1 << shift if shift > 4 else 16
+            half = q >> 1
+            r = (max_ctx + half) // q * q
+            more = r + q - half - max_ctx
+            if shift >= 4 and (1 << bits) - max_ctx < more:
+                more = (1 << bits) - max_ctx
+            max_q = r if r > q else q
+            if max_q < ctx_q:
+                max_q = ctx_q
+            if max_q > ctx_q * n:
+                max_q = ctx_q * n
             if more < steps:
                 steps = more
         key = ("decode", n, ctx_q, max_q)
@@ -436,9 +472,7 @@ class StepLatency(RankPricing, HostPricing):
         warm = self._warm_chunks(chunks) if self.data == 1 else None
         if warm is not None:  # each piece one dict hit, counted as `_piece` counts it
             memo, hits, tokens = self._memo, *warm
-            ctx_q = _quantize_run(sum_ctx // n, 7)[0]  # _ctx_keys, inlined
-            max_q = ctx_q if n == 1 else min(max(ctx_q, _quantize_run(max_ctx, 5)[0]),
-                                             ctx_q * n)
+            ctx_q, max_q = _ctx_keys(n, sum_ctx, max_ctx)
             da = memo.get(("da", n, ctx_q, max_q))
             dense, lm = memo.get(("dense", n + tokens)), memo.get(("lm", n + len(chunks)))
             if da is not None and dense is not None and lm is not None:

@@ -233,28 +233,45 @@ def mixed_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> float
     end. The same state changes, row and draws as those (`tests/test_feed.py`)."""
     st, rec = rep.st, rep.rec
     kv, batch, prefilling = st.kv, st.batch, st.prefilling
-    take = rep.kv.take
-    new = _admit_chunked(rep, plan.admit, now) if plan.admit else ()
+    admit = plan.admit
+    if not prefilling and len(admit) == 1 and len(plan.chunks) == 1:
+        s = admit[0].seq
+        if plan.chunks[0].tokens == s.prompt + s.generated:  # its whole prefill at once
+            return _one_arrival(rep, plan, s, now, feed)
+    # with no prefill under way, every chunk is an admission's first, its blocks taken at
+    # admission (the common case: an arrival's whole prompt in one chunk)
+    fresh = not prefilling
+    new = {a.seq for a in admit} if not fresh else None
+    if admit:
+        _admit_chunked(rep, admit, now)
     chunks = []
     tokens = 0
-    for c in plan.chunks:  # Replica.mixed_step
-        s, q = c.seq, c.tokens
-        done = s.prefilled
-        if s not in new:  # (an admitted request took its first chunk's blocks above)
-            take(kv.blocks_for(done + q) - kv.blocks_for(done))
-        chunks.append((q, done))
-        tokens += q
+    if fresh:
+        for c in plan.chunks:
+            q = c.tokens
+            chunks.append((q, c.seq.prefilled))
+            tokens += q
+    else:
+        take, blocks_for = rep.kv.take, kv.blocks_for
+        for c in plan.chunks:  # Replica.mixed_step
+            s, q = c.seq, c.tokens
+            done = s.prefilled
+            if s not in new:  # (an admitted request took its first chunk's blocks above)
+                take(blocks_for(done + q) - blocks_for(done))
+            chunks.append((q, done))
+            tokens += q
     need = batch.new_blocks_needed()
     if need > kv.free_blocks:  # (KVAccount.take without a prefix cache: a planned take)
-        take(need)  # raises
+        rep.kv.take(need)  # raises
     kv.free_blocks -= need
     n = batch.n_compute
     secs = rep.lat.mixed(n, batch.s0 + n * batch.D, batch.max_ctx(), chunks,  # sum_ctx()
                          rep.prefill_shapes)
     rec.kernel_busy_s += rep.kernels.kernel_s  # (+ 0.0 s loaded from host memory)
     step = rep.step
+    kind = _MIXED if n else _PREFILL
     step.seconds, step.seqs, step.tokens, step.kind, step.plan = (
-        secs, n + len(chunks), n + tokens, _MIXED if n else _PREFILL, plan)
+        secs, n + len(chunks), n + tokens, kind, plan)
     t_end = now + secs
     if t_end >= feed.next:
         feed.deliver(t_end)
@@ -268,7 +285,57 @@ def mixed_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> float
             prefilling.remove(s)
             _first_token(rep, s, t_end)
     # Replica.record (no prefix cache: no token counted twice)
-    rec.log.add(now, t_end, step.kind, step.seqs, step.tokens, kv.num_blocks - kv.free_blocks,
+    rec.log.add(now, t_end, kind, n + len(chunks), n + tokens, kv.num_blocks - kv.free_blocks,
+                batch.kv_tokens() + rep.port.outside_tokens)
+    return t_end
+
+
+def _one_arrival(rep: Replica, plan: StepPlan, s: Seq, now: float, feed: Feed) -> float:
+    """`mixed_through` of the plan an arrival to a replica with no prefill under way
+    usually gets: the running batch's decodes and `s` admitted, its whole prefill in one
+    chunk. Flattened (the arrival's own work: `_admit_chunked`, the chunk, `_first_token`
+    in one function over plain fields); `s` is not put among the prefills under way and
+    taken out again at the step's end, as nothing in between looks there. The same state
+    changes, row and draws (`tests/test_feed.py`)."""
+    st, rec = rep.st, rep.rec
+    kv, batch = st.kv, st.batch
+    q = s.prompt + s.generated
+    st.waiting.popleft()  # Replica.admit
+    if s.sched_t < 0:
+        s.sched_t = now
+    need = kv.blocks_for(q)  # its first chunk's blocks (KVAccount.admit)
+    if need > kv.free_blocks:  # (KVAccount.take without a prefix cache: a planned take)
+        rep.kv.take(need)  # raises
+    kv.free_blocks -= need
+    need = batch.new_blocks_needed()
+    if need > kv.free_blocks:
+        rep.kv.take(need)  # raises
+    kv.free_blocks -= need
+    n = batch.n_compute
+    secs = rep.lat.mixed(n, batch.s0 + n * batch.D, batch.max_ctx(), [(q, 0)],
+                         rep.prefill_shapes)
+    rec.kernel_busy_s += rep.kernels.kernel_s  # (+ 0.0 s loaded from host memory)
+    step = rep.step
+    kind = _MIXED if n else _PREFILL
+    step.seconds, step.seqs, step.tokens, step.kind, step.plan = secs, n + 1, n + q, kind, plan
+    t_end = now + secs
+    if t_end >= feed.next:
+        feed.deliver(t_end)
+    if n:  # Replica.finish_mixed_step
+        for d in batch.advance(t_end, rec.gaps, rec.weights):
+            rep.release(d)
+    s.prefilled = q
+    s.generated += 1  # _first_token
+    if s.first_token_t < 0:
+        s.first_token_t = t_end
+    else:
+        rec.resumed(t_end, s.last_token_t)
+    if s.generated >= s.output:
+        s.finish_t = t_end
+        rep.release(s)
+    else:
+        batch.join(s, t_end)
+    rec.log.add(now, t_end, kind, n + 1, n + q, kv.num_blocks - kv.free_blocks,
                 batch.kv_tokens() + rep.port.outside_tokens)
     return t_end
 
@@ -289,10 +356,10 @@ def _first_token(rep: Replica, s: Seq, t_end: float) -> None:
         rep.st.batch.join(s, t_end)
 
 
-def _admit_chunked(rep: Replica, admit: list[Admission], now: float) -> set[Seq]:
+def _admit_chunked(rep: Replica, admit: list[Admission], now: float) -> None:
     """`Replica.admit` of a chunked plan's admissions without a prefix cache (each takes
     its first chunk's blocks: KVAccount.admit), and their entry among the prefills under
-    way (`Replica.mixed_step`); returns the requests admitted."""
+    way (`Replica.mixed_step`)."""
     st, kv = rep.st, rep.st.kv
     waiting, prefilling = st.waiting, st.prefilling
     need = 0
@@ -307,4 +374,3 @@ def _admit_chunked(rep: Replica, admit: list[Admission], now: float) -> set[Seq]
     if need > kv.free_blocks:  # (KVAccount.take without a prefix cache: a planned take)
         rep.kv.take(need)  # raises
     kv.free_blocks -= need
-    return {a.seq for a in admit}

@@ -118,11 +118,16 @@ class Replica:
         s.state = FINISHED
         self.done += 1
         self.port.load.outstanding -= 1
-        if not self.kv.paged:
+        kva = self.kv
+        if kva.prefix is None and kva.paged:  # KVAccount.release without a prefix cache
+            kv = kva.kv
+            kv.free(kv.blocks_for(s.prompt + s.generated - 1))
+            return
+        if not kva.paged:
             if not self.holds_batch:
                 self.st.kv.free(s.reserved)
             return
-        self.kv.release(s)
+        kva.release(s)
 
     def preempt(self, plan: StepPlan) -> None:
         """Recompute preemption: victims lose their KV and go back to the queue's front."""

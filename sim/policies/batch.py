@@ -19,7 +19,7 @@ from sim.policies.stepkind import StepKind
 WAITING, RUNNING, SWAPPED, FINISHED, REJECTED = "waiting", "running", "swapped", "finished", "rejected"
 TRANSFERRING = "transferring"  # disaggregated: KV on its way from a prefill to a decode replica
 _DECODE = StepKind.DECODE
-_push = heapq.heappush
+_push, _pop = heapq.heappush, heapq.heappop
 
 
 class Seq:
@@ -179,30 +179,45 @@ class RunningBatch:
         """Every member gains one token at `t_end`; returns the members that finished.
 
         Appends this step's inter-token gaps to (gaps, weights) in weighted form.
+        (Called at every step that finishes a request: `_drop` inlined for a plain batch.)
         """
         n_fresh = 0
-        for t_join, cnt in self.fresh.items():
-            if cnt:
-                gaps.append(t_end - t_join)
-                weights.append(cnt)
-                n_fresh += cnt
-        n_cont = len(self.members) - n_fresh
+        fresh = self.fresh
+        if fresh:
+            for t_join, cnt in fresh.items():
+                if cnt:
+                    gaps.append(t_end - t_join)
+                    weights.append(cnt)
+                    n_fresh += cnt
+            fresh.clear()
+        members = self.members
+        n_cont = len(members) - n_fresh
         if n_cont:
             gaps.append(t_end - self.last_decode_end)
             weights.append(n_cont)
-        self.fresh.clear()
-        self.D += 1
+        D = self.D = self.D + 1
         self.last_decode_end = t_end
         done = []
         heap = self.finish_heap
-        while heap and heap[0][0] <= self.D:
-            _, _, epoch, s = heapq.heappop(heap)
+        if not heap or heap[0][0] > D:
+            return done
+        keep, paged = self.keep_finished, self.paged
+        while heap and heap[0][0] <= D:
+            _, _, epoch, s = _pop(heap)
             if epoch != s.epoch or s.state != RUNNING:
                 continue
             s.generated = s.output
             s.finish_t = t_end
             s.epoch += 1
-            self._drop(s, keep_row=self.keep_finished)
+            if keep or not paged:
+                self._drop(s, keep_row=keep)
+            else:  # _drop(s)
+                del members[s]
+                self.phase[(s.d0 - s.prompt - s.g0 + 1) % self.bs] -= 1
+                length = s.prompt + s.g0 - s.d0
+                self.s0_live -= length
+                self.n_compute -= 1
+                self.s0 -= length
             done.append(s)
         return done
 

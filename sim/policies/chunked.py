@@ -26,7 +26,6 @@ from sim.policies.scheduler import ReplicaState, SchedulerSpec, never_fits, resu
 
 _MIXED = StepKind.MIXED
 _NONE: frozenset = frozenset()
-_MISS = (0, 0, 0)  # ReplicaState.admission without a prefix cache (its blocks unused here)
 DECODING = StepPlan(_MIXED)  # the running batch's decodes alone (shared: nobody mutates a plan)
 
 
@@ -37,10 +36,13 @@ class ChunkedPolicy:
         self.spec = spec
         self.watermark = int(spec.watermark * kv.num_blocks)
         self.max_seqs, self.step_tokens = spec.max_num_seqs, spec.max_num_batched_tokens
-        # prefill lengths (prompt + generated) that fit an empty replica, first chunk and
-        # all (`never_fits`, `first_chunk_never_fits`: with paged KV, a function of the
-        # length alone: the limits are the replica's own)
-        self.fits: set[int] = set()
+        # the longest prefill (prompt + generated) known to fit an empty replica, first
+        # chunk and all (`never_fits`, `first_chunk_never_fits`): with paged KV the verdict
+        # is a function of the length alone, the limits being the replica's own, and a
+        # shorter prefill needs no more of any (the context window, its blocks, its first
+        # chunk's blocks: each a non-decreasing function of the length), so every length up
+        # to one that fits fits too (`tests/test_chunked_fast.py`)
+        self.fit_max = -1
 
     @staticmethod
     def row_reservation(st: ReplicaState, seqs: list[Seq]) -> int:
@@ -49,58 +51,85 @@ class ChunkedPolicy:
 
     def schedule(self, st: ReplicaState, now: float) -> StepPlan:
         batch, kv, spec = st.batch, st.kv, self.spec
-        if not st.prefilling and not st.waiting:
-            if not len(batch):
-                return IDLE
-            if batch.new_blocks_needed() <= kv.free_blocks:
-                return DECODING  # what the rest would plan: the batch's decodes alone
-        plan = StepPlan(_MIXED)
+        prefilling, waiting = st.prefilling, st.waiting
+        running = len(batch.members)  # len(batch)
+        quiet = not prefilling and not waiting
+        if quiet and not running:
+            return IDLE
         need = batch.new_blocks_needed()
         free = kv.free_blocks
+        if quiet and need <= free:
+            return DECODING  # what the rest would plan: the batch's decodes alone
+        plan = StepPlan(_MIXED)
+        chunks = plan.chunks
         if need > free:
             free, need = self.preempt(st, plan, free, need)
         gone = set(plan.preempt) if plan.preempt else _NONE
-        budget = spec.max_num_batched_tokens - (len(batch) - len(gone))
+        budget = spec.max_num_batched_tokens - (running - len(gone))
         free -= need
+        if prefilling:
+            budget, free = self.next_chunks(st, chunks, gone, budget, free)
+        blocks_for = kv.blocks_for
+        seqs = running + len(prefilling) - len(gone)
+        fit_max, prefix, watermark = self.fit_max, st.prefix, self.watermark
+        for s in waiting if not plan.preempt else ():
+            n = s.prompt + s.generated  # tokens_to_prefill
+            if n > fit_max:  # (a length up to `fit_max` fits: no need to ask)
+                if reason := self.why_never(st, s):
+                    plan.reject.append(Rejection(s, reason))
+                    continue
+                fit_max = self.fit_max
+            if budget <= 0 or seqs + st.held_places + 1 > spec.max_num_seqs:
+                break
+            if prefix is None:  # (0, 0, _): nothing cached (ReplicaState.admission)
+                h = 0
+                q = n if n < budget else budget
+                blocks = blocks_for(q)
+            else:
+                h, q, blocks = self.cached_chunk(st, s, budget)
+            if free - blocks < watermark and h and not seqs:
+                # the cached prefix's blocks do not fit, and nothing else runs that could
+                # free any: start from scratch (its first chunk fits, or it was rejected)
+                h, q = 0, min(n, budget)
+                blocks = blocks_for(q)
+            if free - blocks < watermark:
+                break
+            plan.admit.append(Admission(s, h, q))
+            chunks.append(Chunk(s, q))
+            budget -= q
+            free -= blocks
+            seqs += 1
+        if not chunks and running == len(gone):
+            self.stalled(st, plan, gone)
+        return plan
+
+    @staticmethod
+    def next_chunks(st: ReplicaState, chunks: list[Chunk], gone: set[Seq] | frozenset,
+                    budget: int, free: int) -> tuple[int, int]:
+        """The next chunk of each prefill under way (but `gone`), oldest first, while the
+        token budget and the free blocks last; returns what is left of both."""
+        blocks_for = st.kv.blocks_for
         for s in st.prefilling:
             if s in gone:
                 continue
             q = min(s.prompt + s.generated - s.prefilled, budget)  # tokens_to_prefill
-            blocks = kv.blocks_for(s.prefilled + q) - kv.blocks_for(s.prefilled)
+            blocks = blocks_for(s.prefilled + q) - blocks_for(s.prefilled)
             if q <= 0 or blocks > free:
                 break
-            plan.chunks.append(Chunk(s, q))
+            chunks.append(Chunk(s, q))
             budget -= q
             free -= blocks
-        seqs = len(batch) + len(st.prefilling) - len(gone)
-        fits, prefix = self.fits, st.prefix
-        for s in st.waiting if not plan.preempt else ():
-            if s.prompt + s.generated not in fits and (reason := self.why_never(st, s)):
-                plan.reject.append(Rejection(s, reason))
-                continue
-            if budget <= 0 or seqs + st.held_places + 1 > spec.max_num_seqs:
-                break
-            h, cached, _ = st.admission(s) if prefix is not None else _MISS
-            q = min(s.prompt + s.generated - cached, budget)  # tokens_to_prefill
-            if st.prefix is not None and s.prefix:
-                blocks = st.prefix.admission_blocks(s, h, cached + q)
-            else:
-                blocks = kv.blocks_for(cached + q)
-            if free - blocks < self.watermark and h and not seqs:
-                # the cached prefix's blocks do not fit, and nothing else runs that could
-                # free any: start from scratch (its first chunk fits, or it was rejected)
-                h, cached, q = 0, 0, min(s.tokens_to_prefill, budget)
-                blocks = kv.blocks_for(q)
-            if free - blocks < self.watermark:
-                break
-            plan.admit.append(Admission(s, h, q))
-            plan.chunks.append(Chunk(s, q))
-            budget -= q
-            free -= blocks
-            seqs += 1
-        if not plan.chunks and len(batch) == len(gone):
-            self.stalled(st, plan, gone)
-        return plan
+        return budget, free
+
+    @staticmethod
+    def cached_chunk(st: ReplicaState, s: Seq, budget: int) -> tuple[int, int, int]:
+        """A waiting request's first chunk with a prefix cache: (cached hash blocks, new
+        tokens, KV blocks to take)."""
+        h, cached, _ = st.admission(s)
+        q = min(s.prompt + s.generated - cached, budget)  # tokens_to_prefill
+        if s.prefix:
+            return h, q, st.prefix.admission_blocks(s, h, cached + q)
+        return h, q, st.kv.blocks_for(cached + q)
 
     @staticmethod
     def stalled(st: ReplicaState, plan: StepPlan, gone: set[Seq] | frozenset) -> None:
@@ -129,11 +158,11 @@ class ChunkedPolicy:
 
     def why_never(self, st: ReplicaState, s: Seq) -> str:
         """Why `s` can never be admitted (`never_fits`, `first_chunk_never_fits`; "" if it
-        can); a length that fits is remembered in `fits` (paged KV: the verdict is a
-        function of the length alone)."""
+        can); the longest length that fits is remembered in `fit_max` (paged KV: the verdict
+        is a function of the length alone, and every shorter length fits too)."""
         reason = never_fits(st, s) or self.first_chunk_never_fits(st, s)
-        if not reason and st.kv.paged:
-            self.fits.add(s.prompt + s.generated)
+        if not reason and st.kv.paged and s.prompt + s.generated > self.fit_max:
+            self.fit_max = s.prompt + s.generated
         return reason
 
     def first_chunk_never_fits(self, st: ReplicaState, s: Seq) -> str:

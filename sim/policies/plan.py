@@ -37,7 +37,7 @@ class Rejection:
     reason: str
 
 
-@dataclass
+@dataclass(slots=True)
 class StepPlan:
     kind: StepKind                                     # PREFILL | DECODE | MIXED | IDLE | ...
     admit: list[Admission] = field(default_factory=list)  # admitted this step, FCFS order
