@@ -38,10 +38,12 @@ rank runs, sim/costmodel/ranks.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from operator import itemgetter, mul
 
+from sim.costmodel.bound import Sized, bound_decode_attn, bound_elementwise, bound_gemm
 from sim.costmodel.deepep import AllToAllSpec, DeepEP
-from sim.costmodel.fused import stack_elementwise
+from sim.costmodel.fused import derives_fused, stack_elementwise
 from sim.costmodel.hoststep import HostPricing
 from sim.costmodel.layer import (
     ModelOps,
@@ -75,6 +77,14 @@ def _quantize_run(ctx: int, rel_bits: int) -> tuple[int, int]:
     if shift >= 4 and (1 << bits) - ctx < run:  # at 2^bits the shift passes 4: q doubles
         run = (1 << bits) - ctx
     return (r if r > q else q), run
+
+
+def _by_rows(p: GPUProfile, own: bool, lookup) -> Callable[[str, int], Sized]:
+    """(kernel, width) -> its elementwise lookup by rows: bound to the profile's table where
+    the step looks kernels up as measured (`own`), else the stack's derived `lookup`."""
+    if own:
+        return lambda kernel, width: bound_elementwise(p, kernel, width)
+    return lambda kernel, width: lambda m: lookup(kernel, m, width)
 
 
 def _at_least(tag: str, floor: str) -> str:
@@ -127,19 +137,23 @@ class StepLatency(RankPricing, HostPricing):
         one lookup per kernel and width (ELEMENTWISE_ORDER); those before and after the
         layers; the collectives, one lookup per kind and size. The LM head and its gather
         run on their own rows (`_lm_parts`), attention per call (`*_attn_ms`)."""
-        self._gemms: list[tuple[tuple[int, ...], bool, int]] = []
+        p = self.p
+        self._gemms: list[tuple[Sized, int]] = []  # (lookup by rows, calls per step)
         self._grouped: list[tuple[tuple[int, ...], bool, int, Routing]] = []
-        self._layer_elementwise: list[tuple[str, int, int, bool]] = []
+        self._layer_elementwise: list[tuple[Sized, int, bool]] = []
         for block, times in ops.blocks():  # a MoE model's dense layers first
-            self._elementwise, layer = stack_elementwise(self.p, self.rt.elementwise, block)
+            lookup, layer = stack_elementwise(p, self.rt.elementwise, block)
+            self._elementwise = _by_rows(p, not derives_fused(p, self.rt.elementwise), lookup)
             fp8 = self.fp8_weights
-            self._gemms += [(op.shape, op.fp8 and fp8, times) for op in layer if op.kind == "gemm"]
+            self._gemms += [(self._gemm(op.shape, op.fp8 and fp8), times) for op in layer
+                            if op.kind == "gemm"]
             fp8 = fp8 and not self.m.expert_dtype_bytes  # MXFP4 experts keep their own width
             self._grouped += [(op.shape, op.fp8 and fp8, times, op.routing) for op in layer
                               if op.kind == "grouped_gemm" and op.routing is not None]
-            self._layer_elementwise += [(k, w, c * times, d) for k, w, c, d
+            self._layer_elementwise += [(self._elementwise(k, w), c * times, d) for k, w, c, d
                                         in elementwise_calls_by_rows(layer, self.data > 1)]
-        self._step_elementwise = elementwise_calls(ops.first + ops.last)
+        self._step_elementwise = [(self._elementwise(k, w), c)
+                                  for k, w, c in elementwise_calls(ops.first + ops.last)]
         calls: dict[tuple[str, int, bool, bool], int] = {}
         for op, times in ops.each():
             if op.kind == "collective":
@@ -148,6 +162,7 @@ class StepLatency(RankPricing, HostPricing):
         self._collectives = [(k, b, c, d) for (k, b, per_seq, d), c in calls.items() if not per_seq]
         self._lm_collectives = [(k, b, c) for (k, b, per_seq, _), c in calls.items() if per_seq]
         self._lm_head = ops.find("lm_head")
+        self._lm_gemm = self._gemm(self._lm_head.shape, self._lm_head.fp8 and self.fp8_weights)
         attention = ops.find("attention")
         self.heads, self.kv_heads, self.head_dim = attention.shape
         # decode and verify: latent attention's absorbed form where the op states one
@@ -157,6 +172,15 @@ class StepLatency(RankPricing, HostPricing):
         self.attn_windows = ops.attention_windows()
         width = self.m.expert_dtype_bytes  # weight-only quantised experts (MXFP4), or 0
         self._expert_width = width if width and width != self.m.weight_dtype_bytes else 0.0
+        self._decode_attn = bound_decode_attn(p, self.decode_impl, self.d_heads,
+                                              self.d_kv_heads, self.d_head_dim)
+
+    def _gemm(self, shape: tuple[int, ...], fp8: bool) -> Sized:
+        """The lookup of a GEMM of this `shape` (K, N) by its rows."""
+        k, n = shape
+        if fp8:
+            return lambda m: self.p.gemm_fp8(m, k, n)
+        return bound_gemm(self.p, k, n)
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
     def _piece(self, key: tuple, compute) -> float:
@@ -180,10 +204,8 @@ class StepLatency(RankPricing, HostPricing):
 
     def _lm_parts(self, rows: int) -> list[tuple[float, str]]:
         """The LM head (bf16, vocabulary split across the GPUs) and the gather of its logits."""
-        op = self._lm_head
-        k, n = op.shape
         rows = self._rank(rows)
-        parts = [(self.p.gemm_fp8 if op.fp8 and self.fp8_weights else self.p.gemm)(rows, k, n)]
+        parts = [self._lm_gemm(rows)]
         for kernel, nbytes, calls in self._lm_collectives:
             ms, tag = self._collective(kernel, rows * nbytes)
             parts.append((calls * ms, tag))
@@ -274,10 +296,7 @@ class StepLatency(RankPricing, HostPricing):
         for window, calls in self.attn_windows:  # a sliding layer reads min(context, window)
             c, mx = (min(ctx_q, window), min(max_q, window)) if window else (ctx_q, max_q)
             c, mx = self._kv_ctx(c), self._kv_ctx(mx)
-            ms, tag = self.p.decode_attn(
-                self.decode_impl, n, c * n, self.d_heads, self.d_kv_heads, self.d_head_dim,
-                max_ctx=mx if mx > c else None,
-            )
+            ms, tag = self._decode_attn(n, c * n, mx if mx > c else None)
             parts.append((calls * ms, self._kv_tag(tag)))
         return parts
 
@@ -481,9 +500,7 @@ class StepLatency(RankPricing, HostPricing):
                 c, mx = (min(ctx_q, window), min(max_q, window)) if window else (ctx_q, max_q)
                 c, mx = self._kv_ctx(c), self._kv_ctx(mx)
                 mx = min(mx, c * r)
-                ms, tag = self.p.decode_attn(self.decode_impl, r * q, c * r * q, self.d_heads,
-                                             self.d_kv_heads, self.d_head_dim,
-                                             max_ctx=mx if mx > c else None)
+                ms, tag = self._decode_attn(r * q, c * r * q, mx if mx > c else None)
                 parts.append((calls * ms, self._kv_tag(tag)))
             return parts
 
