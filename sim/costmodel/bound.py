@@ -20,6 +20,7 @@ errors are raised), go to the profile's own lookup. Bound lookups live on their 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from sim.costmodel.mixed_decode import MixWeights, blend
@@ -176,7 +177,11 @@ class _DecodeAttn:
                 hit = lo
             else:
                 hi = self._mean(batch, max_ctx * batch)
-                tag = max(lo[1], hi[1], self.own, key=_RANK.__getitem__)
+                tag = lo[1]  # the least exact of lo's, hi's and the weights' own
+                if _RANK[hi[1]] > _RANK[tag]:
+                    tag = hi[1]
+                if _RANK[self.own] > _RANK[tag]:
+                    tag = self.own
                 hit = blend(lo[0], hi[0], self.mix.at(batch)), tag
                 if self.derived_gpu and _RANK[tag] < _RANK[DERIVED]:
                     hit = hit[0], DERIVED
@@ -216,4 +221,48 @@ class _DecodeAttn:
             if len(self.means) >= _MEMO_MAX:
                 self.means.clear()
             self.means[(batch, sum_ctx)] = hit
+        return hit
+
+
+def bound_prefill_attn(p: GPUProfile, impl: str, hq: int, hkv: int, d: int
+                       ) -> Callable[[int, int, int], tuple[float, str]]:
+    """`p.prefill_attn(impl, batch, q_len, kv_len, hq, hkv, d)` as a function of
+    (batch, q_len, kv_len)."""
+    key = ("prefill_attn", impl, hq, hkv, d)
+    f = p.bound.get(key)
+    if f is None:
+        def plain(batch: int, q_len: int, kv_len: int) -> tuple[float, str]:
+            return p.prefill_attn(impl, batch, q_len, kv_len, hq, hkv, d)
+        cfg = (impl, hq, hkv, d)
+        f = p.bound[key] = (_PrefillAttn(p, cfg, plain) if cfg in p._pre
+                            and impl in IMPLS["attn_prefill"] and min(hq, hkv, d) >= 1 else plain)
+    return f
+
+
+class _PrefillAttn:
+    """`GPUProfile.prefill_attn` of a configuration with its own table: the square prefill
+    of equal FLOPs, and with cached context at least the contiguous decode kernel reading
+    it (tagged extrapolated)."""
+
+    def __init__(self, p: GPUProfile, cfg: tuple, plain: Callable[[int, int, int], tuple[float, str]]):
+        self.grid, self.plain = p._pre[cfg], plain
+        self.read = bound_decode_attn(p, "contiguous", *cfg[1:])
+        self.derived_gpu = "prefill_attn" in p._derived_lookups
+        self.memo: dict[tuple[int, int, int], tuple[float, str]] = {}
+
+    def __call__(self, batch: int, q_len: int, kv_len: int) -> tuple[float, str]:
+        key = (batch, q_len, kv_len)
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
+        if batch < 1 or q_len < 1 or kv_len < q_len:  # the profile's error
+            return self.plain(batch, q_len, kv_len)
+        hit = self.grid.lookup(batch, math.sqrt(2 * q_len * kv_len - q_len * q_len))
+        if kv_len != q_len:
+            hit = max(hit[0], self.read(batch, batch * kv_len)[0]), EXTRAPOLATED
+        if self.derived_gpu and _RANK[hit[1]] < _RANK[DERIVED]:
+            hit = hit[0], DERIVED
+        if len(self.memo) >= _MEMO_MAX:
+            self.memo.clear()
+        self.memo[key] = hit
         return hit
