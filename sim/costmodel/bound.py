@@ -84,23 +84,19 @@ def bound_elementwise(p: GPUProfile, op: str, width: int) -> Sized:
 
 
 class _Rows:
-    """A one-axis table's lookup (GEMM by (K, N), elementwise by (op, width)) at M rows,
-    memoised on M: `Grid.lookup(M, 1)`, raised to `floor` (the GEMM floor) where given; or
+    """A one-axis table's lookup (GEMM by (K, N), elementwise by (op, width)) at M rows
+    (not memoised: a latency model memoises a step's parts by its rows): `Grid.lookup(M, 1)`, raised to `floor` (the GEMM floor) where given; or
     `model(M)` where no table is looked up. M's bracket in the grid is shared by the grids
     measured at the same sizes (a step's GEMMs, its elementwise kernels)."""
 
     def __init__(self, p: GPUProfile, grid: Grid | None, plain: Sized, floor: float | None,
                  derived: bool, model: Sized | None = None):
         self.grid, self.plain, self.floor, self.derived, self.model = grid, plain, floor, derived, model
-        self.memo: dict[int, tuple[float, str]] = {}
         self.one_axis = grid is not None and grid.ys == [1]
         xs = tuple(grid.xs) if self.one_axis else ()
         self.brackets = p.bound.setdefault(("brackets", xs), {})  # M -> (clamped M, bracket)
 
     def __call__(self, m: int) -> tuple[float, str]:
-        hit = self.memo.get(m)
-        if hit is not None:
-            return hit
         if m < 1:  # the profile's error
             return self.plain(m)
         grid = self.grid
@@ -121,9 +117,6 @@ class _Rows:
             hit = max(hit[0], self.floor), hit[1]
         if self.derived and _RANK[hit[1]] < _RANK[DERIVED]:
             hit = hit[0], DERIVED
-        if len(self.memo) >= _MEMO_MAX:
-            self.memo.clear()
-        self.memo[m] = hit
         return hit
 
 
@@ -160,37 +153,23 @@ class _DecodeAttn:
         self.means: dict[tuple[int, int], tuple[float, str]] = {}
         self.xb: dict[int, tuple[float, tuple[int, float]]] = {}  # batch -> clamped, bracket
         self.yb: dict[float, tuple[float, tuple[int, float]]] = {}  # context -> the same
-        self.memo: dict[tuple[int, int, int | None], tuple[float, str]] = {}
 
     def __call__(self, batch: int, sum_ctx: int, max_ctx: int | None = None) -> tuple[float, str]:
-        key = (batch, sum_ctx, max_ctx)
-        hit = self.memo.get(key)
-        if hit is not None:
-            return hit
         if batch < 1 or sum_ctx < batch or (
                 max_ctx is not None and not sum_ctx / batch <= max_ctx <= sum_ctx):
             impl, hq, hkv, d = self.cfg  # the profile's error
             return self.p.decode_attn(impl, batch, sum_ctx, hq, hkv, d, max_ctx=max_ctx)
-        if max_ctx is not None and max_ctx * batch != sum_ctx:
-            lo = self._mean(batch, sum_ctx)
-            if self.mix is None:
-                hit = lo
-            else:
-                hi = self._mean(batch, max_ctx * batch)
-                tag = lo[1]  # the least exact of lo's, hi's and the weights' own
-                if _RANK[hi[1]] > _RANK[tag]:
-                    tag = hi[1]
-                if _RANK[self.own] > _RANK[tag]:
-                    tag = self.own
-                hit = blend(lo[0], hi[0], self.mix.at(batch)), tag
-                if self.derived_gpu and _RANK[tag] < _RANK[DERIVED]:
-                    hit = hit[0], DERIVED
-        else:
-            hit = self._mean(batch, sum_ctx)
-        if len(self.memo) >= _MEMO_MAX:
-            self.memo.clear()
-        self.memo[key] = hit
-        return hit
+        if max_ctx is None or max_ctx * batch == sum_ctx or self.mix is None:
+            return self._mean(batch, sum_ctx)
+        lo, hi = self._mean(batch, sum_ctx), self._mean(batch, max_ctx * batch)
+        tag = lo[1]  # the least exact of lo's, hi's and the weights' own
+        if _RANK[hi[1]] > _RANK[tag]:
+            tag = hi[1]
+        if _RANK[self.own] > _RANK[tag]:
+            tag = self.own
+        if self.derived_gpu and _RANK[tag] < _RANK[DERIVED]:
+            tag = DERIVED
+        return blend(lo[0], hi[0], self.mix.at(batch)), tag
 
     def _mean(self, batch: int, sum_ctx: int) -> tuple[float, str]:
         """The time at (batch, sum_ctx / batch), tagged as the profile tags it: `Grid.lookup`

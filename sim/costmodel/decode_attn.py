@@ -86,7 +86,8 @@ class DecodeAttnPricing:
             max_q = min(max_q, ctx_q * n)
         same = self.m.kv_dtype_bytes == BF16  # `_kv_ctx` and `_kv_tag`: the identity
         parts = []
-        for c, mx, calls in self._windowed(ctx_q, max_q):
+        for window, calls in self.attn_windows:  # a sliding layer reads min(context, window)
+            c, mx = (min(ctx_q, window), min(max_q, window)) if window else (ctx_q, max_q)
             if not same:
                 c, mx = self._kv_ctx(c), self._kv_ctx(mx)
             ms, tag = self._decode_attn(n, c * n, mx if mx > c else None)
