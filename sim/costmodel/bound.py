@@ -10,12 +10,16 @@ of each new shape (every shape of a run without the step-time cache,
 sim/costmodel/stepcache.py) then pays for the interpolation alone.
 
 A bound lookup is made only where the configuration's own table is measured (or derived
-from another GPU's: profiles.py `derived_tables`); it runs the same floating-point
-operations on the same grid values as the profile's lookup, in the same order, so it
-gives the same bytes and tags (tests/test_cold_pricing.py compares them on random
-shapes). Any other configuration, and arguments the profile would refuse (so that its
-errors are raised), go to the profile's own lookup. Bound lookups live on their profile
-(`GPUProfile.bound`), as its memo does, and are shared by the latency models using it.
+from another GPU's: profiles.py `derived_tables`), or where an elementwise kernel has no
+table at all (the roofline alone); it runs the same floating-point operations on the same
+grid values as the profile's lookup, in the same order, so it gives the same bytes and
+tags (tests/test_bound_lookups.py compares them on random shapes, and a latency model's
+whole memo priced either way). Any other configuration, and arguments the profile would
+refuse (so that its errors are raised), go to the profile's own lookup. Bound lookups
+live on their profile (`GPUProfile.bound`), as its memo does, and are shared by the
+latency models using it; they remember what repeats across a run's new shapes (a batch's
+or a length's place in a grid, a decode batch's time at its mean context), not each
+shape's value: a latency model memoises those itself.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from sim.io.tables import (
 )
 
 _RANK = {EXACT: 0, INTERPOLATED: 1, DERIVED: 2, EXTRAPOLATED: 3, ANALYTIC: 4}
-_MEMO_MAX = 1 << 20  # values remembered per bound lookup before its memo is cleared
+_MEMO_MAX = 1 << 20  # values a bound lookup remembers before it forgets them all
 Sized = Callable[[int], tuple[float, str]]  # rows (tokens) -> (ms, tag)
 ELEMENTWISE_OPS = IMPLS["elementwise"]
 
@@ -84,17 +88,17 @@ def bound_elementwise(p: GPUProfile, op: str, width: int) -> Sized:
 
 
 class _Rows:
-    """A one-axis table's lookup (GEMM by (K, N), elementwise by (op, width)) at M rows
-    (not memoised: a latency model memoises a step's parts by its rows): `Grid.lookup(M, 1)`, raised to `floor` (the GEMM floor) where given; or
-    `model(M)` where no table is looked up. M's bracket in the grid is shared by the grids
-    measured at the same sizes (a step's GEMMs, its elementwise kernels)."""
+    """A one-axis table's lookup (GEMM by (K, N), elementwise by (op, width)) at M rows:
+    `Grid.lookup(M, 1)`, raised to `floor` (the GEMM floor) where given; or `model(M)` where
+    no table is looked up. M's bracket is remembered, shared by the grids measured at the
+    same sizes (a step's GEMMs, its elementwise kernels: one bracket for several lookups)."""
 
     def __init__(self, p: GPUProfile, grid: Grid | None, plain: Sized, floor: float | None,
                  derived: bool, model: Sized | None = None):
         self.grid, self.plain, self.floor, self.derived, self.model = grid, plain, floor, derived, model
         self.one_axis = grid is not None and grid.ys == [1]
-        xs = tuple(grid.xs) if self.one_axis else ()
-        self.brackets = p.bound.setdefault(("brackets", xs), {})  # M -> (clamped M, bracket)
+        self.brackets: dict[int, tuple[float, tuple[int, float]]] = (  # M -> clamped, bracket
+            p.bound.setdefault(("brackets", tuple(grid.xs)), {}) if self.one_axis else {})
 
     def __call__(self, m: int) -> tuple[float, str]:
         if m < 1:  # the profile's error
@@ -227,13 +231,8 @@ class _PrefillAttn:
         self.grid, self.plain = p._pre[cfg], plain
         self.read = bound_decode_attn(p, "contiguous", *cfg[1:])
         self.derived_gpu = "prefill_attn" in p._derived_lookups
-        self.memo: dict[tuple[int, int, int], tuple[float, str]] = {}
 
     def __call__(self, batch: int, q_len: int, kv_len: int) -> tuple[float, str]:
-        key = (batch, q_len, kv_len)
-        hit = self.memo.get(key)
-        if hit is not None:
-            return hit
         if batch < 1 or q_len < 1 or kv_len < q_len:  # the profile's error
             return self.plain(batch, q_len, kv_len)
         hit = self.grid.lookup(batch, math.sqrt(2 * q_len * kv_len - q_len * q_len))
@@ -241,7 +240,4 @@ class _PrefillAttn:
             hit = max(hit[0], self.read(batch, batch * kv_len)[0]), EXTRAPOLATED
         if self.derived_gpu and _RANK[hit[1]] < _RANK[DERIVED]:
             hit = hit[0], DERIVED
-        if len(self.memo) >= _MEMO_MAX:
-            self.memo.clear()
-        self.memo[key] = hit
         return hit
