@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.config.scenario import scenario_from_dict
-from sim.costmodel.latency import _ctx_keys, _quantize, _quantize_run
+from sim.costmodel.decode_attn import _ctx_keys, _quantize, _quantize_run
 from sim.engine.build import build_fleet
 from sim.engine.processes import simulate
 from sim.engine.runner import prepare

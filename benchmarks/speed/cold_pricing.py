@@ -65,8 +65,9 @@ def main() -> None:
     keys = [k for k in lat._memo if k[0] in ("decode", "dense", "lm", "pa")]
     cold, warm = [], []
     for _ in range(a.repeat):
+        lat.p._memo.clear()  # the profile's lookups cold too, as in a new process
+        getattr(lat.p, "bound", {}).clear()  # (and its bound lookups: sim/costmodel/bound.py)
         fresh = prepare(sc)[0][0].latency
-        fresh.p._memo.clear()  # the profile's lookups cold too, as in a new process
         cold.append(price(fresh, keys))
         warm.append(price(fresh, keys))
     c, w = statistics.median(cold), statistics.median(warm)

@@ -38,10 +38,19 @@ rank runs, sim/costmodel/ranks.py.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from operator import itemgetter, mul
 
+from sim.costmodel.bound import (
+    Sized,
+    bound_decode_attn,
+    bound_elementwise,
+    bound_gemm,
+    bound_prefill_attn,
+)
+from sim.costmodel.decode_attn import DecodeAttnPricing, _ctx_keys, _quantize
 from sim.costmodel.deepep import AllToAllSpec, DeepEP
-from sim.costmodel.fused import stack_elementwise
+from sim.costmodel.fused import derives_fused, stack_elementwise
 from sim.costmodel.hoststep import HostPricing
 from sim.costmodel.layer import (
     ModelOps,
@@ -51,48 +60,17 @@ from sim.costmodel.layer import (
 )
 from sim.costmodel.models import ModelSpec
 from sim.costmodel.moe import Routing
-from sim.costmodel.profiles import ANALYTIC, BF16, DERIVED, EXTRAPOLATED, GPUProfile
+from sim.costmodel.profiles import DERIVED, GPUProfile
 from sim.costmodel.ranks import _TAG_INDEX, TAGS, RankPricing
 from sim.costmodel.runtime import RuntimeSpec
 
 
-def _quantize(ctx: int, rel_bits: int) -> int:
-    """Round a context length to ~2^-rel_bits relative precision (at least 16 tokens):
-    decode attention is memoised on these, so a step's lookup is a dict hit."""
-    return _quantize_run(ctx, rel_bits)[0]
-
-
-def _quantize_run(ctx: int, rel_bits: int) -> tuple[int, int]:
-    """`_quantize(ctx, rel_bits)`, and how many lengths from `ctx` on (ctx, ctx + 1, ...)
-    round to it at least: up to the next rounding boundary, or the next power of two where
-    the step `q` grows (where it may not change the value: a lower bound)."""
-    bits = ctx.bit_length()
-    shift = bits - rel_bits
-    q = 1 << shift if shift > 4 else 16
-    half = q >> 1
-    r = (ctx + half) // q * q
-    run = r + q - half - ctx  # (ctx + half) reaches the next multiple of q
-    if shift >= 4 and (1 << bits) - ctx < run:  # at 2^bits the shift passes 4: q doubles
-        run = (1 << bits) - ctx
-    return (r if r > q else q), run
-
-
-def _ctx_keys(n: int, sum_ctx: int, max_ctx: int) -> tuple[int, int]:
-    """The decode attention key of `n` contexts totalling `sum_ctx`, the longest `max_ctx`:
-    (their mean rounded to 2^-7, the longest rounded to 2^-5 within [mean, n x mean]);
-    `_quantize`'s rounding inlined (a chunked step's pricing asks this once a step)."""
-    ctx = sum_ctx // n
-    shift = ctx.bit_length() - 7
-    q = 1 << shift if shift > 4 else 16
-    r = (ctx + (q >> 1)) // q * q
-    ctx_q = r if r > q else q
-    if n == 1:
-        return ctx_q, ctx_q
-    shift = max_ctx.bit_length() - 5
-    q = 1 << shift if shift > 4 else 16
-    r = (max_ctx + (q >> 1)) // q * q
-    max_q = r if r > q else q
-    return ctx_q, min(max(ctx_q, max_q), ctx_q * n)
+def _by_rows(p: GPUProfile, own: bool, lookup) -> Callable[[str, int], Sized]:
+    """(kernel, width) -> its elementwise lookup by rows: bound to the profile's table where
+    the step looks kernels up as measured (`own`), else the stack's derived `lookup`."""
+    if own:
+        return lambda kernel, width: bound_elementwise(p, kernel, width)
+    return lambda kernel, width: lambda m: lookup(kernel, m, width)
 
 
 def _at_least(tag: str, floor: str) -> str:
@@ -100,7 +78,7 @@ def _at_least(tag: str, floor: str) -> str:
     return tag if _TAG_INDEX[tag] >= _TAG_INDEX[floor] else floor
 
 
-class StepLatency(RankPricing, HostPricing):
+class StepLatency(DecodeAttnPricing, RankPricing, HostPricing):
     """Seconds per step; lookups memoised, provenance counted per use. Shared by the
     replicas of a group: what a server has run before is its own, passed in as `seen`."""
 
@@ -145,19 +123,23 @@ class StepLatency(RankPricing, HostPricing):
         one lookup per kernel and width (ELEMENTWISE_ORDER); those before and after the
         layers; the collectives, one lookup per kind and size. The LM head and its gather
         run on their own rows (`_lm_parts`), attention per call (`*_attn_ms`)."""
-        self._gemms: list[tuple[tuple[int, ...], bool, int]] = []
+        p = self.p
+        self._gemms: list[tuple[Sized, int]] = []  # (lookup by rows, calls per step)
         self._grouped: list[tuple[tuple[int, ...], bool, int, Routing]] = []
-        self._layer_elementwise: list[tuple[str, int, int, bool]] = []
+        self._layer_elementwise: list[tuple[Sized, int, bool]] = []
         for block, times in ops.blocks():  # a MoE model's dense layers first
-            self._elementwise, layer = stack_elementwise(self.p, self.rt.elementwise, block)
+            lookup, layer = stack_elementwise(p, self.rt.elementwise, block)
+            self._elementwise = _by_rows(p, not derives_fused(p, self.rt.elementwise), lookup)
             fp8 = self.fp8_weights
-            self._gemms += [(op.shape, op.fp8 and fp8, times) for op in layer if op.kind == "gemm"]
+            self._gemms += [(self._gemm(op.shape, op.fp8 and fp8), times) for op in layer
+                            if op.kind == "gemm"]
             fp8 = fp8 and not self.m.expert_dtype_bytes  # MXFP4 experts keep their own width
             self._grouped += [(op.shape, op.fp8 and fp8, times, op.routing) for op in layer
                               if op.kind == "grouped_gemm" and op.routing is not None]
-            self._layer_elementwise += [(k, w, c * times, d) for k, w, c, d
+            self._layer_elementwise += [(self._elementwise(k, w), c * times, d) for k, w, c, d
                                         in elementwise_calls_by_rows(layer, self.data > 1)]
-        self._step_elementwise = elementwise_calls(ops.first + ops.last)
+        self._step_elementwise = [(self._elementwise(k, w), c)
+                                  for k, w, c in elementwise_calls(ops.first + ops.last)]
         calls: dict[tuple[str, int, bool, bool], int] = {}
         for op, times in ops.each():
             if op.kind == "collective":
@@ -166,6 +148,7 @@ class StepLatency(RankPricing, HostPricing):
         self._collectives = [(k, b, c, d) for (k, b, per_seq, d), c in calls.items() if not per_seq]
         self._lm_collectives = [(k, b, c) for (k, b, per_seq, _), c in calls.items() if per_seq]
         self._lm_head = ops.find("lm_head")
+        self._lm_gemm = self._gemm(self._lm_head.shape, self._lm_head.fp8 and self.fp8_weights)
         attention = ops.find("attention")
         self.heads, self.kv_heads, self.head_dim = attention.shape
         # decode and verify: latent attention's absorbed form where the op states one
@@ -175,6 +158,17 @@ class StepLatency(RankPricing, HostPricing):
         self.attn_windows = ops.attention_windows()
         width = self.m.expert_dtype_bytes  # weight-only quantised experts (MXFP4), or 0
         self._expert_width = width if width and width != self.m.weight_dtype_bytes else 0.0
+        self._decode_attn = bound_decode_attn(p, self.decode_impl, self.d_heads,
+                                              self.d_kv_heads, self.d_head_dim)
+        self._prefill_attn = bound_prefill_attn(p, self.prefill_impl, self.heads,
+                                                self.kv_heads, self.head_dim)
+
+    def _gemm(self, shape: tuple[int, ...], fp8: bool) -> Sized:
+        """The lookup of a GEMM of this `shape` (K, N) by its rows."""
+        k, n = shape
+        if fp8:
+            return lambda m: self.p.gemm_fp8(m, k, n)
+        return bound_gemm(self.p, k, n)
 
     # ---- pieces (GPU ms, memoised) ---------------------------------------------
     def _piece(self, key: tuple, compute) -> float:
@@ -198,10 +192,8 @@ class StepLatency(RankPricing, HostPricing):
 
     def _lm_parts(self, rows: int) -> list[tuple[float, str]]:
         """The LM head (bf16, vocabulary split across the GPUs) and the gather of its logits."""
-        op = self._lm_head
-        k, n = op.shape
         rows = self._rank(rows)
-        parts = [(self.p.gemm_fp8 if op.fp8 and self.fp8_weights else self.p.gemm)(rows, k, n)]
+        parts = [self._lm_gemm(rows)]
         for kernel, nbytes, calls in self._lm_collectives:
             ms, tag = self._collective(kernel, rows * nbytes)
             parts.append((calls * ms, tag))
@@ -238,9 +230,7 @@ class StepLatency(RankPricing, HostPricing):
 
     def prefill_attn_ms(self, q_len: int, kv_len: int) -> float:
         def compute():
-            ms, tag = self.p.prefill_attn(
-                self.prefill_impl, 1, q_len, kv_len, self.heads, self.kv_heads, self.head_dim
-            )
+            ms, tag = self._prefill_attn(1, q_len, kv_len)
             return self._windowed_call(ms, tag, q_len, kv_len)
 
         return self._piece(("pa", q_len, kv_len), compute)
@@ -257,41 +247,6 @@ class StepLatency(RankPricing, HostPricing):
                 parts.append((calls * ms * share, _at_least(tag, DERIVED)))
             else:
                 parts.append((calls * ms, tag))
-        return parts
-
-    def decode_attn_ms(self, n: int, sum_ctx: int, max_ctx: int = 0) -> float:
-        """Decode attention over `n` contexts totalling `sum_ctx`, the longest `max_ctx`
-        (lengths mixed within a batch cost more than their mean suggests)."""
-        ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
-        return self._piece(("da", n, ctx_q, max_q), lambda: self._decode_attn_parts(n, ctx_q, max_q))
-
-    _ctx_keys = staticmethod(_ctx_keys)
-
-    def _kv_ctx(self, ctx: int) -> int:
-        """The bf16 context of equal KV bytes: decode kernels read an fp8 cache's bytes at
-        the measured bf16 rate (half the bytes for fp8; tagged by `_kv_tag`)."""
-        kvb = self.m.kv_dtype_bytes
-        return ctx if kvb == BF16 else max(1, round(ctx * kvb / BF16))
-
-    def _kv_tag(self, tag: str) -> str:
-        if self.m.kv_dtype_bytes == BF16 or tag in (EXTRAPOLATED, ANALYTIC):
-            return tag
-        return EXTRAPOLATED
-
-    def _decode_attn_parts(self, n: int, ctx_q: int, max_q: int) -> list[tuple[float, str]]:
-        """Decode attention over n contexts of mean ctx_q (the busiest rank's ⌈n/D⌉ of them)."""
-        if self.data > 1:
-            n = self._rank(n)
-            max_q = min(max_q, ctx_q * n)
-        parts = []
-        for window, calls in self.attn_windows:  # a sliding layer reads min(context, window)
-            c, mx = (min(ctx_q, window), min(max_q, window)) if window else (ctx_q, max_q)
-            c, mx = self._kv_ctx(c), self._kv_ctx(mx)
-            ms, tag = self.p.decode_attn(
-                self.decode_impl, n, c * n, self.d_heads, self.d_kv_heads, self.d_head_dim,
-                max_ctx=mx if mx > c else None,
-            )
-            parts.append((calls * ms, self._kv_tag(tag)))
         return parts
 
     def verify_attn_ms(self, q_len: int, kv_len: int) -> float:
@@ -332,15 +287,19 @@ class StepLatency(RankPricing, HostPricing):
             e[2] += 1
             self.kernel_s = e[4]
             return e[3]
+        return self._priced(key, rows, attn(), seqs)[3]
+
+    def _priced(self, key: tuple, rows: int, attn: list[tuple[float, str]], seqs: int) -> list:
+        """The memo entry of a step not priced before (`_step`), its first use counted."""
         ms, br = self._head(rows)
         br = br[:]
-        for t, tag in attn():  # the sums _piece makes of all the parts, from the head's on
+        for t, tag in attn:  # the sums _piece makes of all the parts, from the head's on
             ms += t
             br[_TAG_INDEX[tag]] += t
         e = self._memo[key] = [ms, br, 1]
-        e.append(self._combine(ms, decode_seqs=seqs, decode=True))
+        e.append(self._combine(ms, 0, 0, seqs, True))
         e.append(self.kernel_s)
-        return e[3]
+        return e
 
     def _head(self, rows: int) -> tuple[float, list[float]]:
         """The running sums (ms, breakdown per tag) of a step's dense and LM-head parts on
@@ -457,8 +416,7 @@ class StepLatency(RankPricing, HostPricing):
             e[2] += 1
             self.kernel_s = e[4]
             return e[3], e[4], e, steps
-        self._step(key, n, lambda: self._decode_attn_parts(n, ctx_q, max_q), n)
-        e = self._memo[key]
+        e = self._priced(key, n, self._decode_attn_parts(n, ctx_q, max_q), n)
         return e[3], e[4], e, steps
 
     def mixed(self, n: int, sum_ctx: int, max_ctx: int, chunks: list[tuple[int, int]],
@@ -507,21 +465,8 @@ class StepLatency(RankPricing, HostPricing):
         if self.verify_impl in ("paged_gather", "flash"):
             return self.verify(rows)
         ctx_q, max_q = self._ctx_keys(n, sum_ctx, max_ctx)
-
-        def attn():
-            r = self._rank(n)
-            parts = []
-            for window, calls in self.attn_windows:  # a sliding layer reads its window
-                c, mx = (min(ctx_q, window), min(max_q, window)) if window else (ctx_q, max_q)
-                c, mx = self._kv_ctx(c), self._kv_ctx(mx)
-                mx = min(mx, c * r)
-                ms, tag = self.p.decode_attn(self.decode_impl, r * q, c * r * q, self.d_heads,
-                                             self.d_kv_heads, self.d_head_dim,
-                                             max_ctx=mx if mx > c else None)
-                parts.append((calls * ms, self._kv_tag(tag)))
-            return parts
-
-        return self._step(("verify", n, q, ctx_q, max_q), n * q, attn, n)
+        return self._step(("verify", n, q, ctx_q, max_q), n * q,
+                          lambda: self._verify_decode_parts(n, q, ctx_q, max_q), n)
 
     def gpu_ms(self, kind: str, n: int, new_tokens: int, ctx: int) -> float:
         """Kernel-only time of a uniform step (for error tables against measured grids)."""

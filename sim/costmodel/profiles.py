@@ -118,6 +118,7 @@ class GPUProfile:
                  capped: dict[str, int] | None = None, timing_note: str = "",
                  derived_tables: frozenset[str] = frozenset()):
         self.facts, self.name, self._memo, self.timing_note = facts, facts.name, {}, timing_note
+        self.bound: dict[tuple, Callable] = {}  # lookups bound to a configuration (bound.py)
         # tables scaled from another GPU's (derived_from, tables_from), and their lookups
         self.derived_tables = derived_tables
         self._derived_lookups = {m for t in derived_tables for m in _LOOKUPS[t]}

@@ -63,23 +63,22 @@ class RankPricing:
     def _lookup(self, T: int, t: int, own: bool | None = None) -> list[tuple[float, str]]:
         """The lookups of `_dense_lookup`: the rank's own ops on t rows, the dispatched ones
         on T; `own` True or False: only those (None: both)."""
-        p = self.p
         mine, theirs = own is not False, own is not True
         parts = []
         if mine:
-            for (k, n), fp8, times in self._gemms:
-                ms, tag = (p.gemm_fp8 if fp8 else p.gemm)(t, k, n)
+            for gemm, times in self._gemms:
+                ms, tag = gemm(t)
                 parts.append((times * ms, tag))
         if theirs:
             for shape, fp8, times, routing in self._grouped:
                 parts += self._grouped_parts(T, shape, fp8, times, routing)
-        for kernel, width, calls, dispatched in self._layer_elementwise:
+        for elementwise, calls, dispatched in self._layer_elementwise:
             if (theirs if dispatched else mine):
-                ms, tag = self._elementwise(kernel, T if dispatched else t, width)
+                ms, tag = elementwise(T if dispatched else t)
                 parts.append((calls * ms, tag))
         if mine:
-            for kernel, width, calls in self._step_elementwise:
-                ms, tag = self._elementwise(kernel, t, width)
+            for elementwise, calls in self._step_elementwise:
+                ms, tag = elementwise(t)
                 parts.append((calls * ms, tag))
         for kernel, nbytes, calls, dispatched in self._collectives:
             if (theirs if dispatched else mine):

@@ -128,9 +128,15 @@ class Grid:
         xs, ys = self.xs, self.ys
         xc = xs[0] if x < xs[0] else xs[-1] if x > xs[-1] else x  # clamped into the grid
         if len(ys) == 1 and y == ys[0]:  # a table of one axis (GEMMs, elementwise)
-            return self._lookup_x(x, xc, y)
+            return self.along_x(x, xc, y, bracket(xs, self.lx, xc))
         yc = ys[0] if y < ys[0] else ys[-1] if y > ys[-1] else y
-        (i, wx), (j, wy) = bracket(xs, self.lx, xc), bracket(ys, self.ly, yc)
+        return self.corners(x, y, xc, yc, bracket(xs, self.lx, xc), bracket(ys, self.ly, yc))
+
+    def corners(self, x: float, y: float, xc: float, yc: float, bx: tuple[int, float],
+                by: tuple[int, float]) -> tuple[float, str]:
+        """`lookup` of a grid of more than one y, given (x, y) clamped into the grid and their
+        brackets (`bracket`; sim/costmodel/bound.py reuses them across lookups)."""
+        (i, wx), (j, wy) = bx, by
         logv, corners, measured, last = 0.0, 0, True, 0.0
         # the corners (i, j), (i, j+1), (i+1, j), (i+1, j+1) of positive weight, in order
         for di, a in ((0, 1 - wx), (1, wx)):
@@ -148,10 +154,10 @@ class Grid:
             t, tag = t * (max(1.0, ratio) if self.floor_below else ratio), EXTRAPOLATED
         return t, tag
 
-    def _lookup_x(self, x: float, xc: float, y: float) -> tuple[float, str]:
+    def along_x(self, x: float, xc: float, y: float, bx: tuple[int, float]) -> tuple[float, str]:
         """`lookup` on a grid of one y, at that y (its weight 1, the other corners' 0):
-        the same operations on the two corners along x."""
-        i, wx = bracket(self.xs, self.lx, xc)
+        the same operations on the two corners along x (xc's bracket `bx`)."""
+        i, wx = bx
         logv, corners, measured, last = 0.0, 0, True, 0.0
         a = 1 - wx
         if a > 0:
