@@ -28,11 +28,10 @@ import math
 from collections.abc import Callable
 
 from sim.costmodel.mixed_decode import MixWeights, blend
-from sim.costmodel.profiles import IMPLS, GPUProfile
+from sim.costmodel.profiles import _RANK, IMPLS, GPUProfile, _derived
 from sim.io.tables import (
     ANALYTIC,
     DERIVED,
-    EXACT,
     EXTRAPOLATED,
     INTERPOLATED,
     Grid,
@@ -40,15 +39,9 @@ from sim.io.tables import (
     nearest,
 )
 
-_RANK = {EXACT: 0, INTERPOLATED: 1, DERIVED: 2, EXTRAPOLATED: 3, ANALYTIC: 4}
 _MEMO_MAX = 1 << 20  # values a bound lookup remembers before it forgets them all
 Sized = Callable[[int], tuple[float, str]]  # rows (tokens) -> (ms, tag)
 ELEMENTWISE_OPS = IMPLS["elementwise"]
-
-
-def _as_derived(tag: str) -> str:
-    """`derived` for a tag more exact than that (profiles.py `_derived`)."""
-    return DERIVED if _RANK[tag] < _RANK[DERIVED] else tag
 
 
 def bound_gemm(p: GPUProfile, k: int, n: int) -> Sized:
@@ -198,7 +191,7 @@ class _DecodeAttn:
                     by = self.yb[y] = yc, bracket(ys, grid.ly, yc)
                 hit = grid.corners(batch, y, bx[0], by[0], bx[1], by[1])
             if self.derived:
-                hit = hit[0], _as_derived(hit[1])
+                hit = hit[0], _derived(hit[1])
             if self.derived_gpu and _RANK[hit[1]] < _RANK[DERIVED]:
                 hit = hit[0], DERIVED
             if len(self.means) >= _MEMO_MAX:

@@ -168,12 +168,11 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 n, s0, live, rows, longest, outside = _shape(rep, D)
                 level = _level(jitter, n)
                 fresh_at = D  # another shape: another price
+            held = live + rows * (D - 1) + outside
             if keep_rows:
                 add_used(num_blocks - kv.free_blocks)
-                held = live + rows * (D - 1) + outside
                 add_held(held)
             else:  # the plain steps before this one, then its own row
-                held = live + rows * (D - 1) + outside
                 tally.fold(D - 1 - mark, sum_busy, step_n, sum_used, sum_toks, peak, since, now)
                 tally.add(now, t_end, decode, step_n, step_n, num_blocks - kv.free_blocks, held)
                 sum_busy = sum_used = sum_toks = 0.0

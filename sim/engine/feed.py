@@ -325,16 +325,7 @@ def _one_arrival(rep: Replica, plan: StepPlan, s: Seq, now: float, feed: Feed) -
         for d in batch.advance(t_end, rec.gaps, rec.weights):
             rep.release(d)
     s.prefilled = q
-    s.generated += 1  # _first_token
-    if s.first_token_t < 0:
-        s.first_token_t = t_end
-    else:
-        rec.resumed(t_end, s.last_token_t)
-    if s.generated >= s.output:
-        s.finish_t = t_end
-        rep.release(s)
-    else:
-        batch.join(s, t_end)
+    _first_token(rep, s, t_end)
     rec.log.add(now, t_end, kind, n + 1, n + q, kv.num_blocks - kv.free_blocks,
                 batch.kv_tokens() + rep.port.outside_tokens)
     return t_end
