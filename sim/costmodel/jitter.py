@@ -171,6 +171,12 @@ class JitteredLatency:
             else self.prefill_f.next()
         return self.base.mixed(n, sum_ctx, max_ctx, chunks, seen) * f
 
+    def mixed_one(self, n: int, sum_ctx: int, max_ctx: int, q: int,
+                  seen: set | None = None) -> float:
+        f = self.decode_f.next() * self.levels[n if n < self.top else self.top] if n \
+            else self.prefill_f.next()
+        return self.base.mixed_one(n, sum_ctx, max_ctx, q, seen) * f
+
     def verify(self, rows: list[tuple[int, int]]) -> float:
         return self.base.verify(rows) * self.decode_f.next()
 

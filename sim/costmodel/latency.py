@@ -451,6 +451,30 @@ class StepLatency(DecodeAttnPricing, RankPricing, HostPricing):
         return self._combine(gpu, prefill_seqs=len(chunks), decode_seqs=n, decode=True,
                              new_shapes=self._new_shapes(chunks, seen))
 
+    def mixed_one(self, n: int, sum_ctx: int, max_ctx: int, q: int,
+                  seen: set | None = None) -> float:
+        """`mixed(n, sum_ctx, max_ctx, [(q, 0)], seen)`: `n` decodes and one request's whole
+        prefill of `q` tokens (an arrival to a decoding replica), without the chunk lists
+        where every piece is memoised: the same lookups, use counts, sums and seconds."""
+        memo = self._memo
+        if n and self.data == 1 and (e := memo.get(("pa", q, q))) is not None:
+            ctx_q, max_q = _ctx_keys(n, sum_ctx, max_ctx)
+            da = memo.get(("da", n, ctx_q, max_q))
+            dense, lm = memo.get(("dense", n + q)), memo.get(("lm", n + 1))
+            if da is not None and dense is not None and lm is not None:
+                e[2] += 1
+                da[2] += 1
+                dense[2] += 1
+                lm[2] += 1
+                new = 0  # _new_shapes([(q, 0)], seen)
+                if seen is not None and self.rt.serial_ms_per_new_prefill_shape and (
+                        (q, 0) not in seen):
+                    seen.add((q, 0))
+                    new = 1
+                # (0.0 + the chunk's) + the decodes' attention, + (dense + LM head): mixed's sums
+                return self._combine(e[0] + da[0] + (dense[0] + lm[0]), 1, 0, n, True, new)
+        return self.mixed(n, sum_ctx, max_ctx, [(q, 0)], seen)
+
     def verify(self, rows: list[tuple[int, int]]) -> float:
         """A step scoring `q` tokens per sequence over its cached context: rows of (q, cached)."""
         tokens, gpu = self._per_sequence(rows, self.verify_attn_ms)

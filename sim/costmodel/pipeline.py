@@ -179,6 +179,10 @@ class StagedLatency:
         return self._each(lambda st: st.mixed(n, sum_ctx, max_ctx, chunks,
                                               seen if st is last else None))
 
+    def mixed_one(self, n: int, sum_ctx: int, max_ctx: int, q: int,
+                  seen: set | None = None) -> float:
+        return self.mixed(n, sum_ctx, max_ctx, [(q, 0)], seen)
+
     def transfer_s(self, tokens: int) -> float:
         """Seconds to send a micro-batch of `tokens` tokens' activations to the next stage:
         each rank sends 1/tensor over its own link, the receiving group all-gathers; with D

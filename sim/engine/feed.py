@@ -134,39 +134,46 @@ def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
     steady = getattr(policy, "steady", None) if (
         rep.speculator is None and not rep.own_record) else None
     plain = plain_prefills(rep)
+    # the step an arrival to a decoding replica usually gets, its plan not built
+    whole = getattr(policy, "whole_arrival", None) if plain else None
+    waiting = st.waiting
     now = env.now
     feed.deliver(now)  # the requests dispatched at the start (before the replica started)
     while True:
-        plan = policy.schedule(st, now)
-        kind = plan.kind
-        if plain and (kind is _MIXED and plan.chunks or kind is _PREFILL) and not (
-                plan.reject or plan.preempt or plan.swap_out or plan.swap_in):
-            now = (mixed_through if kind is _MIXED else prefill_through)(rep, plan, now, feed)
-            step = None
-        elif steady is not None and (repeats := steady(st, plan)) and (
-                now + rep.step.seconds < feed.next):
-            rows = log.rows() if progress is not None else 0
-            bound = min(feed.next, env.peek())
-            now, step = decode_run(rep, plan, now, bound, repeats, True)
-            if progress is not None and log.rows() // 2000 != rows // 2000:
-                progress(now)
-            if step is None:
-                continue
+        if whole is not None and waiting and (s := whole(st)) is not None:
+            now, step = _one_arrival(rep, s, now, feed), None
         else:
-            step = rep.start(plan, now)
-            if step is None:
-                if plan.kind is _IDLE:
-                    if plan.wake_at is not None:
-                        raise RuntimeError("a fed replica's policy asked to wake at a deadline")
-                    if feed.next == _INF:  # nothing more will arrive: the clock ends here
-                        if now != env.now:
-                            yield env.timeout_at(now)
-                        node.wake = env.event()
-                        yield node.wake  # never triggered: the run is over
-                    now = feed.next
-                    yield env.timeout_at(now)  # asleep until the next arrival
-                    feed.deliver(now)
-                rep.end_of_step()
+            plan = policy.schedule(st, now)
+            kind = plan.kind
+            if plain and (kind is _MIXED and plan.chunks or kind is _PREFILL) and not (
+                    plan.reject or plan.preempt or plan.swap_out or plan.swap_in):
+                now, step = (mixed_through if kind is _MIXED else prefill_through)(
+                    rep, plan, now, feed), None
+            elif steady is not None and (repeats := steady(st, plan)) and (
+                    now + rep.step.seconds < feed.next):
+                rows = log.rows() if progress is not None else 0
+                bound = min(feed.next, env.peek())
+                now, step = decode_run(rep, plan, now, bound, repeats, True)
+                if progress is not None and log.rows() // 2000 != rows // 2000:
+                    progress(now)
+                if step is None:
+                    continue
+            else:
+                step = rep.start(plan, now)
+                if step is None:
+                    if plan.kind is _IDLE:
+                        if plan.wake_at is not None:
+                            raise RuntimeError(
+                                "a fed replica's policy asked to wake at a deadline")
+                        if feed.next == _INF:  # nothing more will arrive: the clock ends here
+                            if now != env.now:
+                                yield env.timeout_at(now)
+                            node.wake = env.event()
+                            yield node.wake  # never triggered: the run is over
+                        now = feed.next
+                        yield env.timeout_at(now)  # asleep until the next arrival
+                        feed.deliver(now)
+                    rep.end_of_step()
         if step is not None:
             t_end = now + step.seconds
             if t_end >= feed.next:  # the boundary another process's event came before
@@ -237,7 +244,7 @@ def mixed_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> float
     if not prefilling and len(admit) == 1 and len(plan.chunks) == 1:
         s = admit[0].seq
         if plan.chunks[0].tokens == s.prompt + s.generated:  # its whole prefill at once
-            return _one_arrival(rep, plan, s, now, feed)
+            return _one_arrival(rep, s, now, feed)
     # with no prefill under way, every chunk is an admission's first, its blocks taken at
     # admission (the common case: an arrival's whole prompt in one chunk)
     fresh = not prefilling
@@ -290,34 +297,33 @@ def mixed_through(rep: Replica, plan: StepPlan, now: float, feed: Feed) -> float
     return t_end
 
 
-def _one_arrival(rep: Replica, plan: StepPlan, s: Seq, now: float, feed: Feed) -> float:
+def _one_arrival(rep: Replica, s: Seq, now: float, feed: Feed) -> float:
     """`mixed_through` of the plan an arrival to a replica with no prefill under way
     usually gets: the running batch's decodes and `s` admitted, its whole prefill in one
-    chunk. Flattened (the arrival's own work: `_admit_chunked`, the chunk, `_first_token`
-    in one function over plain fields); `s` is not put among the prefills under way and
-    taken out again at the step's end, as nothing in between looks there. The same state
-    changes, row and draws (`tests/test_feed.py`)."""
+    chunk (`ChunkedPolicy.whole_arrival` finds it without the plan being built). Flattened
+    (the arrival's own work: `_admit_chunked`, the chunk, `_first_token` in one function
+    over plain fields); `s` is not put among the prefills under way and taken out again at
+    the step's end, as nothing in between looks there; the replica's `step` keeps its
+    plan (nothing reads a finished step's). The same state changes, row and draws
+    (`tests/test_feed.py`)."""
     st, rec = rep.st, rep.rec
     kv, batch = st.kv, st.batch
     q = s.prompt + s.generated
     st.waiting.popleft()  # Replica.admit
     if s.sched_t < 0:
         s.sched_t = now
-    need = kv.blocks_for(q)  # its first chunk's blocks (KVAccount.admit)
-    if need > kv.free_blocks:  # (KVAccount.take without a prefix cache: a planned take)
-        rep.kv.take(need)  # raises
-    kv.free_blocks -= need
-    need = batch.new_blocks_needed()
-    if need > kv.free_blocks:
-        rep.kv.take(need)  # raises
-    kv.free_blocks -= need
+    first, grow = kv.blocks_for(q), batch.new_blocks_needed()
+    # its first chunk's blocks (KVAccount.admit) and the decodes' new ones (KVAccount.take
+    # without a prefix cache: a planned take)
+    if first + grow > kv.free_blocks:
+        rep.kv.take(first + grow)  # raises
+    kv.free_blocks -= first + grow
     n = batch.n_compute
-    secs = rep.lat.mixed(n, batch.s0 + n * batch.D, batch.max_ctx(), [(q, 0)],
-                         rep.prefill_shapes)
+    secs = rep.lat.mixed_one(n, batch.s0 + n * batch.D, batch.max_ctx(), q, rep.prefill_shapes)
     rec.kernel_busy_s += rep.kernels.kernel_s  # (+ 0.0 s loaded from host memory)
     step = rep.step
     kind = _MIXED if n else _PREFILL
-    step.seconds, step.seqs, step.tokens, step.kind, step.plan = secs, n + 1, n + q, kind, plan
+    step.seconds, step.seqs, step.tokens, step.kind = secs, n + 1, n + q, kind
     t_end = now + secs
     if t_end >= feed.next:
         feed.deliver(t_end)

@@ -103,6 +103,27 @@ class ChunkedPolicy:
             self.stalled(st, plan, gone)
         return plan
 
+    def whole_arrival(self, st: ReplicaState) -> Seq | None:
+        """The one waiting request, where `schedule` would plan its whole prefill in one
+        chunk beside the running batch's decodes and nothing else (no prefill under way or
+        prefix cache, the request within `fit_max`, the token budget, the places and the
+        free blocks above the watermark); None where it may plan otherwise (ask it). The
+        common step of an arrival to a decoding replica, without building its plan."""
+        waiting = st.waiting
+        if len(waiting) != 1 or st.prefilling or st.prefix is not None:
+            return None
+        batch, kv = st.batch, st.kv
+        s = waiting[0]
+        n = s.prompt + s.generated
+        running = len(batch.members)
+        budget = self.step_tokens - running
+        free = kv.free_blocks - batch.new_blocks_needed()
+        if (n > self.fit_max or n > budget or budget <= 0 or free < 0
+                or running + st.held_places + 1 > self.max_seqs
+                or free - kv.blocks_for(n) < self.watermark):
+            return None
+        return s
+
     @staticmethod
     def next_chunks(st: ReplicaState, chunks: list[Chunk], gone: set[Seq] | frozenset,
                     budget: int, free: int) -> tuple[int, int]:
