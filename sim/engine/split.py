@@ -117,54 +117,71 @@ def simulate_one(setup: Setup, index: int, rng, spill: SpillDir | None,
     """Replica `index` alone with its own requests: (its result, its recorder, its
     requests' record columns, the clock at its end, whether it was replayed over every
     instant). Replays over every instant itself when `ties` finds the short way unsafe."""
+    rows = np.flatnonzero(setup.choice == index)
+    every = every or setup.configs[index].scenario.scheduler.policy == "static" or bool(
+        setup.flat[rows].any())
+    rep, node, seqs, env = _run(setup, index, rng, spill, rows, every)
+    if not every and ties(rep, node, setup.clock[rows], seqs):
+        # again, over every instant (its spilled files are rewritten), the short way's
+        # lookups not counted in the step-time memo's uses (the lookup provenance)
+        memo = setup.configs[index].latency._memo
+        once = list(map(itemgetter(2), memo.values()))
+        _forget(rep, spill)
+        _run(setup, index, rng, spill, rows, False)  # the same lookups, counted twice
+        _forget(rep, spill)
+        _uncount(memo, once)
+        every = True
+        rep, node, seqs, env = _run(setup, index, rng, spill, rows, True)
+    streamed(seqs, [node] * len(setup.configs))  # (it finds a request's node by its replica)
+    return ReplicaResult.of(rep), rep.rec, columns_of(seqs), env.now, every
+
+
+def _run(setup: Setup, index: int, rng, spill: SpillDir | None, rows: np.ndarray,
+         every: bool) -> tuple:
+    """One simulation of replica `index` with its requests (`rows`): (the replica, its
+    node, its requests, the clock); over every arrival instant of the fleet if `every`."""
     cfg = setup.configs[index]
     wl = setup.workload
-    rows = np.flatnonzero(setup.choice == index)
-    every = every or cfg.scenario.scheduler.policy == "static" or bool(setup.flat[rows].any())
-    memo = cfg.latency._memo
-    uses = list(map(itemgetter(2), memo.values()))  # to forget a discarded run's lookups
-    while True:
-        rep = build_replica(cfg, rng, acceptance=wl.acceptance,
-                            prefix_tokens=wl.block_tokens if wl.prefix_hashes is not None
-                            else None, index=index)
-        if spill is not None:
-            spill_logs([rep], spill, fleet_size=len(setup.configs))
-        if not every and isinstance(rep.rec.log, StepTally):  # no rows for `ties` to read
-            rep.rec.log.watch(np.unique(setup.clock[rows]).tolist())
-        seqs = make_seqs(wl, setup.max_len, rows)
-        prefix_views(wl, [rep])
-        env = Clock()
-        fleet = Fleet(env, [rep], None)
-        node = fleet.nodes[0]
-        leap = leaping()
-        if not every and feedable(fleet, node, leap):  # own arrivals at its step ends
-            env.process(fed_replica(env, node, Feed(fleet, seqs, setup.clock[rows],
-                                                    setup.group[rows])))
+    rep = build_replica(cfg, rng, acceptance=wl.acceptance,
+                        prefix_tokens=wl.block_tokens if wl.prefix_hashes is not None
+                        else None, index=index)
+    if spill is not None:
+        spill_logs([rep], spill, fleet_size=len(setup.configs))
+    if not every and isinstance(rep.rec.log, StepTally):  # no rows for `ties` to read
+        rep.rec.log.watch(np.unique(setup.clock[rows]).tolist())
+    seqs = make_seqs(wl, setup.max_len, rows)
+    prefix_views(wl, [rep])
+    env = Clock()
+    fleet = Fleet(env, [rep], None)
+    node = fleet.nodes[0]
+    leap = leaping()
+    if not every and feedable(fleet, node, leap):  # own arrivals at its step ends
+        env.process(fed_replica(env, node, Feed(fleet, seqs, setup.clock[rows],
+                                                setup.group[rows])))
+    else:
+        if every:
+            env.process(_every_arrival(env, fleet, setup.arrival.tolist(),
+                                       setup.choice == index, seqs))
         else:
-            if every:
-                env.process(_every_arrival(env, fleet, setup.arrival.tolist(),
-                                           setup.choice == index, seqs))
-            else:
-                env.process(_own_arrivals(env, fleet, seqs, setup.clock[rows].tolist(),
-                                          setup.group[rows].tolist()))
-            env.process(replica(env, node, leap=leap))
-        run_clock(env)
-        check_accounted([rep], len(seqs))
-        if every or not ties(rep, node, setup.clock[rows], seqs):
-            break
-        every = True  # again, over every instant (its spilled files are rewritten)
-        _forget(rep, spill)
-        _restore_uses(memo, uses)  # the lookup provenance counts the replay's
-    streamed(seqs, [node] * len(setup.configs))  # (it finds a request's node by its replica)
-    rec = rep.rec
-    return ReplicaResult.of(rep), rec, columns_of(seqs), env.now, every
+            env.process(_own_arrivals(env, fleet, seqs, setup.clock[rows].tolist(),
+                                      setup.group[rows].tolist()))
+        env.process(replica(env, node, leap=leap))
+    run_clock(env)
+    check_accounted([rep], len(seqs))
+    return rep, node, seqs, env
 
 
-def _restore_uses(memo: dict, uses: list) -> None:
-    """Each step-time memo entry's use count as it was (`uses`, in the memo's order: it
-    only grows, keeping its order; the entries added since were not used before: 0)."""
-    for i, e in enumerate(memo.values()):
-        e[2] = uses[i] if i < len(uses) else 0
+def _uncount(memo: dict, once: list) -> None:
+    """Each step-time memo entry's use count as before a run whose lookups were made
+    twice since: `once` the counts (in the memo's order) after the first, the memo's now
+    after the second. The memo only grows, keeping its order; the run is deterministic
+    (its replica's own jitter stream, exact memo keys), so the second added no entry and
+    counted each use of the first again: before = once - (now - once), 0 for an entry the
+    first run added."""
+    if len(memo) != len(once):
+        raise RuntimeError("a replica's repeated run made other step-time lookups")
+    for e, c in zip(memo.values(), once, strict=True):
+        e[2] = 2 * c - e[2]
 
 
 def ties(rep, node, clock: np.ndarray, seqs: list) -> bool:
