@@ -15,6 +15,12 @@ class Clock(simpy.Environment):
     the float sum of its steps' seconds, which env.now + a delay cannot always reach (its
     rounding can skip the one float between two neighbours)."""
 
+    @property
+    def queue(self) -> list:
+        """SimPy's heap of scheduled events, (time, priority, id, event) (`peek` reads its
+        first time): the same list for the whole run, for a loop to hold."""
+        return self._queue
+
     def timeout_at(self, t: float) -> simpy.Timeout:
         """A timeout firing at `t` (>= now), ordered as any event scheduled now."""
         now = self._now

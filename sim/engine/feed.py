@@ -136,7 +136,7 @@ def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
     plain = plain_prefills(rep)
     # the step an arrival to a decoding replica usually gets, its plan not built
     whole = getattr(policy, "whole_arrival", None) if plain else None
-    waiting = st.waiting
+    waiting, queue = st.waiting, env.queue
     now = env.now
     feed.deliver(now)  # the requests dispatched at the start (before the replica started)
     while True:
@@ -182,8 +182,8 @@ def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
             now = t_end
         if progress is not None and log.rows() % 2000 == 0:
             progress(now)
-        if now > env.now and env.peek() <= now:  # another's event is due: it sees this
-            yield env.timeout_at(now)
+        if queue and queue[0][0] <= now and now > env.now:  # another's event is due (peek)
+            yield env.timeout_at(now)  # it sees this boundary
 
 
 def plain_prefills(rep: Replica) -> bool:
