@@ -8,6 +8,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.costmodel.jitter import jittered
 from sim.costmodel.latency import StepLatency
 from sim.costmodel.models import load_model
 from sim.costmodel.profiles import load_profile
@@ -63,3 +64,28 @@ def test_a_mixed_step_prices_warm_as_the_plain_formula_does(shapes, layout, runt
                 continue
             assert (secs, lat.kernel_s) == plain_mixed(plain, n, n * mean, mean + longest, chunks)
     assert {k: e[2] for k, e in lat._memo.items()} == {k: e[2] for k, e in plain._memo.items()}
+
+
+arrivals = st.lists(st.tuples(st.integers(0, 40), st.integers(1, 3000), st.integers(0, 3000),
+                              st.sampled_from([1, 16, 100, 512, 2048])),
+                    min_size=1, max_size=10)
+
+
+@settings(max_examples=30, deadline=None)
+@given(shapes=arrivals, layout=st.sampled_from(sorted(LAYOUTS)),
+       runtime=st.sampled_from(["h200-eager-live", "cuda-graph"]))
+def test_an_arrivals_one_chunk_step_prices_as_the_mixed_step_of_its_chunk(shapes, layout,
+                                                                          runtime):
+    """`mixed_one(n, .., q)` is `mixed(n, .., [(q, 0)])`: the same seconds, kernel seconds,
+    memo use counts and new prefill shapes, cold and warm, jittered (the same draws) or not."""
+    one, many = latency(layout, runtime), latency(layout, runtime)
+    seen_one, seen_many = set(), set()
+    jit_one, jit_many = jittered(one, 7, 1), jittered(many, 7, 1)
+    for _ in range(2):  # cold, then from the warm memo
+        for n, mean, longest, q in shapes:
+            n_ctx = (n * mean, mean + longest)
+            assert (one.mixed_one(n, *n_ctx, q, seen_one), one.kernel_s) == (
+                many.mixed(n, *n_ctx, [(q, 0)], seen_many), many.kernel_s)
+            assert jit_one.mixed_one(n, *n_ctx, q) == jit_many.mixed(n, *n_ctx, [(q, 0)])
+    assert seen_one == seen_many
+    assert {k: e[2] for k, e in one._memo.items()} == {k: e[2] for k, e in many._memo.items()}
