@@ -152,7 +152,7 @@ def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
             elif steady is not None and (repeats := steady(st, plan)) and (
                     now + rep.step.seconds < feed.next):
                 rows = log.rows() if progress is not None else 0
-                bound = min(feed.next, env.peek())
+                bound = min(feed.next, queue[0][0] if queue else _INF)  # env.peek()
                 now, step = decode_run(rep, plan, now, bound, repeats, True)
                 if progress is not None and log.rows() // 2000 != rows // 2000:
                     progress(now)

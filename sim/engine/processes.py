@@ -272,22 +272,15 @@ def replica(env: Clock, node: Node, progress=None, leap: bool = True):
 def make_seqs(workload: Workload, max_model_len: int, rows=None) -> list[Seq]:
     """The workload's requests (`rows`: only those, an index array); as in vLLM, generation
     stops at the context window (a longer prompt is rejected by the policy)."""
-    def col(c) -> list:
+    def col(c) -> np.ndarray:
         c = np.asarray(c)
-        return (c if rows is None else c[rows]).tolist()
+        return c if rows is None else c[rows]
 
     ids = range(len(workload)) if rows is None else np.asarray(rows).tolist()
-    seqs = [
-        Seq(i, a, p, max(1, min(o, max_model_len - p)), m)
-        for i, a, p, o, m in zip(
-            ids,
-            col(np.asarray(workload.arrival_s, dtype=float)),
-            col(workload.prompt_tokens),
-            col(workload.output_tokens),
-            col(workload.max_tokens),
-            strict=True,
-        )
-    ]
+    prompt = col(workload.prompt_tokens)
+    output = np.maximum(np.minimum(col(workload.output_tokens), max_model_len - prompt), 1)
+    seqs = list(map(Seq, ids, col(np.asarray(workload.arrival_s, dtype=float)).tolist(),
+                    prompt.tolist(), output.tolist(), col(workload.max_tokens).tolist()))
     if workload.prefix_hashes is not None:
         for s in seqs:
             s.prefix = workload.prefix_hashes[s.rid]
