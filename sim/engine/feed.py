@@ -125,7 +125,9 @@ def feedable(fleet: Fleet, node: Node, leap: bool) -> bool:
 def fed_replica(env: Clock, node: Node, feed: Feed, progress=None):
     """`processes.replica` (leaping, quiet), taking its arrivals from `feed` at its step
     boundaries; the same state changes, rows and draws in the same order. A plain prefill
-    plan (`plain_prefills`) is started and finished in one call. Another process's event
+    plan (`plain_prefills`) is started and finished in one call; the step a lone arrival
+    usually gets, its whole prefill beside the decodes (`ChunkedPolicy.whole_arrival`),
+    without its plan being built (`_one_arrival`). Another process's event
     on the clock (a probe's watcher, sim/engine/watch.py) ends a run of decode steps, and
     the replica yields at its first step boundary at or after it, so that process sees the
     replica's state as of that boundary, not later."""
