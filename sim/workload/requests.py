@@ -296,17 +296,17 @@ def _with_clients(wl: Workload, spec: WorkloadSpec, rng: np.random.Generator) ->
 def _check_prefix_blocks(wl: Workload, spec: WorkloadSpec, file: Any, path: str) -> None:
     """Synthetic prefixes keep one hash per HASH_TOKENS prompt tokens of every request:
     refuse a workload that would need more than MAX_PREFIX_BLOCKS of them."""
+    if spec.shared_prefix is None and spec.multi_turn is None:
+        return
     p, o, n = wl.prompt_tokens.astype(np.float64), wl.output_tokens.astype(np.float64), len(wl)
     if spec.shared_prefix is not None:  # at most: the prefix's blocks + the whole prompt's
         total, where = (n * 2.0 * spec.shared_prefix.tokens + p.sum()) / HASH_TOKENS + n, "shared_prefix.tokens"
-    elif spec.multi_turn is not None:  # each turn's prompt holds its conversation so far
+    else:  # multi_turn: each turn's prompt holds its conversation so far
         convs = max(1, n // spec.multi_turn.turns)
         grid = np.zeros(-(-n // convs) * convs)
         grid[:n] = p + o
         total = np.cumsum(grid.reshape(-1, convs), axis=0).ravel()[:n].sum() / HASH_TOKENS + n
         where = "multi_turn.turns"
-    else:
-        return
     if total > MAX_PREFIX_BLOCKS:
         raise SpecError(file, f"{path}.{where}", f"the prompts would need {total:.3g} prefix-hash blocks of {HASH_TOKENS} tokens (allowed: at most {MAX_PREFIX_BLOCKS:.0e}: fewer requests, shorter prompts or fewer turns)")
 
