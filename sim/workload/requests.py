@@ -209,7 +209,7 @@ class Workload:
     arrival_s: np.ndarray  # float64 [n], non-decreasing, seconds
     prompt_tokens: np.ndarray  # int64 [n], >= 1
     output_tokens: np.ndarray  # int64 [n], >= 1: tokens the request will generate
-    max_tokens: np.ndarray  # int64 [n], >= output_tokens: the output cap reservations plan for
+    max_tokens: np.ndarray  # int64 [n] (read-only; maybe one value broadcast), >= output_tokens: the output cap reservations plan for
     prefix_hashes: tuple[tuple[int, ...], ...] | None = None  # [n] prompt block ids (mooncake)
     block_tokens: int | None = None  # prompt tokens per prefix hash (512 for mooncake)
     acceptance: np.ndarray | None = None  # float64 [n]: a csv trace's `acceptance` column
@@ -277,7 +277,8 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
     if tr is not None and tr.acceptance is not None:
         acc = tr.acceptance[rows]
     wl = Workload(np.array(arrival, dtype=np.float64), np.array(prompt, dtype=np.int64),
-                  np.array(output, dtype=np.int64), np.full(n, max_tok, dtype=np.int64),
+                  np.array(output, dtype=np.int64),
+                  np.broadcast_to(np.int64(max_tok), n),  # one value: no n copies of it
                   hashes, MOONCAKE_BLOCK_TOKENS if hashes is not None else None, acc)
     if (spec.shared_prefix or spec.multi_turn) and hashes is not None:
         raise SpecError(file, f"{path}.shared_prefix", "the trace brings its own prefix hashes (allowed: no shared_prefix/multi_turn with a mooncake trace)")
