@@ -101,7 +101,10 @@ class Setup:
 
     def __init__(self, configs: list, workload, choice: np.ndarray, max_len: int):
         self.configs, self.workload, self.choice, self.max_len = configs, workload, choice, max_len
-        self.clock, self.group = instants(workload.arrival_s)
+        self.clock, group = instants(workload.arrival_s)
+        # each request's instant, as int32 where that holds them (half the bytes, in the
+        # parent and in every forked worker that reads them)
+        self.group = group.astype(np.int32) if len(group) < 1 << 31 else group
         self.arrival = np.asarray(workload.arrival_s, dtype=float)
         # an instant whose gap the clock's rounding swallowed fires at the time it was
         # scheduled: alone, it would not be ordered as in the fleet
