@@ -1,8 +1,9 @@
 """Request records as columns: what the request table needs of each request, taken from
 its `Seq` once the replica that served it has finished its run, then written to the run's
-spill folder (sim/io/spill.py) replica by replica, so a fleet simulated replica by replica
+spill folder (sim/io/spill.py) replica by replica, by the process that simulated it
+(`spill_records`; the parent adopts the file), so a fleet simulated replica by replica
 (sim/engine/split.py) never holds its requests as objects (~0.8 KiB each; a record is
-~100 B on disk and nothing in memory).
+~100 B on disk and nothing in memory) nor sends them between processes.
 
 `RequestRecords.table` is the request table as lazy columns (sim/io/spill.py `Lazy`), read
 a block of requests at a time, in request order (each replica's rows are its requests in
