@@ -146,3 +146,23 @@ def test_a_parallel_fleet_on_ray_writes_the_same_bytes(tmp_path):
     single = _files(runner.run(FLEET, sets, split=False), tmp_path / "single")
     split = runner.run(FLEET, sets, workers=2, executor="ray")
     assert _files(split, tmp_path / "split") == single
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "random"])
+def test_routes_decided_all_at_once_are_the_routers_one_by_one_choices(policy):
+    """A key-blind feedback-free router's choices for a whole workload at once (`choices`)
+    are the ones its `choose` makes request by request, and leave it where those leave it."""
+    import numpy as np
+
+    from sim.policies.router import RouterSpec, make_router
+
+    for n, replicas in [(0, 3), (1, 1), (7, 3), (1000, 4), (5000, 128)]:
+        one, many = (make_router(RouterSpec(policy), np.random.default_rng([5, 2]))
+                     for _ in range(2))
+        each = [one.choose(None, [None] * replicas) for _ in range(n)]
+        at_once = many.choices(n, replicas)
+        assert at_once.dtype == np.int64 and at_once.tolist() == each
+        assert one.choose(None, [None] * replicas) == many.choose(None, [None] * replicas)
+        if policy == "round_robin":  # from where it stands, not from 0
+            assert many.choices(5, replicas).tolist() == [
+                one.choose(None, [None] * replicas) for _ in range(5)]

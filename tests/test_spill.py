@@ -233,6 +233,35 @@ def test_request_records_come_back_in_request_order_from_one_file_a_replica():
         recs.add(1, cols([0, 2], ["finished", "finished"]))
 
 
+def test_records_a_worker_spilled_are_read_with_the_runs_names_and_fresh_arrays():
+    """Replicas' records written where they ran (`spill_records`, each with its own text
+    codes) and adopted by the parent read back as `add`ed ones; a block's fields are kept
+    for the next read of it, which gets its own copy."""
+    from sim.engine.records import NUMBERS, RequestRecords, spill_records
+
+    def cols(rids, states):
+        out = {a: np.asarray(rids, dtype=t) for a, t in NUMBERS.items()}
+        names = tuple(dict.fromkeys(states))
+        out["state"] = (np.array([names.index(x) for x in states], dtype=np.int32), names)
+        out["reject_reason"] = (np.zeros(len(rids), dtype=np.int32), ("",))
+        return out
+
+    sp = SpillDir()
+    written = [spill_records(SpillDir(str(sp.path)), 0, cols([1, 3], ["rejected", "finished"])),
+               spill_records(SpillDir(str(sp.path)), 1, cols([0, 2], ["finished", "rejected"]))]
+    assert written[0].rows == 2 and written[0].names == (("rejected", "finished"), ("",))
+    recs = RequestRecords(4, np.array([1, 0, 1, 0]), sp)
+    for r, w in enumerate(written):
+        recs.adopt(r, w)
+    assert recs.column("state").tolist() == ["finished", "rejected", "rejected", "finished"]
+    first = recs.read("arrival", 0, 4)
+    first[:] = -1.0  # the caller's to change
+    assert recs.read("arrival", 0, 4).tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert recs.read("rid", 1, 3).tolist() == [1, 2]
+    with pytest.raises(ValueError, match="added already"):
+        recs.adopt(1, written[1])
+
+
 def test_first_level_bins_are_the_keys_top_bits_for_any_bit_pattern():
     """bigstats._top (signed arithmetic on the bits) is _keys(v) >> TOP for every float64
     bit pattern: negative and positive values, zeros of both signs, infinities, NaNs."""

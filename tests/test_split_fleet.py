@@ -270,3 +270,23 @@ def test_step_sums_made_in_the_workers_are_the_ones_made_from_the_logs_after():
             assert np.array_equal(getattr(carried, k), v), k
     t0 = float(res.replicas[0].steps.column("t_end")[0])
     assert step_sums(res, t0)[0] is not res.replicas[0].sums
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_request_figures_made_in_the_workers_are_per_replicas_from_the_table(workers):
+    """A split run's replicas bring their request figures (made from their own records as
+    each finished); per_replica of them is every float per_replica computes from the
+    request table instead, which it no longer reads."""
+    from sim.engine.metrics import per_replica
+
+    out = runner.run(ROOT / "scenarios/fleet_routers.yaml",
+                     {**SHORT, "cluster.router.policy": "round_robin"}, workers=workers)
+    res = out.result
+    assert all(r.requests is not None for r in res.replicas)
+    carried = out.summary["per_replica"]
+    for r in res.replicas:
+        r.requests = None
+    from_table = per_replica(out.request_table, None, res)
+    assert carried == from_table
+    assert [list(c) for c in carried] == [list(t) for t in from_table]  # keys in order
+    assert sum(c["finished"] for c in carried) == out.summary["requests"]["finished"]

@@ -26,12 +26,14 @@ or masked per replica. `requests_frame` / `steps_frame` give pandas frames.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
 
 import numpy as np
 
 from sim.engine import bigstats
+from sim.engine.records import replica_table
 from sim.engine.replica import ReplicaResult, RunResult
 from sim.engine.reqsummary import request_figures
 from sim.engine.steptally import StepTally
@@ -377,12 +379,79 @@ def _groups(codes: np.ndarray, count: int) -> tuple[np.ndarray, np.ndarray]:
     return order, bounds
 
 
+@dataclass(frozen=True)
+class ReplicaRequests:
+    """One replica's request figures for per_replica, from its own records alone (summed
+    where it ran: a split fleet's worker, sim/engine/split.py), as per_replica computes
+    them from its rows of the request table: the same floats."""
+    requests: int
+    finished: int
+    rejected: int
+    output_tokens: float  # of its finished requests (float sum, in request order)
+    preemptions: int
+    stats: dict  # ttft_s, tpot_s, e2e_s: _stats of its finished requests
+    first_arrival: float | None  # None: no requests
+    last_finish: float | None  # None: none finished
+
+
+def replica_requests(cols: dict) -> ReplicaRequests:
+    """ReplicaRequests of one replica's records (sim/engine/records.py columns_of)."""
+    t = replica_table(cols)
+    done = t["status"] == FINISHED
+    fin = np.flatnonzero(done)
+    arrival = t["arrival_s"]
+    return ReplicaRequests(
+        len(arrival), len(fin), int((t["status"] == "rejected").sum()),
+        float(t["output_tokens"].astype(float)[fin].sum()), int(t["preemptions"].sum()),
+        {k: _stats(t[k][fin]) for k in ("ttft_s", "tpot_s", "e2e_s")},
+        float(arrival.min()) if len(arrival) else None,
+        float(t["finish_s"][done].max()) if done.any() else None)
+
+
+def _shared_per_replica(res: RunResult, sums: list[StepSums]) -> list[dict]:
+    """per_replica of a run whose replicas all brought their ReplicaRequests."""
+    figs = [r.requests for r in res.replicas]
+    arrivals = [f.first_arrival for f in figs if f.first_arrival is not None]
+    start = min(arrivals) if arrivals else 0.0
+    ends = [f.last_finish for f in figs if f.last_finish is not None]
+    duration = max((max(ends) if ends else start) - start, 1e-12)  # _duration's
+    return [_replica_entry(r, f.requests, f.finished, None, f.rejected, f.output_tokens,
+                           f.stats, f.preemptions, sums[i], duration)
+            for i, (r, f) in enumerate(zip(res.replicas, figs, strict=True))]
+
+
+def _replica_entry(r, requests: int, finished: int, prefills, rejected: int, output: float,
+                   stats: dict, preemptions: int, steps_i: StepSums, duration: float) -> dict:
+    busy = steps_i.busy
+    return {
+        "replica": r.name, "group": r.group, "role": r.role, "gpu": r.gpu,
+        "requests": requests, "finished": finished,
+        **({"prefills": prefills, "prefill_throughput": prefills / duration}
+           if prefills is not None else {}),
+        "rejected": rejected,
+        "request_throughput": finished / duration,
+        "output_token_throughput": output / duration,
+        **stats,
+        "gpu_busy_fraction": min(1.0, busy / duration),
+        "gpu_kernel_fraction": _fraction(r.kernel_busy_s / duration),
+        "mean_batch_size": steps_i.seqs_dur / busy if busy else 0.0,
+        "iterations": steps_i.n,
+        "preemptions": preemptions,
+        "kv_util_mean": steps_i.used_dur / r.kv.num_blocks / busy if busy else 0.0,
+        "kv_util_peak": steps_i.used_peak / r.kv.num_blocks,
+        "kv_capacity_tokens": int(r.kv.capacity_tokens),
+    }
+
+
 def per_replica(req, steps, res: RunResult, sums: list[StepSums] | None = None) -> list[dict]:
     """Each replica's share of the run: requests served, latency, busy time, KV use (one
     grouping of the requests; step figures summed per replica from its log, or taken
-    from `sums`, as summarize takes them)."""
+    from `sums`, as summarize takes them). A split fleet's replicas bring their request
+    figures (ReplicaRequests): the table is not read."""
     del steps
     keep, t0 = _measured(req)
+    if keep is None and res.replicas and all(r.requests is not None for r in res.replicas):
+        return _shared_per_replica(res, step_sums(res, t0) if sums is None else sums)
     status = np.asarray(req["status"], dtype=object)
     done = status == FINISHED
     rejected = status == "rejected"
@@ -406,28 +475,11 @@ def per_replica(req, steps, res: RunResult, sums: list[StepSums] | None = None) 
         rows = order[bounds[i]:bounds[i + 1]]
         rows = rows if keep is None else rows[keep[rows]]
         fin = rows[done[rows]]
-        steps_i = sums[i]
-        busy = steps_i.busy
-        out.append({
-            "replica": r.name, "group": r.group, "role": r.role, "gpu": r.gpu,
-            "requests": int(len(rows)), "finished": int(len(fin)),
-            **({"prefills": int(prefills[i]), "prefill_throughput": int(prefills[i]) / duration}
-               if prefills is not None else {}),
-            "rejected": int(rejected[rows].sum()),
-            "request_throughput": len(fin) / duration,
-            "output_token_throughput": float(output[fin].sum()) / duration,
-            "ttft_s": _stats(cols["ttft_s"][fin]),
-            "tpot_s": _stats(cols["tpot_s"][fin]),
-            "e2e_s": _stats(cols["e2e_s"][fin]),
-            "gpu_busy_fraction": min(1.0, busy / duration),
-            "gpu_kernel_fraction": _fraction(r.kernel_busy_s / duration),
-            "mean_batch_size": steps_i.seqs_dur / busy if busy else 0.0,
-            "iterations": steps_i.n,
-            "preemptions": int(preempt[rows].sum()),
-            "kv_util_mean": steps_i.used_dur / r.kv.num_blocks / busy if busy else 0.0,
-            "kv_util_peak": steps_i.used_peak / r.kv.num_blocks,
-            "kv_capacity_tokens": int(r.kv.capacity_tokens),
-        })
+        out.append(_replica_entry(
+            r, int(len(rows)), int(len(fin)), int(prefills[i]) if prefills is not None else None,
+            int(rejected[rows].sum()), float(output[fin].sum()),
+            {k: _stats(cols[k][fin]) for k in ("ttft_s", "tpot_s", "e2e_s")},
+            int(preempt[rows].sum()), sums[i], duration))
     return out
 
 
@@ -455,4 +507,4 @@ def goodput(fin, duration: float, slo) -> dict | None:
 
 __all__ = ["REQUEST_COLUMNS", "STEP_COLUMNS", "LOG_COLUMNS", "KIND_NAMES", "Table", "num_rows",
            "request_table", "step_tables", "keeps_rows", "itl_table", "requests_frame", "steps_frame",
-           "summarize", "per_replica", "goodput", "weighted_stats", "step_sums"]
+           "summarize", "per_replica", "ReplicaRequests", "replica_requests", "goodput", "weighted_stats", "step_sums"]

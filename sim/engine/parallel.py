@@ -82,6 +82,8 @@ def assign(sc: Scenario, workload, replicas: int) -> np.ndarray:
     """Each request's replica, as the run's router (sim/engine/build.py: its own generator
     seeded [seed, 2]) picks it for the requests in arrival order."""
     router = make_router(sc.cluster.router, np.random.default_rng([sc.seed, 2]))
+    if hasattr(router, "choices"):  # one that reads no key either: all at once
+        return router.choices(len(workload), replicas)
     loads = [None] * replicas  # a feedback-free router reads only how many there are
     keys = workload.prefix_hashes
     return np.fromiter((router.choose(keys[i][0] if keys is not None and keys[i] else None, loads)

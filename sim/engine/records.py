@@ -1,8 +1,9 @@
 """Request records as columns: what the request table needs of each request, taken from
 its `Seq` once the replica that served it has finished its run, then written to the run's
-spill folder (sim/io/spill.py) replica by replica, so a fleet simulated replica by replica
+spill folder (sim/io/spill.py) replica by replica, by the process that simulated it
+(`spill_records`; the parent adopts the file), so a fleet simulated replica by replica
 (sim/engine/split.py) never holds its requests as objects (~0.8 KiB each; a record is
-~100 B on disk and nothing in memory).
+~100 B on disk and nothing in memory) nor sends them between processes.
 
 `RequestRecords.table` is the request table as lazy columns (sim/io/spill.py `Lazy`), read
 a block of requests at a time, in request order (each replica's rows are its requests in
@@ -15,9 +16,11 @@ summary made from them are the same bytes.
 from __future__ import annotations
 
 from operator import attrgetter
+from typing import NamedTuple
 
 import numpy as np
 
+from sim.io import spill as spilling
 from sim.io.spill import Lazy, SpillDir
 from sim.io.tablefile import Labels
 from sim.policies.batch import FINISHED
@@ -40,6 +43,42 @@ def columns_of(seqs: list) -> dict:
         out[a] = (np.fromiter(map(names.__getitem__, values), dtype=np.int32, count=n),
                   tuple(names))
     return out
+
+
+def replica_table(cols: dict) -> dict:
+    """The request table's columns that per_replica reads (sim/engine/metrics.py), of one
+    replica's records (`columns_of`), computed as `RequestRecords.table` computes them."""
+    codes, names = cols["state"]
+    status = np.array(names or ("",), dtype=object)[codes]
+    arrival = np.asarray(cols["arrival"], dtype=float)
+    first = np.array(cols["first_token_t"], dtype=float)
+    first[first < 0] = np.nan
+    finish = np.array(cols["finish_t"], dtype=float)
+    finish[status != FINISHED] = np.nan
+    output = np.asarray(cols["output"], dtype=np.int64)
+    ttft, e2e = first - arrival, finish - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), np.nan)
+    return {"status": status, "arrival_s": arrival, "finish_s": finish, "ttft_s": ttft,
+            "tpot_s": tpot, "e2e_s": e2e, "output_tokens": output,
+            "preemptions": np.asarray(cols["preemptions"], dtype=np.int64)}
+
+
+class Spilled(NamedTuple):
+    """One replica's records as `spill_records` wrote them: how many, and each text field's
+    names (its file's codes index them)."""
+    rows: int
+    names: tuple[tuple[str, ...], ...]  # TEXTS' order
+
+
+def spill_records(spill: SpillDir, replica: int, cols: dict) -> Spilled:
+    """Write replica `replica`'s records (columns_of all its requests, in id order) to the
+    file `q<replica>` of the run's spill folder: its m records as m values of each field in
+    turn (FIELDS' order), text fields as their codes into the returned names."""
+    parts = [np.ascontiguousarray(cols[a], dtype=NUMBERS[a]) for a in NUMBERS]
+    parts += [np.ascontiguousarray(cols[a][0], dtype=np.int32) for a in TEXTS]
+    spill.append(f"q{replica}", np.concatenate([p.view(np.uint8) for p in parts]))
+    return Spilled(len(cols["rid"]), tuple(tuple(cols[a][1]) for a in TEXTS))
 
 
 def _width(attr: str) -> int:
@@ -69,26 +108,33 @@ class RequestRecords:
         self.choice = np.asarray(choice, dtype=np.int64)
         self.rows: dict[int, int] = {}  # replica -> records written
         self.names: dict[str, dict[str, int]] = {a: {} for a in TEXTS}
+        # per text field, replica -> its file's codes as codes into self.names
+        self.remap: dict[str, dict[int, np.ndarray]] = {a: {} for a in TEXTS}
         self._rank: np.ndarray | None = None
         # the last block's layout: its (lo, hi) and, per replica among its requests, (the
         # replica, the rank of its first request there, their rows in the block); the
         # summary reads a dozen fields of one block in turn, so it is worked out once
         self._layout: tuple = ((0, 0), [])
+        self._fields: dict[str, np.ndarray] = {}  # the last block's fields read (`read`)
 
     def add(self, replica: int, cols: dict) -> None:
         """Write replica `replica`'s records (columns_of all its requests, in id order; once
         a replica)."""
         if replica in self.rows:
             raise ValueError(f"replica {replica}'s records were added already")
-        parts = [np.ascontiguousarray(cols[a], dtype=NUMBERS[a]) for a in NUMBERS]
-        for a in TEXTS:
-            codes, names = cols[a]
+        self.adopt(replica, spill_records(self.spill, replica, cols))
+
+    def adopt(self, replica: int, spilled: Spilled) -> None:
+        """Take replica `replica`'s records as `spill_records` wrote them into this run's
+        folder (in a worker, while it ran: they never travel); its text codes are mapped to
+        this run's names as they are read."""
+        if replica in self.rows:
+            raise ValueError(f"replica {replica}'s records were added already")
+        for a, names in zip(TEXTS, spilled.names, strict=True):
             known = self.names[a]
-            remap = np.array([known.setdefault(x, len(known)) for x in names], dtype=np.int32)
-            parts.append(np.ascontiguousarray(remap[codes] if len(codes) else codes,
-                                              dtype=np.int32))
-        self.spill.append(f"q{replica}", np.concatenate([p.view(np.uint8) for p in parts]))
-        self.rows[replica] = len(cols["rid"])
+            self.remap[a][replica] = np.array([known.setdefault(x, len(known)) for x in names],
+                                              dtype=np.int32)
+        self.rows[replica] = spilled.rows
 
     def _offset(self, replica: int, attr: str) -> int:
         """Where field `attr` of replica `replica`'s records starts in its file, bytes."""
@@ -100,19 +146,30 @@ class RequestRecords:
             order = _by_replica(self.choice)
             counts = np.bincount(self.choice, minlength=max(self.rows, default=0) + 1)
             starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
-            rank = np.empty(self.n, dtype=np.int64)
+            rank = np.empty(self.n, dtype=np.int32 if self.n < 1 << 31 else np.int64)
             rank[order] = np.arange(self.n) - starts[self.choice[order]]
             self._rank = rank
         return self._rank
 
     def read(self, attr: str, lo: int, hi: int) -> np.ndarray:
         """Field `attr` of requests lo..hi (text fields as codes into `self.names[attr]`):
-        each replica's rows among them are consecutive in its file, read in one piece."""
+        each replica's rows among them are consecutive in its file, read in one piece.
+        The fields of the last block read (of at most READ_ROWS requests) are kept: the
+        table's columns read several of them more than once (a copy each time)."""
+        segs = self._segments(lo, hi)
+        kept = self._fields.get(attr)
+        if kept is not None:
+            return kept.copy()
         kind = np.dtype(np.int32 if attr in TEXTS else NUMBERS[attr])
         out = np.empty(max(hi - lo, 0), dtype=kind)
-        for r, first, seg in self._segments(lo, hi):
-            out[seg] = np.fromfile(self.spill.file(f"q{r}"), dtype=kind, count=len(seg),
-                                   offset=self._offset(r, attr) + first * kind.itemsize)
+        remap = self.remap.get(attr)
+        path = str(self.spill.path)
+        for r, first, seg in segs:
+            x = np.fromfile(f"{path}/q{r}", dtype=kind, count=len(seg),
+                            offset=self._offset(r, attr) + first * kind.itemsize)
+            out[seg] = remap[r][x] if remap is not None else x
+        if hi - lo <= spilling.READ_ROWS:
+            self._fields[attr] = out.copy()
         return out
 
     def _segments(self, lo: int, hi: int) -> list:
@@ -125,6 +182,7 @@ class RequestRecords:
             segs = [(int(choice[seg[0]]), int(rank[seg[0]]), seg)
                     for seg in (np.split(order, cuts) if len(order) else [])]
             self._layout = ((lo, hi), segs)
+            self._fields = {}
         return self._layout[1]
 
     def column(self, attr: str, dtype=None) -> np.ndarray:
@@ -224,4 +282,5 @@ class SeqView:
         return self._all()[i]
 
 
-__all__ = ["NUMBERS", "TEXTS", "RequestRecords", "Record", "SeqView", "columns_of"]
+__all__ = ["NUMBERS", "TEXTS", "RequestRecords", "Record", "SeqView", "Spilled", "columns_of",
+           "replica_table", "spill_records"]

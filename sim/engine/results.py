@@ -144,6 +144,9 @@ class ReplicaResult:
     # its whole step log's sums (sim/engine/metrics.py StepSums), when summed where it ran
     # (a split fleet's worker: in parallel, while its files are fresh), else None
     sums: object | None = None
+    # its requests' figures for per_replica (sim/engine/metrics.py ReplicaRequests), when
+    # figured where it ran (a split fleet's worker), else None
+    requests: object | None = None
 
     @classmethod
     def of(cls, rep) -> ReplicaResult:

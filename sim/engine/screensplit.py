@@ -76,9 +76,9 @@ def run_screened(sc: Scenario, screen):
     t_sim = time.perf_counter()
     outs, frames = [], []
     for i in range(n):
-        out = simulate_replicas(setup, [i], str(spill.path), rng)
+        out = simulate_replicas(setup, [i], str(spill.path), rng, columns=True)
+        frames.append(records_frame(out.pop("columns")[0]).assign(replica=i))
         outs.append(out)
-        frames.append(records_frame(out["records"][0]).assign(replica=i))
         if screen.replica(i, frames[-1]) is not None:
             return Screened(_with_rest(frames, wl, choice, i + 1), i + 1, n)
     res = merge(outs, len(wl), choice, None, spill)

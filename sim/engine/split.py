@@ -50,7 +50,7 @@ import numpy as np
 from sim.engine.build import build_replica
 from sim.engine.closedloop import streamed
 from sim.engine.feed import Feed, fed_replica, feedable, instants
-from sim.engine.metrics import StepSums
+from sim.engine.metrics import StepSums, replica_requests
 from sim.engine.processes import (
     Clock,
     Fleet,
@@ -62,7 +62,7 @@ from sim.engine.processes import (
     run_clock,
 )
 from sim.engine.recorder import spill_logs
-from sim.engine.records import RequestRecords, columns_of
+from sim.engine.records import RequestRecords, columns_of, spill_records
 from sim.engine.replica import ReplicaResult
 from sim.engine.splitrule import FEEDBACK_FREE, may_split
 from sim.engine.steptally import StepTally
@@ -101,7 +101,10 @@ class Setup:
 
     def __init__(self, configs: list, workload, choice: np.ndarray, max_len: int):
         self.configs, self.workload, self.choice, self.max_len = configs, workload, choice, max_len
-        self.clock, self.group = instants(workload.arrival_s)
+        self.clock, group = instants(workload.arrival_s)
+        # each request's instant, as int32 where that holds them (half the bytes, in the
+        # parent and in every forked worker that reads them)
+        self.group = group.astype(np.int32) if len(group) < 1 << 31 else group
         self.arrival = np.asarray(workload.arrival_s, dtype=float)
         # an instant whose gap the clock's rounding swallowed fires at the time it was
         # scheduled: alone, it would not be ordered as in the fleet
@@ -222,30 +225,37 @@ def _forget(rep, spill: SpillDir | None) -> None:
         f.unlink()
 
 
-def simulate_replicas(setup: Setup, indices: list[int], spill_path: str | None,
-                      seed_rng=None) -> dict:
+def simulate_replicas(setup: Setup, indices: list[int], spill_path: str,
+                      seed_rng=None, columns: bool = False) -> dict:
     """Replicas `indices` one after another (a worker's share, or all of them): what the
-    parent merges (sim/engine/parallel.py `merge_split`)."""
-    spill = SpillDir(spill_path) if spill_path is not None else None
-    out = {"results": [], "gaps": [], "records": [], "ends": [], "every": []}
+    parent merges (sim/engine/parallel.py `merge`). Each replica's request records go to
+    the spill folder as soon as it has run (`records`: what was written; `columns`: True
+    also keeps their columns, `columns`), so a worker holds one replica's requests at a
+    time and sends back none of them; each replica's request figures (`requests`) and
+    step sums are summed here, in parallel, not in the parent after the run."""
+    spill = SpillDir(spill_path)
+    out = {"results": [], "gaps": [], "records": [], "ends": [], "every": [], "columns": []}
     for i in indices:
         result, rec, records, end, every = simulate_one(setup, i, seed_rng, spill)
-        result.sums = StepSums(result)  # here, in parallel, not in the parent after the run
+        result.sums = StepSums(result)
+        result.requests = replica_requests(records)
         result.steps.spill, result.steps.then = None, None  # the parent points them at its folder
         out["results"].append(result)
         out["gaps"].append((rec.gaps_spilled, rec.gaps, rec.weights))
-        out["records"].append(records)
+        out["records"].append(spill_records(spill, i, records))
+        if columns:
+            out["columns"].append(records)
         out["ends"].append(end)
         out["every"].append(every)
     return out
 
 
 def records_of(outs: list[dict], n: int, choice: np.ndarray, spill: SpillDir) -> RequestRecords:
-    """The workers' request columns as one run's records, in request order."""
+    """The run's records, in request order, of the replicas' files that the workers wrote."""
     recs = RequestRecords(n, choice, spill)
     for out in outs:
-        for r, cols in zip(out["results"], out["records"], strict=True):
-            recs.add(r.index, cols)
+        for r, written in zip(out["results"], out["records"], strict=True):
+            recs.adopt(r.index, written)
     return recs
 
 

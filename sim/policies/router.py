@@ -85,6 +85,13 @@ class RoundRobin:
         self.next = i + 1
         return i
 
+    def choices(self, n: int, replicas: int) -> np.ndarray:
+        """The next `n` choices among `replicas`, as n calls of `choose` make them."""
+        out = (self.next % replicas + np.arange(n, dtype=np.int64)) % replicas
+        if n:
+            self.next = int(out[-1]) + 1
+        return out
+
 
 class RandomRouter:
     uses_reports = False
@@ -94,6 +101,11 @@ class RandomRouter:
 
     def choose(self, key: int | None, loads: list[ReplicaLoad]) -> int:
         return int(self.rng.integers(len(loads)))
+
+    def choices(self, n: int, replicas: int) -> np.ndarray:
+        """The next `n` choices among `replicas`, as n calls of `choose` draw them (numpy's
+        bounded integers draw an array element by element, as one at a time)."""
+        return self.rng.integers(replicas, size=n).astype(np.int64, copy=False)
 
 
 def least_outstanding(loads: list[ReplicaLoad]) -> int:

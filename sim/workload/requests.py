@@ -209,7 +209,7 @@ class Workload:
     arrival_s: np.ndarray  # float64 [n], non-decreasing, seconds
     prompt_tokens: np.ndarray  # int64 [n], >= 1
     output_tokens: np.ndarray  # int64 [n], >= 1: tokens the request will generate
-    max_tokens: np.ndarray  # int64 [n], >= output_tokens: the output cap reservations plan for
+    max_tokens: np.ndarray  # int64 [n] (read-only; maybe one value broadcast), >= output_tokens: the output cap reservations plan for
     prefix_hashes: tuple[tuple[int, ...], ...] | None = None  # [n] prompt block ids (mooncake)
     block_tokens: int | None = None  # prompt tokens per prefix hash (512 for mooncake)
     acceptance: np.ndarray | None = None  # float64 [n]: a csv trace's `acceptance` column
@@ -277,7 +277,8 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator, *, file: str | Path |
     if tr is not None and tr.acceptance is not None:
         acc = tr.acceptance[rows]
     wl = Workload(np.array(arrival, dtype=np.float64), np.array(prompt, dtype=np.int64),
-                  np.array(output, dtype=np.int64), np.full(n, max_tok, dtype=np.int64),
+                  np.array(output, dtype=np.int64),
+                  np.broadcast_to(np.int64(max_tok), n),  # one value: no n copies of it
                   hashes, MOONCAKE_BLOCK_TOKENS if hashes is not None else None, acc)
     if (spec.shared_prefix or spec.multi_turn) and hashes is not None:
         raise SpecError(file, f"{path}.shared_prefix", "the trace brings its own prefix hashes (allowed: no shared_prefix/multi_turn with a mooncake trace)")
@@ -296,17 +297,17 @@ def _with_clients(wl: Workload, spec: WorkloadSpec, rng: np.random.Generator) ->
 def _check_prefix_blocks(wl: Workload, spec: WorkloadSpec, file: Any, path: str) -> None:
     """Synthetic prefixes keep one hash per HASH_TOKENS prompt tokens of every request:
     refuse a workload that would need more than MAX_PREFIX_BLOCKS of them."""
+    if spec.shared_prefix is None and spec.multi_turn is None:
+        return
     p, o, n = wl.prompt_tokens.astype(np.float64), wl.output_tokens.astype(np.float64), len(wl)
     if spec.shared_prefix is not None:  # at most: the prefix's blocks + the whole prompt's
         total, where = (n * 2.0 * spec.shared_prefix.tokens + p.sum()) / HASH_TOKENS + n, "shared_prefix.tokens"
-    elif spec.multi_turn is not None:  # each turn's prompt holds its conversation so far
+    else:  # multi_turn: each turn's prompt holds its conversation so far
         convs = max(1, n // spec.multi_turn.turns)
         grid = np.zeros(-(-n // convs) * convs)
         grid[:n] = p + o
         total = np.cumsum(grid.reshape(-1, convs), axis=0).ravel()[:n].sum() / HASH_TOKENS + n
         where = "multi_turn.turns"
-    else:
-        return
     if total > MAX_PREFIX_BLOCKS:
         raise SpecError(file, f"{path}.{where}", f"the prompts would need {total:.3g} prefix-hash blocks of {HASH_TOKENS} tokens (allowed: at most {MAX_PREFIX_BLOCKS:.0e}: fewer requests, shorter prompts or fewer turns)")
 
