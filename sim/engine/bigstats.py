@@ -93,12 +93,72 @@ def _bins(bits: int) -> tuple[np.ndarray, np.ndarray]:
     return np.zeros(1 << bits), np.zeros(1 << bits, dtype=np.int64)
 
 
-def weighted_stats(values, weights) -> dict[str, float | None]:
+class FirstLevel:
+    """What one pass over a column gives in any order: the smallest weight, the weights'
+    total, the largest value and the weight and count of each first-level bin (`_top`),
+    sparse (`bins`: those with rows). Parts' levels add up to the whole column's exactly
+    (integer weights: their float sums are exact below 2^53, in any order), so a worker
+    counts its replicas' gaps as they finish and the parent reads the pooled column once
+    (sim/engine/split.py, sim/engine/parallel.py `merge`)."""
+
+    __slots__ = ("w_min", "total", "vmax", "bins", "wsum", "count")
+
+    def __init__(self, w_min: int, total: int, vmax: float, bins: np.ndarray,
+                 wsum: np.ndarray, count: np.ndarray):
+        self.w_min, self.total, self.vmax = w_min, total, vmax
+        self.bins, self.wsum, self.count = bins, wsum, count
+
+    def dense(self) -> tuple[np.ndarray, np.ndarray]:
+        """(weight, count) of every first-level bin."""
+        wsum, count = _bins(BIN_BITS)
+        wsum[self.bins], count[self.bins] = self.wsum, self.count
+        return wsum, count
+
+
+def first_level(values, weights) -> FirstLevel | None:
+    """A column's FirstLevel, a block at a time (None: no rows). Each block's bins are
+    counted from its lowest one up (a gap column's few thousand occupied bins, not 2^20)."""
+    w_min, total, vmax = None, 0, None
+    wsum, count = _bins(BIN_BITS)  # (zero pages: only the bins touched cost memory)
+    for lo, w in blocks(weights):
+        v = np.asarray(values[lo:lo + len(w)])
+        w_min = int(w.min()) if w_min is None else min(w_min, int(w.min()))
+        total += int(w.sum())
+        vmax = float(v.max()) if vmax is None else max(vmax, float(v.max()))
+        top = _top(v)
+        base = int(top.min())
+        top -= base
+        ws, c = np.bincount(top, weights=w), np.bincount(top)
+        wsum[base:base + len(ws)] += ws
+        count[base:base + len(c)] += c
+    if w_min is None:
+        return None
+    bins = np.flatnonzero(count)
+    return FirstLevel(w_min, total, vmax, bins, wsum[bins], count[bins])
+
+
+def merged(levels: list) -> FirstLevel | None:
+    """The FirstLevel of parts end to end (None, a part without rows, skipped)."""
+    levels = [lv for lv in levels if lv is not None]
+    if not levels:
+        return None
+    bins = np.concatenate([lv.bins for lv in levels])
+    wsum = np.bincount(bins, weights=np.concatenate([lv.wsum for lv in levels]))
+    count = np.bincount(bins, weights=np.concatenate([lv.count for lv in levels]))
+    keep = np.flatnonzero(count)
+    return FirstLevel(min(lv.w_min for lv in levels), sum(lv.total for lv in levels),
+                      max(lv.vmax for lv in levels), keep, wsum[keep],
+                      count[keep].astype(np.int64))
+
+
+def weighted_stats(values, weights, first: FirstLevel | None = None) -> dict[str, float | None]:
     """sim.engine.metrics.weighted_stats of two long columns (numpy arrays or lazy columns
-    of sim/io/spill.py), read block by block; the same floats."""
+    of sim/io/spill.py), read block by block; the same floats. `first`: the columns'
+    FirstLevel if counted already (their workers'), else counted here: one pass more."""
     n = len(values)
-    first = _first_pass(values, weights, n)
-    if first is not None and first[0] <= 0:  # keep only positive weights, as in memory
+    if first is None:
+        first = first_level(values, weights)
+    if first is not None and first.w_min <= 0:  # keep only positive weights, as in memory
         vals, wts = [], []
         for lo, w in blocks(weights):
             keep = w > 0
@@ -106,49 +166,39 @@ def weighted_stats(values, weights) -> dict[str, float | None]:
             wts.append(w[keep])
         values, weights = np.concatenate(vals), np.concatenate(wts)
         n = len(values)
-        first = _first_pass(values, weights, n)
+        first = first_level(values, weights)
     if first is None:
         return {"mean": None, **{f"p{p}": None for p in PCTS}, "max": None}
-    _, total, vmax, mean_sum, hist = first
-    out: dict[str, float | None] = {"mean": float(mean_sum / float(total))}
-    picks = select(values, weights, [p / 100 * float(total) for p in PCTS], vmax, hist)
+    sums: list = []
+
+    def mean_piece(v: np.ndarray, w: np.ndarray) -> None:
+        sums.append(np.add.reduce(np.asarray(v, dtype=float) * w))
+
+    targets = [p / 100 * float(first.total) for p in PCTS]
+    picks = select(values, weights, targets, first.vmax, first.dense(), each=mean_piece)
+    mean_sum = _fold(n, max(spill.READ_ROWS, PW_BLOCKSIZE), iter(sums))
+    out: dict[str, float | None] = {"mean": float(mean_sum / float(first.total))}
     out.update({f"p{p}": x for p, x in zip(PCTS, picks, strict=True)})
-    out["max"] = vmax
+    out["max"] = first.vmax
     return out
 
 
-def _first_pass(values, weights, n: int):
-    """One pass over numpy's pairwise pieces of the columns: (the smallest weight, the
-    weights' total, the largest value, the pairwise sum of value x weight, the first
-    level's bins of the keys), or None for no rows."""
-    if n == 0:
-        return None
-    piece = max(spill.READ_ROWS, PW_BLOCKSIZE)
-    w_min, total, vmax = None, 0, None
-    hist = _bins(BIN_BITS)
-    sums = []
-    for lo, hi in _leaves(0, n, piece):
-        v = np.asarray(values[lo:hi])
-        w = np.asarray(weights[lo:hi])
-        w_min = int(w.min()) if w_min is None else min(w_min, int(w.min()))
-        total += int(w.sum())
-        vmax = float(v.max()) if vmax is None else max(vmax, float(v.max()))
-        sums.append(np.add.reduce(np.asarray(v, dtype=float) * w))
-        top = _top(v)
-        hist[0][:] += np.bincount(top, weights=w, minlength=1 << BIN_BITS)
-        hist[1][:] += np.bincount(top, minlength=1 << BIN_BITS)
-    return w_min, total, vmax, _fold(n, piece, iter(sums)), hist
+def _unkey(k: int) -> float:
+    """The float64 whose `_keys` key is k."""
+    u = k & ~(1 << 63) if k >> 63 else ~k & ((1 << 64) - 1)
+    return float(np.array([u], dtype=np.uint64).view(np.float64)[0])
 
 
 class _Target:
     """One selection's progress: the keys' top bits fixed so far (`prefix` above bit
-    `pshift`), the weight of every key below that prefix, and the answer once found."""
+    `pshift`), the weight of every key below that prefix and the rows inside it, and the
+    answer once found."""
 
-    __slots__ = ("target", "prefix", "pshift", "before", "collect", "value")
+    __slots__ = ("target", "prefix", "pshift", "before", "rows", "collect", "value")
 
     def __init__(self, target: float):
         self.target, self.prefix, self.pshift, self.before = target, None, 64, 0
-        self.collect, self.value = False, None
+        self.rows, self.collect, self.value = None, False, None
 
     def narrow(self, wsum: np.ndarray, count: np.ndarray, shift: int, vmax: float) -> None:
         """Fix the next bits: the bin where the cumulative weight reaches the target."""
@@ -160,34 +210,80 @@ class _Target:
         self.before = float(cum[b - 1]) if b else self.before
         self.prefix = b if self.prefix is None else (self.prefix << (self.pshift - shift)) | b
         self.pshift = shift
-        self.collect = bool(count[b] <= spill.READ_ROWS or shift == 0)
+        self.rows = int(count[b])
+        if shift == 0:  # one key: one float, however many rows hold it
+            self.value = _unkey(self.prefix)
 
-    def pick(self, v: np.ndarray, w: np.ndarray) -> None:
-        """The answer among the values of its final bin (all of them, any order)."""
+    def pick(self, v: np.ndarray, w: np.ndarray, vmax: float) -> None:
+        """The answer among the values of its bin (all of them, any order): narrowed in
+        memory down to a block's rows, then sorted."""
+        k = None
+        while len(v) > spill.READ_ROWS and self.value is None:
+            k = _keys(v) if k is None else k
+            shift = max(0, self.pshift - BIN_BITS)
+            acc = _bins(self.pshift - shift)
+            _histogram(k, w, shift, 1 << (self.pshift - shift), acc)
+            self.narrow(*acc, shift, vmax)
+            inside = (k >> np.uint64(shift)) == np.uint64(self.prefix)
+            k, v, w = k[inside], v[inside], w[inside]
+        if self.value is not None:
+            return
         order = np.argsort(v)
         c = np.cumsum(w[order]) + int(self.before)
         self.value = float(v[order[min(int(np.searchsorted(c, self.target)), len(v) - 1)]])
 
 
+# the values of the targets' bins are collected in one pass when they come to at most
+# this many blocks of rows in all (16 x READ_ROWS: 2^24 rows, 256 MB with their weights),
+# and selected in memory; a larger bin is narrowed by another pass first
+COLLECT_BLOCKS = 16
+
+
+def _plan(todo: list[_Target]) -> None:
+    """Which open targets' bins to collect in the next pass: the smallest first, within
+    COLLECT_BLOCKS blocks of rows in all (targets at one prefix share its rows)."""
+    sizes: dict = {}
+    for t in todo:
+        if t.value is None and t.prefix is not None:
+            sizes[(t.prefix, t.pshift)] = t.rows
+    room = COLLECT_BLOCKS * spill.READ_ROWS
+    chosen = set()
+    for s, rows in sorted(sizes.items(), key=lambda kv: kv[1]):
+        if rows <= room or rows <= spill.READ_ROWS:
+            chosen.add(s)
+            room -= rows
+    for t in todo:
+        t.collect = (t.prefix, t.pshift) in chosen
+
+
 def select(values, weights, targets: list[float], vmax: float,
-           first: tuple | None = None) -> list[float]:
+           first: tuple | None = None, each: Callable | None = None) -> list[float]:
     """For each target, the smallest value whose cumulative weight reaches it: bins of the
-    ordered keys' next BIN_BITS bits, narrowed until the bin holding it fits in a block,
-    every open target served by each pass (its keys computed once). `first`: the first
-    level's bins (wsum, count), if counted already."""
+    ordered keys' next BIN_BITS bits, narrowed until the bins holding the targets fit in
+    memory (`_plan`), every open target served by each pass (its keys computed once), then
+    selected in memory. `first`: the first level's bins (wsum, count), if counted already;
+    `each(values, weights)`: called on numpy's pairwise pieces (`_leaves`) in order
+    during the first pass (the mean's pieces, read along)."""
     todo = [_Target(t) for t in targets]
     if first is not None:
         for t in todo:
             t.narrow(*first, TOP, vmax)
-    while any(t.value is None for t in todo):
+    n = len(values)
+    while each is not None or any(t.value is None for t in todo):
+        _plan(todo)
         open_ = [t for t in todo if t.value is None]
         # targets at the same prefix share its bins (and its values)
         states = {(t.prefix, t.pshift, t.collect): [] for t in open_}
         for t in open_:
             states[(t.prefix, t.pshift, t.collect)].append(t)
         acc = {s: ([], []) if s[2] else _bins(s[1] - max(0, s[1] - BIN_BITS)) for s in states}
-        for lo, w in blocks(weights):
-            v = np.asarray(values[lo:lo + len(w)])
+        for lo, hi in _leaves(0, n, max(spill.READ_ROWS, PW_BLOCKSIZE)) if n else ():
+            v = np.asarray(values[lo:hi])
+            w = np.asarray(weights[lo:hi])
+            if each is not None:
+                each(v, w)
+            if not acc:
+                continue
             top = _top(v)  # every row's first-level bin; full keys only for those inside one
             for (prefix, pshift, collect), a in acc.items():
                 if prefix is None:
@@ -195,22 +291,25 @@ def select(values, weights, targets: list[float], vmax: float,
                 else:
                     inside = top == (prefix >> (TOP - pshift))
                     vv, ww = v[inside], w[inside]
-                    kk = _keys(vv)
                     if pshift < TOP:
+                        kk = _keys(vv)
                         inside = (kk >> np.uint64(pshift)) == np.uint64(prefix)
                         kk, vv, ww = kk[inside], vv[inside], ww[inside]
+                    elif not collect:
+                        kk = _keys(vv)
                 if collect:
                     a[0].append(vv)
                     a[1].append(ww)
                 else:
                     shift = max(0, pshift - BIN_BITS)
                     _histogram(kk, ww, shift, 1 << (pshift - shift), a)
+        each = None
         for s, ts in states.items():
             a = acc[s]
             if s[2]:
                 v, w = np.concatenate(a[0]), np.concatenate(a[1])
                 for t in ts:
-                    t.pick(v, w)
+                    t.pick(v, w, vmax)
             else:
                 for t in ts:
                     t.narrow(*a, max(0, s[1] - BIN_BITS), vmax)

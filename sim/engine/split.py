@@ -47,6 +47,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from sim.engine.bigstats import first_level
 from sim.engine.build import build_replica
 from sim.engine.closedloop import streamed
 from sim.engine.feed import Feed, fed_replica, feedable, instants
@@ -210,9 +211,12 @@ def simulate_replicas(setup: Setup, indices: list[int], spill_path: str | None,
     """Replicas `indices` one after another (a worker's share, or all of them): what the
     parent merges (sim/engine/parallel.py `merge_split`)."""
     spill = SpillDir(spill_path) if spill_path is not None else None
-    out = {"results": [], "gaps": [], "records": [], "ends": [], "every": []}
+    out = {"results": [], "gaps": [], "itl": [], "records": [], "ends": [], "every": []}
     for i in indices:
         result, rec, records, end, every = simulate_one(setup, i, seed_rng, spill)
+        # a spilled replica's first level of ITL bins, counted here, in parallel, while its
+        # gaps are still in the page cache (sim/engine/bigstats.py FirstLevel)
+        out["itl"].append(first_level(*rec.gap_columns()) if rec.gaps_spilled else None)
         result.sums = StepSums(result)  # here, in parallel, not in the parent after the run
         result.steps.spill, result.steps.then = None, None  # the parent points them at its folder
         out["results"].append(result)
