@@ -256,6 +256,51 @@ def _plan(todo: list[_Target]) -> None:
         t.collect = (t.prefix, t.pshift) in chosen
 
 
+def _raw(top: int) -> int:
+    """`bits >> TOP` (arithmetic) of the values in first-level bin `top` (`_top` inverted)."""
+    return top ^ (1 << (BIN_BITS - 1)) if top >> (BIN_BITS - 1) else ~top
+
+
+def _pass(values, weights, acc: dict, each: Callable | None) -> None:
+    """One pass over the columns, numpy's pairwise pieces in order: `each` on every piece,
+    and for each state (prefix, pshift, collect) its rows' values and weights collected or
+    their next bits' bins counted into `acc`. The rows inside the states' first-level bins
+    are found by comparing `bits >> TOP` (no keys), their keys computed alone."""
+    ranged = [s for s in acc if s[0] is not None]
+    raws = sorted({_raw(prefix >> (TOP - pshift)) for prefix, pshift, _ in ranged})
+    n = len(values)
+    for lo, hi in _leaves(0, n, max(spill.READ_ROWS, PW_BLOCKSIZE)) if n else ():
+        v = np.asarray(values[lo:hi])
+        w = np.asarray(weights[lo:hi])
+        if each is not None:
+            each(v, w)
+        if (None, 64, False) in acc:  # no first level yet: every row's key
+            _histogram(_keys(v), w, TOP, 1 << BIN_BITS, acc[(None, 64, False)])
+        if not ranged:
+            continue
+        h = v.view(np.int64) >> TOP
+        at = h == raws[0]
+        for r in raws[1:]:
+            at |= h == r
+        at = np.flatnonzero(at)
+        gv, gw, h = v[at], w[at], h[at]
+        for prefix, pshift, collect in ranged:
+            inside = h == _raw(prefix >> (TOP - pshift))
+            vv, ww = gv[inside], gw[inside]
+            if pshift < TOP or not collect:
+                kk = _keys(vv)
+                if pshift < TOP:
+                    inside = (kk >> np.uint64(pshift)) == np.uint64(prefix)
+                    kk, vv, ww = kk[inside], vv[inside], ww[inside]
+            a = acc[(prefix, pshift, collect)]
+            if collect:
+                a[0].append(vv)
+                a[1].append(ww)
+            else:
+                shift = max(0, pshift - BIN_BITS)
+                _histogram(kk, ww, shift, 1 << (pshift - shift), a)
+
+
 def select(values, weights, targets: list[float], vmax: float,
            first: tuple | None = None, each: Callable | None = None) -> list[float]:
     """For each target, the smallest value whose cumulative weight reaches it: bins of the
@@ -268,7 +313,6 @@ def select(values, weights, targets: list[float], vmax: float,
     if first is not None:
         for t in todo:
             t.narrow(*first, TOP, vmax)
-    n = len(values)
     while each is not None or any(t.value is None for t in todo):
         _plan(todo)
         open_ = [t for t in todo if t.value is None]
@@ -277,32 +321,7 @@ def select(values, weights, targets: list[float], vmax: float,
         for t in open_:
             states[(t.prefix, t.pshift, t.collect)].append(t)
         acc = {s: ([], []) if s[2] else _bins(s[1] - max(0, s[1] - BIN_BITS)) for s in states}
-        for lo, hi in _leaves(0, n, max(spill.READ_ROWS, PW_BLOCKSIZE)) if n else ():
-            v = np.asarray(values[lo:hi])
-            w = np.asarray(weights[lo:hi])
-            if each is not None:
-                each(v, w)
-            if not acc:
-                continue
-            top = _top(v)  # every row's first-level bin; full keys only for those inside one
-            for (prefix, pshift, collect), a in acc.items():
-                if prefix is None:
-                    kk, vv, ww = _keys(v), v, w
-                else:
-                    inside = top == (prefix >> (TOP - pshift))
-                    vv, ww = v[inside], w[inside]
-                    if pshift < TOP:
-                        kk = _keys(vv)
-                        inside = (kk >> np.uint64(pshift)) == np.uint64(prefix)
-                        kk, vv, ww = kk[inside], vv[inside], ww[inside]
-                    elif not collect:
-                        kk = _keys(vv)
-                if collect:
-                    a[0].append(vv)
-                    a[1].append(ww)
-                else:
-                    shift = max(0, pshift - BIN_BITS)
-                    _histogram(kk, ww, shift, 1 << (pshift - shift), a)
+        _pass(values, weights, acc, each)
         each = None
         for s, ts in states.items():
             a = acc[s]
