@@ -234,9 +234,25 @@ class _Target:
 
 
 # the values of the targets' bins are collected in one pass when they come to at most
-# this many blocks of rows in all (16 x READ_ROWS: 2^24 rows, 256 MB with their weights),
+# this many blocks of rows in all (4 x READ_ROWS: 2^22 rows, 64 MB with their weights),
 # and selected in memory; a larger bin is narrowed by another pass first
-COLLECT_BLOCKS = 16
+COLLECT_BLOCKS = 4
+
+
+class _Collected:
+    """The values and weights of one bin's `rows` rows, filled a block at a time."""
+
+    __slots__ = ("v", "w", "at")
+
+    def __init__(self, rows: int):
+        self.v, self.w, self.at = np.empty(rows), None, 0
+
+    def add(self, v: np.ndarray, w: np.ndarray) -> None:
+        if self.w is None:
+            self.w = np.empty(len(self.v), dtype=w.dtype)
+        self.v[self.at:self.at + len(v)] = v
+        self.w[self.at:self.at + len(v)] = w
+        self.at += len(v)
 
 
 def _plan(todo: list[_Target]) -> None:
@@ -294,8 +310,7 @@ def _pass(values, weights, acc: dict, each: Callable | None) -> None:
                     kk, vv, ww = kk[inside], vv[inside], ww[inside]
             a = acc[(prefix, pshift, collect)]
             if collect:
-                a[0].append(vv)
-                a[1].append(ww)
+                a.add(vv, ww)
             else:
                 shift = max(0, pshift - BIN_BITS)
                 _histogram(kk, ww, shift, 1 << (pshift - shift), a)
@@ -320,15 +335,17 @@ def select(values, weights, targets: list[float], vmax: float,
         states = {(t.prefix, t.pshift, t.collect): [] for t in open_}
         for t in open_:
             states[(t.prefix, t.pshift, t.collect)].append(t)
-        acc = {s: ([], []) if s[2] else _bins(s[1] - max(0, s[1] - BIN_BITS)) for s in states}
+        acc = {s: _Collected(ts[0].rows) if s[2] else _bins(s[1] - max(0, s[1] - BIN_BITS))
+               for s, ts in states.items()}
         _pass(values, weights, acc, each)
         each = None
         for s, ts in states.items():
             a = acc[s]
             if s[2]:
-                v, w = np.concatenate(a[0]), np.concatenate(a[1])
+                if a.at != len(a.v):
+                    raise RuntimeError(f"a bin held {a.at} rows, counted {len(a.v)}")
                 for t in ts:
-                    t.pick(v, w, vmax)
+                    t.pick(a.v, a.w if a.w is not None else np.zeros(0, dtype=np.int64), vmax)
             else:
                 for t in ts:
                     t.narrow(*a, max(0, s[1] - BIN_BITS), vmax)
