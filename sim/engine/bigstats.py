@@ -8,15 +8,18 @@ the same numbers, bit for bit, as numpy on the whole column in memory.
   that fit in memory, gives the very same float (checked in tests/test_spill.py).
 * A weighted percentile (`weighted_stats`' inverted CDF: the value at the first sorted
   position whose cumulative weight reaches p/100 of the total) is the smallest value x
-  with W(values <= x) >= p/100 * W; one pass counts weight per bin of the values' ordered
-  bit patterns, a second keeps the values of the one bin that holds each percentile and
-  selects it exactly (memory: the bins and the largest such bin).
+  with W(values <= x) >= p/100 * W; weight and rows counted per bin of the values'
+  ordered bit patterns (`FirstLevel`: the top BIN_BITS bits) find the bin that holds each
+  percentile, then a pass collects those bins' values (up to COLLECT_BLOCKS blocks of
+  rows in all; a larger bin is narrowed by its next bits first) and selects in memory.
 
-Every pass over a long column reads it from disk and computes its keys, so `select`
-narrows all the percentiles asked for together, each pass serving every one of them,
-and `weighted_stats` folds the weights' total, the maximum, the mean's pairwise pieces
-and the first level of bins (the same for every percentile) into one pass: three passes
-in all for a 64-replica hour's 38 M gaps, instead of twelve.
+Every pass over a long column reads it from disk, so `select` narrows all the
+percentiles asked for together, each pass serving every one of them, and reads the
+mean's pairwise pieces along with its first pass. The first level needs no order: the
+workers of a fleet simulated replica by replica count it for their spilled replicas
+(sim/engine/split.py), and the parent reads the pooled gaps once when the percentiles'
+bins fit in memory, twice when one must be narrowed (a fleet-day's median: hundreds of
+millions of gaps in one bin of 1/256 of an octave); without them, one pass more.
 """
 
 from __future__ import annotations
@@ -94,18 +97,18 @@ def _bins(bits: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 class FirstLevel:
-    """What one pass over a column gives in any order: the smallest weight, the weights'
-    total, the largest value and the weight and count of each first-level bin (`_top`),
+    """What one pass over a column gives in any order: the smallest and largest weights,
+    the weights' total, the largest value and the weight and count of each first-level bin (`_top`),
     sparse (`bins`: those with rows). Parts' levels add up to the whole column's exactly
     (integer weights: their float sums are exact below 2^53, in any order), so a worker
     counts its replicas' gaps as they finish and the parent reads the pooled column once
     (sim/engine/split.py, sim/engine/parallel.py `merge`)."""
 
-    __slots__ = ("w_min", "total", "vmax", "bins", "wsum", "count")
+    __slots__ = ("w_min", "w_max", "total", "vmax", "bins", "wsum", "count")
 
-    def __init__(self, w_min: int, total: int, vmax: float, bins: np.ndarray,
+    def __init__(self, w_min: int, w_max: int, total: int, vmax: float, bins: np.ndarray,
                  wsum: np.ndarray, count: np.ndarray):
-        self.w_min, self.total, self.vmax = w_min, total, vmax
+        self.w_min, self.w_max, self.total, self.vmax = w_min, w_max, total, vmax
         self.bins, self.wsum, self.count = bins, wsum, count
 
     def dense(self) -> tuple[np.ndarray, np.ndarray]:
@@ -118,11 +121,12 @@ class FirstLevel:
 def first_level(values, weights) -> FirstLevel | None:
     """A column's FirstLevel, a block at a time (None: no rows). Each block's bins are
     counted from its lowest one up (a gap column's few thousand occupied bins, not 2^20)."""
-    w_min, total, vmax = None, 0, None
+    w_min, w_max, total, vmax = None, None, 0, None
     wsum, count = _bins(BIN_BITS)  # (zero pages: only the bins touched cost memory)
     for lo, w in blocks(weights):
         v = np.asarray(values[lo:lo + len(w)])
         w_min = int(w.min()) if w_min is None else min(w_min, int(w.min()))
+        w_max = int(w.max()) if w_max is None else max(w_max, int(w.max()))
         total += int(w.sum())
         vmax = float(v.max()) if vmax is None else max(vmax, float(v.max()))
         top = _top(v)
@@ -134,7 +138,7 @@ def first_level(values, weights) -> FirstLevel | None:
     if w_min is None:
         return None
     bins = np.flatnonzero(count)
-    return FirstLevel(w_min, total, vmax, bins, wsum[bins], count[bins])
+    return FirstLevel(w_min, w_max, total, vmax, bins, wsum[bins], count[bins])
 
 
 def merged(levels: list) -> FirstLevel | None:
@@ -146,7 +150,8 @@ def merged(levels: list) -> FirstLevel | None:
     wsum = np.bincount(bins, weights=np.concatenate([lv.wsum for lv in levels]))
     count = np.bincount(bins, weights=np.concatenate([lv.count for lv in levels]))
     keep = np.flatnonzero(count)
-    return FirstLevel(min(lv.w_min for lv in levels), sum(lv.total for lv in levels),
+    return FirstLevel(min(lv.w_min for lv in levels), max(lv.w_max for lv in levels),
+                      sum(lv.total for lv in levels),
                       max(lv.vmax for lv in levels), keep, wsum[keep],
                       count[keep].astype(np.int64))
 
@@ -175,7 +180,8 @@ def weighted_stats(values, weights, first: FirstLevel | None = None) -> dict[str
         sums.append(np.add.reduce(np.asarray(v, dtype=float) * w))
 
     targets = [p / 100 * float(first.total) for p in PCTS]
-    picks = select(values, weights, targets, first.vmax, first.dense(), each=mean_piece)
+    picks = select(values, weights, targets, first.vmax, first.dense(), each=mean_piece,
+                   wtype=spill.narrowest(first.w_min, first.w_max))
     mean_sum = _fold(n, max(spill.READ_ROWS, PW_BLOCKSIZE), iter(sums))
     out: dict[str, float | None] = {"mean": float(mean_sum / float(first.total))}
     out.update({f"p{p}": x for p, x in zip(PCTS, picks, strict=True)})
@@ -234,22 +240,23 @@ class _Target:
 
 
 # the values of the targets' bins are collected in one pass when they come to at most
-# this many blocks of rows in all (4 x READ_ROWS: 2^22 rows, 64 MB with their weights),
+# this many blocks of rows in all (8 x READ_ROWS: 2^23 rows, 72 MB with one-byte weights),
 # and selected in memory; a larger bin is narrowed by another pass first
-COLLECT_BLOCKS = 4
+COLLECT_BLOCKS = 8
 
 
 class _Collected:
-    """The values and weights of one bin's `rows` rows, filled a block at a time."""
+    """The values and weights of one bin's `rows` rows, filled a block at a time (the
+    weights as `wtype`, one that holds them all; None: as read)."""
 
-    __slots__ = ("v", "w", "at")
+    __slots__ = ("v", "w", "wtype", "at")
 
-    def __init__(self, rows: int):
-        self.v, self.w, self.at = np.empty(rows), None, 0
+    def __init__(self, rows: int, wtype=None):
+        self.v, self.w, self.wtype, self.at = np.empty(rows), None, wtype, 0
 
     def add(self, v: np.ndarray, w: np.ndarray) -> None:
         if self.w is None:
-            self.w = np.empty(len(self.v), dtype=w.dtype)
+            self.w = np.empty(len(self.v), dtype=self.wtype or w.dtype)
         self.v[self.at:self.at + len(v)] = v
         self.w[self.at:self.at + len(v)] = w
         self.at += len(v)
@@ -317,13 +324,15 @@ def _pass(values, weights, acc: dict, each: Callable | None) -> None:
 
 
 def select(values, weights, targets: list[float], vmax: float,
-           first: tuple | None = None, each: Callable | None = None) -> list[float]:
+           first: tuple | None = None, each: Callable | None = None,
+           wtype=None) -> list[float]:
     """For each target, the smallest value whose cumulative weight reaches it: bins of the
     ordered keys' next BIN_BITS bits, narrowed until the bins holding the targets fit in
     memory (`_plan`), every open target served by each pass (its keys computed once), then
     selected in memory. `first`: the first level's bins (wsum, count), if counted already;
     `each(values, weights)`: called on numpy's pairwise pieces (`_leaves`) in order
-    during the first pass (the mean's pieces, read along)."""
+    during the first pass (the mean's pieces, read along); `wtype`: an integer type that
+    holds every weight, to keep the collected ones in."""
     todo = [_Target(t) for t in targets]
     if first is not None:
         for t in todo:
@@ -335,7 +344,7 @@ def select(values, weights, targets: list[float], vmax: float,
         states = {(t.prefix, t.pshift, t.collect): [] for t in open_}
         for t in open_:
             states[(t.prefix, t.pshift, t.collect)].append(t)
-        acc = {s: _Collected(ts[0].rows) if s[2] else _bins(s[1] - max(0, s[1] - BIN_BITS))
+        acc = {s: _Collected(ts[0].rows, wtype) if s[2] else _bins(s[1] - max(0, s[1] - BIN_BITS))
                for s, ts in states.items()}
         _pass(values, weights, acc, each)
         each = None
