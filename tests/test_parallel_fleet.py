@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import sim.engine.parallel as parallel
@@ -98,6 +99,9 @@ def test_a_parallel_fleet_that_spills_its_logs_writes_the_same_bytes(tmp_path, m
     split = runner.run(FLEET, sets, workers=2)
     assert all(r.steps.spilled for r in split.result.replicas)
     assert _files(split, tmp_path / "split") == single
+    # the workers counted the gaps' first level of bins: the parent read them once
+    weights = np.asarray(split.result.itl_weights)
+    assert split.result.itl_first.total == int(weights.sum()) and len(weights) > 0
 
 
 def test_routes_decided_up_front_are_the_round_robin_cycle():

@@ -81,7 +81,7 @@ def test_a_long_column_in_memory_is_selected_with_the_same_floats(monkeypatch):
     monkeypatch.setattr(metrics, "SELECT_ROWS", 100)
     monkeypatch.setattr(spill, "READ_ROWS", 333)
     calls = []
-    monkeypatch.setattr(bigstats, "select", lambda *a, _s=bigstats.select: calls.append(a[2]) or _s(*a))
+    monkeypatch.setattr(bigstats, "select", lambda *a, _s=bigstats.select, **k: calls.append(a[2]) or _s(*a, **k))
     assert weighted_stats(v, w) == sorted_ and len(calls) == 1 and len(calls[0]) == 3  # p50, p90, p99
 
 
@@ -133,6 +133,114 @@ def test_weighted_stats_known_answer_on_a_small_table(monkeypatch):
     v, w = np.array([4.0, 1.0, 3.0, 2.0]), np.array([4, 1, 3, 2])
     assert bigstats.weighted_stats(v, w) == {"mean": 3.0, "p50": 3.0, "p90": 4.0, "p99": 4.0,
                                               "max": 4.0}
+
+
+def _parts(sp: SpillDir, v: np.ndarray, w: np.ndarray, cuts: list[int], tag: str) -> list:
+    """(values, weights) of a column cut into replicas' parts, each mostly on disk."""
+    out = []
+    for i, (a, b) in enumerate(zip([0, *cuts], [*cuts, len(v)], strict=True)):
+        on_disk = (b - a) * 2 // 3
+        out.append((_disk(sp, f"{tag}v{i}", v[a:b], on_disk), _disk(sp, f"{tag}w{i}", w[a:b], on_disk)))
+    return out
+
+
+def _counting_reads(monkeypatch) -> list:
+    """Rows read from disk by DiskColumns, counted."""
+    rows = [0]
+    read = DiskColumn._read
+
+    def counted(self, lo, hi):
+        rows[0] += hi - lo
+        return read(self, lo, hi)
+
+    monkeypatch.setattr(DiskColumn, "_read", counted)
+    return rows
+
+
+def test_parts_first_levels_add_up_to_the_whole_columns():
+    """FirstLevels counted part by part (a worker's replicas) merge into the very bins,
+    weights, total, smallest weight and maximum of the whole column's."""
+    rng = np.random.default_rng(11)
+    v = np.concatenate([rng.exponential(0.03, 5000), -rng.exponential(1.0, 50), [0.0, -0.0]])
+    w = rng.integers(1, 200, len(v))
+    cuts = [1000, 1001, 4000]
+    parts = [bigstats.first_level(v[a:b], w[a:b])
+             for a, b in zip([0, *cuts], [*cuts, len(v)], strict=True)]
+    whole, merged = bigstats.first_level(v, w), bigstats.merged([None, *parts])
+    for k in ("w_min", "total", "vmax"):
+        assert getattr(merged, k) == getattr(whole, k)
+    for k in ("bins", "wsum", "count"):
+        assert np.array_equal(getattr(merged, k), getattr(whole, k))
+    assert bigstats.first_level(v[:0], w[:0]) is None and bigstats.merged([None]) is None
+
+
+def test_worker_counted_bins_let_the_parent_read_the_gaps_once(monkeypatch):
+    """Spilled parts with their FirstLevels (as workers count them): the same floats as
+    numpy on the whole column in memory, the columns read once (mean's pieces and the
+    targets' bins together); without them, twice (one pass more for the bins)."""
+    monkeypatch.setattr(spill, "READ_ROWS", 512)
+    rng = np.random.default_rng(12)
+    n = 30000
+    v = np.concatenate([rng.gamma(2.0, 0.01, n - 3000), np.full(3000, 0.0125)])  # ties
+    rng.shuffle(v)
+    w = rng.integers(1, 64, n)
+    want = weighted_stats(v, w)
+    parts = _parts(SpillDir(), v, w, [7000, 7001, 20000], "a")
+    cols = Chain([p[0] for p in parts]), Chain([p[1] for p in parts])
+    first = bigstats.merged([bigstats.first_level(*p) for p in parts])
+    rows = _counting_reads(monkeypatch)
+    assert bigstats.weighted_stats(*cols, first) == want
+    once, rows[0] = rows[0], 0
+    assert bigstats.weighted_stats(*cols) == want
+    assert (once, rows[0]) == (2 * n, 4 * n)  # both columns, once; twice
+
+
+@pytest.mark.parametrize("blocks", [0, 1, 16])
+def test_bins_too_large_to_collect_are_narrowed_first_with_the_same_floats(monkeypatch, blocks):
+    """However many rows the collection may hold (0: only a block's), the same floats: a
+    dense cluster inside one first-level bin, ties, and weights of 0 filtered out."""
+    monkeypatch.setattr(spill, "READ_ROWS", 300)
+    monkeypatch.setattr(bigstats, "COLLECT_BLOCKS", blocks)
+    rng = np.random.default_rng(13)
+    n = 20000
+    v = np.concatenate([rng.exponential(0.02, n // 2),
+                        0.0125 + rng.integers(0, 3000, n // 2) * 1e-12])
+    rng.shuffle(v)
+    w = rng.integers(0, 64, n)
+    want = weighted_stats(v, w)
+    parts = _parts(SpillDir(), v, w, [5000], "b")
+    cols = Chain([p[0] for p in parts]), Chain([p[1] for p in parts])
+    first = bigstats.merged([bigstats.first_level(*p) for p in parts])
+    assert first.w_min == 0  # filtered and counted again, as without worker bins
+    assert bigstats.weighted_stats(*cols, first) == want == bigstats.weighted_stats(*cols)
+
+
+def _bin_start(x: float) -> float:
+    """The smallest float of the first-level bin after x's (x > 0)."""
+    bits = int(np.array([x]).view(np.uint64)[0])
+    step = 1 << bigstats.TOP
+    return float(np.array([(bits // step + 1) * step], dtype=np.uint64).view(np.float64)[0])
+
+
+@pytest.mark.parametrize("edge", ["last", "first"])
+def test_a_percentile_at_a_bin_edge_is_the_sorted_one(monkeypatch, edge):
+    """Half the weight on the last float of a first-level bin (or the first float of the
+    next), half just across the edge: p50 reached exactly at the edge; many rows tied on
+    one float (narrowed down to one key) and 0 included."""
+    monkeypatch.setattr(spill, "READ_ROWS", 64)
+    monkeypatch.setattr(bigstats, "COLLECT_BLOCKS", 0)
+    b = _bin_start(0.05)
+    lo, hi = (np.nextafter(b, 0), b) if edge == "last" else (b, np.nextafter(b, 1))
+    v = np.concatenate([np.full(700, lo), np.full(700, hi), np.full(50, 0.0), [0.2]])
+    w = np.concatenate([np.full(700, 3), np.full(700, 3), np.full(50, 2), [100]])
+    mix = np.random.default_rng(14).permutation(len(v))
+    v, w = v[mix], w[mix]
+    want = weighted_stats(v, w)
+    parts = _parts(SpillDir(), v, w, [600], "c" + edge)
+    cols = Chain([p[0] for p in parts]), Chain([p[1] for p in parts])
+    first = bigstats.merged([bigstats.first_level(*p) for p in parts])
+    assert bigstats.weighted_stats(*cols, first) == want
+    assert bigstats._unkey(int(bigstats._keys(np.array([-lo]))[0])) == -lo
 
 
 def _files(out, folder: Path) -> dict[str, bytes]:

@@ -181,14 +181,14 @@ def _stats(x: np.ndarray) -> dict[str, float | None]:
 SELECT_ROWS = 1 << 20
 
 
-def weighted_stats(values, weights) -> dict[str, float | None]:
+def weighted_stats(values, weights, first=None) -> dict[str, float | None]:
     """Mean, percentiles and maximum of values repeated by integer weights (ITL's gaps: the
     maximum is the longest gap, the stall the percentiles can miss); one sort, a few
     temporaries the size of the input (lazy or long columns: selected block by block,
-    the same floats)."""
+    the same floats; `first`: their first level of bins, if counted already)."""
     if is_lazy(values) or (isinstance(values, np.ndarray) and values.dtype == np.float64
                            and len(values) > SELECT_ROWS):
-        return bigstats.weighted_stats(values, weights)
+        return bigstats.weighted_stats(values, weights, first)
     v = np.asarray(values, dtype=float)
     w = np.asarray(weights)
     if len(w) and w.min() <= 0:
@@ -307,7 +307,7 @@ def summarize(req, steps, res: RunResult, slo=None, sums: list[StepSums] | None 
         **{k: fig[k] for k in ("requests", "duration_s", "request_throughput",
                                "output_token_throughput", "total_token_throughput",
                                "ttft_s", "tpot_s")},
-        "itl_s": weighted_stats(*itl_table(res).values()),
+        "itl_s": weighted_stats(*itl_table(res).values(), res.itl_first),
         "e2e_s": fig["e2e_s"],
         "queue_s": fig["queue_s"],
         "gpu_busy_fraction": min(1.0, busy / duration / len(res.replicas)),

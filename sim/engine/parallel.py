@@ -46,6 +46,7 @@ from typing import NamedTuple
 import numpy as np
 
 from sim.config.scenario import Scenario
+from sim.engine.bigstats import first_level, merged
 from sim.engine.build import replica_configs
 from sim.engine.prepare import prepare
 from sim.engine.recorder import StepRecorder, pooled_gaps
@@ -59,7 +60,7 @@ from sim.engine.splitrule import (  # noqa: F401  (part of this interface)
     cores,
     refusal,
 )
-from sim.io.spill import SpillDir
+from sim.io.spill import SpillDir, is_lazy
 from sim.policies.router import make_router
 
 NOTICES = logging.getLogger("llmsim")
@@ -182,7 +183,12 @@ def merge(outs: list[dict], n_requests: int, choice: np.ndarray, lats: list | No
     results = [results[i] for i in order]
     gaps, weights = pooled_gaps([recs[i] for i in order], [0] * len(order))
     end = max((e for o in outs for e in o["ends"]), default=0.0)
-    return RunResult(SeqView(records), results, gaps, weights, end, None, records)
+    itl = None
+    if is_lazy(gaps):  # the workers counted their spilled replicas' bins; the rest, here
+        levels = [lv for o in outs for lv in o["itl"]]
+        itl = merged([first_level(*recs[i].gap_columns()) if levels[i] is None else levels[i]
+                      for i in order])
+    return RunResult(SeqView(records), results, gaps, weights, end, None, records, itl)
 
 
 def simulate_split(sc: Scenario, configs: list, workload, rng: np.random.Generator,

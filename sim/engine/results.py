@@ -171,6 +171,8 @@ class RunResult:
     # a fleet simulated replica by replica: the requests as records on disk
     # (sim/engine/records.py RequestRecords; `seqs` is then a SeqView of them)
     records: object | None = None
+    # spilled gaps: their first level of bins, counted by the workers (sim/engine/bigstats.py)
+    itl_first: object | None = None
 
     @property
     def kv(self) -> PagedKV:

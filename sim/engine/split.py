@@ -47,6 +47,7 @@ from operator import itemgetter
 
 import numpy as np
 
+from sim.engine.bigstats import first_level
 from sim.engine.build import build_replica
 from sim.engine.closedloop import streamed
 from sim.engine.feed import Feed, fed_replica, feedable, instants
@@ -234,9 +235,13 @@ def simulate_replicas(setup: Setup, indices: list[int], spill_path: str,
     time and sends back none of them; each replica's request figures (`requests`) and
     step sums are summed here, in parallel, not in the parent after the run."""
     spill = SpillDir(spill_path)
-    out = {"results": [], "gaps": [], "records": [], "ends": [], "every": [], "columns": []}
+    out = {"results": [], "gaps": [], "itl": [], "records": [], "ends": [], "every": [],
+           "columns": []}
     for i in indices:
         result, rec, records, end, every = simulate_one(setup, i, seed_rng, spill)
+        # a spilled replica's first level of ITL bins, counted here, in parallel, while its
+        # gaps are still in the page cache (sim/engine/bigstats.py FirstLevel)
+        out["itl"].append(first_level(*rec.gap_columns()) if rec.gaps_spilled else None)
         result.sums = StepSums(result)
         result.requests = replica_requests(records)
         result.steps.spill, result.steps.then = None, None  # the parent points them at its folder
