@@ -27,6 +27,8 @@ values, as one step at a time (`tests/test_leap.py`, `tests/test_decoderun.py`).
 
 from __future__ import annotations
 
+from array import array
+
 from sim.costmodel.jitter import BLOCK, FactorStream, JitteredLatency
 from sim.costmodel.latency import StepLatency
 from sim.engine.replica import Replica, Step
@@ -88,8 +90,101 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     # steps before `fast` need no refill of factors, no new price and are plain (`calm`):
     # one test instead of three (set where any of the three bounds moves: the else below)
     fast = -1
+    # a stretch of plain steps (`calm`) after the run's first, with the blocks free in a
+    # local (no prefix cache: no one else reads them) and each step's gap and row kept in
+    # local lists, moved into the recorder's arrays and the log when the stretch ends
+    gaps, weights, t_starts, t_ends, kinds, seqs, tokens, useds, helds = (
+        rec.gaps, rec.weights, log.t_start, log.t_end, log.kind, log.num_seqs, log.num_tokens,
+        log.kv_blocks_used, log.kv_tokens) if keep_rows else (rec.gaps, rec.weights) + (None,) * 7
+    stretch = prefix is None
     try:
         while True:
+            if D < calm and stretch and rows and D != first:
+                # ---- a stretch of plain steps: what the steps below do, in short ----
+                free, used, k0, stop = kv.free_blocks, num_blocks - kv.free_blocks, D, D
+                nf, wrow = len(factors), array("q", (rows,))
+                if keep_rows:
+                    ends, blocks, held0 = [now], [], held
+                    add_end_, add_blocks = ends.append, blocks.append
+                else:
+                    ends = []
+                    add_end_ = ends.append
+                try:
+                    while True:
+                        if D < stop:  # factors left, the price holds
+                            need = phase[D % bs] if paged else 0
+                            if need:
+                                if need > free:  # the policy preempts
+                                    reused += D - k0
+                                    return now, None
+                                free -= need
+                                used += need
+                        else:
+                            if D >= calm:
+                                reused += D - k0
+                                break
+                            need = phase[D % bs] if paged else 0
+                            if need:
+                                if need > free:
+                                    reused += D - k0
+                                    return now, None
+                                free -= need
+                                used += need
+                            if fi == nf:
+                                factors, fi = _refill(stream, fi)
+                                nf = len(factors)
+                            if D >= fresh_at:
+                                reused += D - k0
+                                if reused:
+                                    entry[2] += reused
+                                    reused = 0
+                                base, ks, entry, steps = span(n, s0 + n * D, D + longest)
+                                fresh_at, k0 = D + steps, D + 1
+                            stop = min(calm, fresh_at, D + nf - fi)
+                        secs = base * (factors[fi] * level) if spread else base * factors[fi] * level
+                        fi += 1
+                        busy += ks
+                        t_end = now + secs
+                        if t_end >= bound:
+                            reused += D + 1 - k0
+                            used -= need
+                            return now, _started(rep.step, plan, secs, n)
+                        D += 1
+                        if keep_rows:
+                            add_end_(t_end)
+                            add_blocks(used)
+                        else:
+                            dur = t_end - now
+                            add_end_(dur)
+                            held += rows
+                            sum_busy += dur
+                            sum_used += used * dur
+                            sum_toks += held * dur
+                        now = t_end
+                finally:
+                    kv.free_blocks, last = free, now
+                    if keep_rows:
+                        k = len(blocks)
+                        if k:
+                            starts, ends = ends[:k], ends[1:]
+                            gaps.fromlist([e - s for s, e in zip(starts, ends, strict=True)])
+                            weights.extend(wrow * k)
+                            t_starts.fromlist(starts)
+                            t_ends.fromlist(ends)
+                            kinds.extend(array("q", (decode,)) * k)
+                            seqs.extend(array("q", (n,)) * k)
+                            tokens.extend(array("q", (n,)) * k)
+                            useds.fromlist(blocks)
+                            held = held0 + rows * k
+                            helds.extend(range(held0 + rows, held + 1, rows))
+                    else:
+                        k = len(ends)
+                        if k:
+                            gaps.fromlist(ends)
+                            weights.extend(wrow * k)
+                            if used > peak:
+                                peak = used
+                continue
             # ---- start (Replica.start, or mixed_step, for a plain plan) ----
             need = phase[D % bs] if paged else 0
             if need:
