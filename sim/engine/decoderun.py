@@ -38,6 +38,7 @@ from sim.policies.plan import THROUGH_FINISH, StepKind, StepPlan
 _DECODE = StepKind.DECODE
 _NO_CHUNKS: list = []  # a plain mixed step's prefill chunks (never mutated)
 _NEVER = 1 << 62
+_NO_BLOCKS = [0]  # a batch without paging never takes a block (never mutated)
 _ONES = [1.0] * BLOCK  # an unjittered step's factors: x * 1.0 is x, exactly
 
 
@@ -97,70 +98,100 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
         rec.gaps, rec.weights, log.t_start, log.t_end, log.kind, log.num_seqs, log.num_tokens,
         log.kv_blocks_used, log.kv_tokens) if keep_rows else (rec.gaps, rec.weights) + (None,) * 7
     stretch = prefix is None
+    ph, m = (phase, bs) if paged else (_NO_BLOCKS, 1)  # blocks due at step D: ph[D % m]
     try:
         while True:
             if D < calm and stretch and rows and D != first:
                 # ---- a stretch of plain steps: what the steps below do, in short ----
+                # (a step's blocks taken first; at `calm` given back, for the step below)
                 free, used, k0, stop = kv.free_blocks, num_blocks - kv.free_blocks, D, D
                 nf, wrow = len(factors), array("q", (rows,))
-                if keep_rows:
-                    ends, blocks, held0 = [now], [], held
-                    add_end_, add_blocks = ends.append, blocks.append
-                else:
-                    ends = []
-                    add_end_ = ends.append
+                ends = [now] if keep_rows else []  # (rows: the steps' ends; else their gaps)
+                add_end_ = ends.append
                 try:
-                    while True:
-                        if D < stop:  # factors left, the price holds
-                            need = phase[D % bs] if paged else 0
+                    if keep_rows:
+                        held0, blocks = held, []
+                        add_blocks = blocks.append
+                        while True:
+                            need = ph[D % m]
                             if need:
                                 if need > free:  # the policy preempts
                                     reused += D - k0
                                     return now, None
                                 free -= need
                                 used += need
-                        else:
-                            if D >= calm:
-                                reused += D - k0
-                                break
-                            need = phase[D % bs] if paged else 0
+                            if D >= stop:  # no factor left, a new price, or not plain
+                                if D >= calm:
+                                    free += need
+                                    used -= need
+                                    reused += D - k0
+                                    break
+                                if fi == nf:
+                                    factors, fi = _refill(stream, fi)
+                                    nf = len(factors)
+                                if D >= fresh_at:
+                                    reused += D - k0
+                                    if reused:
+                                        entry[2] += reused
+                                        reused = 0
+                                    base, ks, entry, steps = span(n, s0 + n * D, D + longest)
+                                    fresh_at, k0 = D + steps, D + 1
+                                stop = min(calm, fresh_at, D + nf - fi)
+                            secs = (base * (factors[fi] * level) if spread
+                                    else base * factors[fi] * level)
+                            fi += 1
+                            busy += ks
+                            t_end = now + secs
+                            if t_end >= bound:
+                                reused += D + 1 - k0
+                                return now, _started(rep.step, plan, secs, n)
+                            D += 1
+                            add_end_(t_end)
+                            add_blocks(used)
+                            now = t_end
+                    else:
+                        while True:  # the same, the rows' sums in locals
+                            need = ph[D % m]
                             if need:
                                 if need > free:
                                     reused += D - k0
                                     return now, None
                                 free -= need
                                 used += need
-                            if fi == nf:
-                                factors, fi = _refill(stream, fi)
-                                nf = len(factors)
-                            if D >= fresh_at:
-                                reused += D - k0
-                                if reused:
-                                    entry[2] += reused
-                                    reused = 0
-                                base, ks, entry, steps = span(n, s0 + n * D, D + longest)
-                                fresh_at, k0 = D + steps, D + 1
-                            stop = min(calm, fresh_at, D + nf - fi)
-                        secs = base * (factors[fi] * level) if spread else base * factors[fi] * level
-                        fi += 1
-                        busy += ks
-                        t_end = now + secs
-                        if t_end >= bound:
-                            reused += D + 1 - k0
-                            used -= need
-                            return now, _started(rep.step, plan, secs, n)
-                        D += 1
-                        if keep_rows:
-                            add_end_(t_end)
-                            add_blocks(used)
-                        else:
+                            if D >= stop:
+                                if D >= calm:
+                                    free += need
+                                    used -= need
+                                    reused += D - k0
+                                    break
+                                if fi == nf:
+                                    factors, fi = _refill(stream, fi)
+                                    nf = len(factors)
+                                if D >= fresh_at:
+                                    reused += D - k0
+                                    if reused:
+                                        entry[2] += reused
+                                        reused = 0
+                                    base, ks, entry, steps = span(n, s0 + n * D, D + longest)
+                                    fresh_at, k0 = D + steps, D + 1
+                                stop = min(calm, fresh_at, D + nf - fi)
+                            secs = (base * (factors[fi] * level) if spread
+                                    else base * factors[fi] * level)
+                            fi += 1
+                            busy += ks
+                            t_end = now + secs
+                            if t_end >= bound:
+                                reused += D + 1 - k0
+                                used -= need  # (the peak of the steps finished)
+                                return now, _started(rep.step, plan, secs, n)
+                            D += 1
                             dur = t_end - now
                             add_end_(dur)
                             held += rows
                             sum_busy += dur
                             sum_used += used * dur
                             sum_toks += held * dur
-                        now = t_end
+                            now = t_end
                 finally:
                     kv.free_blocks, last = free, now
                     if keep_rows:
