@@ -107,11 +107,9 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 free, used, k0, stop = kv.free_blocks, num_blocks - kv.free_blocks, D, D
                 nf, wrow = len(factors), array("q", (rows,))
                 ends = [now] if keep_rows else []  # (rows: the steps' ends; else their gaps)
-                add_end_ = ends.append
                 try:
                     if keep_rows:
                         held0, blocks = held, []
-                        add_blocks = blocks.append
                         while True:
                             need = ph[D % m]
                             if need:
@@ -146,8 +144,8 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                                 reused += D + 1 - k0
                                 return now, _started(rep.step, plan, secs, n)
                             D += 1
-                            add_end_(t_end)
-                            add_blocks(used)
+                            ends.append(t_end)
+                            blocks.append(used)
                             now = t_end
                     else:
                         while True:  # the same, the rows' sums in locals
@@ -186,7 +184,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                                 return now, _started(rep.step, plan, secs, n)
                             D += 1
                             dur = t_end - now
-                            add_end_(dur)
+                            ends.append(dur)
                             held += rows
                             sum_busy += dur
                             sum_used += used * dur
