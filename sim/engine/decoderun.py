@@ -13,6 +13,12 @@ draws, in the same order), the step log's rows, the inter-token gaps and the KV 
 written and taken exactly as stepping writes and takes them. A step log of sums
 (`step_log: summary`, sim/engine/steptally.py) gets a run's plain steps summed in locals,
 folded into it at each other step and at the end, instead of seven appends a step.
+Most steps are plain (no finish, no spill, the same shape): after a run's first step, a
+stretch of them runs in a loop of its own (one for rows, one for sums), prices renewed and
+jitter factors refilled inside it, the KV blocks free in a local (no prefix cache: no one
+else reads them), each step's gap (with rows: its end and blocks used) gathered in a list
+and moved into the recorder's arrays and the log in bulk when the stretch ends; the
+general loop below does the same steps with the same floats (`stretches` false: a test's).
 
 A run stops at the first step that
 * ends at or after `bound` (the engine's next event, `env.peek()`): started, it is
@@ -43,13 +49,14 @@ _ONES = [1.0] * BLOCK  # an unjittered step's factors: x * 1.0 is x, exactly
 
 
 def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: PLR0915
-               repeats: int, quiet: bool) -> tuple[float, Step | None]:
+               repeats: int, quiet: bool, stretches: bool = True) -> tuple[float, Step | None]:
     """Run `plan`, a plain decode plan the policy just returned at `now` (`repeats`: how
     long it holds, `BatchPolicy.steady`), step after step while each ends before `bound`.
     Returns the replica's clock after the steps it finished, and the step it started but
     did not finish (ends at or after `bound`, or finishes a request to tell of when not
     `quiet`), or None where the policy must plan the next step. (One function on purpose:
-    the hot loop of a run, its per-step calls inlined.)"""
+    the hot loop of a run, its per-step calls inlined.) `stretches` false: every step by
+    the general loop below, none by the stretch loops (the same floats: a test's check)."""
     st, rec, kva, lat = rep.st, rep.rec, rep.kv, rep.lat
     batch, kv, prefix, log = st.batch, st.kv, kva.prefix, rec.log
     members, heap, phase, bs = batch.members, batch.finish_heap, batch.phase, batch.bs
@@ -97,7 +104,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     gaps, weights, t_starts, t_ends, kinds, seqs, tokens, useds, helds = (
         rec.gaps, rec.weights, log.t_start, log.t_end, log.kind, log.num_seqs, log.num_tokens,
         log.kv_blocks_used, log.kv_tokens) if keep_rows else (rec.gaps, rec.weights) + (None,) * 7
-    stretch = prefix is None
+    stretch = prefix is None and stretches
     ph, m = (phase, bs) if paged else (_NO_BLOCKS, 1)  # blocks due at step D: ph[D % m]
     try:
         while True:
