@@ -154,8 +154,10 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                             ends.append(t_end)
                             blocks.append(used)
                             now = t_end
-                    else:
-                        while True:  # the same, the rows' sums in locals
+                    else:  # the same, the rows' sums in locals (tokens held as a float:
+                        # the same number, float * float the faster product)
+                        held_f, rows_f = float(held), float(rows)
+                        while True:
                             need = ph[D % m]
                             if need:
                                 if need > free:
@@ -192,10 +194,10 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                             D += 1
                             dur = t_end - now
                             ends.append(dur)
-                            held += rows
+                            held_f += rows_f
                             sum_busy += dur
                             sum_used += used * dur
-                            sum_toks += held * dur
+                            sum_toks += held_f * dur
                             now = t_end
                 finally:
                     kv.free_blocks, last = free, now
@@ -216,6 +218,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                     else:
                         k = len(ends)
                         if k:
+                            held += rows * k
                             gaps.fromlist(ends)
                             weights.extend(wrow * k)
                             if used > peak:
