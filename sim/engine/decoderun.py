@@ -45,6 +45,8 @@ _DECODE = StepKind.DECODE
 _NO_CHUNKS: list = []  # a plain mixed step's prefill chunks (never mutated)
 _NEVER = 1 << 62
 _NO_BLOCKS = [0]  # a batch without paging never takes a block (never mutated)
+_DECODE_ROW = array("q", (int(_DECODE),))  # a decode step's kind in the log (never mutated)
+_SHORT = 4  # steps (at the last step's seconds) a stretch is worth its start and end for
 _ONES = [1.0] * BLOCK  # an unjittered step's factors: x * 1.0 is x, exactly
 
 
@@ -85,6 +87,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     left = log.room()  # rows before the log spills (StepLog.add)
     D = first = batch.D  # (the first step's blocks fit: the policy just planned it)
     n, s0, live, rows, longest, outside = _shape(rep, D)  # (what changes when one finishes)
+    wrow, nrow = array("q", (rows,)), array("q", (n,))  # (a stretch's weights, its rows' n)
     level = _level(jitter, n)
     finish_at = heap[0][0] if heap else _NEVER  # the decode count of the next finish (or stale)
     busy, last, decode = rec.kernel_busy_s, batch.last_decode_end, _DECODE
@@ -97,7 +100,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     held = live + rows * (D - 1) + outside
     # steps before `fast` need no refill of factors, no new price and are plain (`calm`):
     # one test instead of three (set where any of the three bounds moves: the else below)
-    fast = -1
+    fast, secs = -1, 0.0
     # a stretch of plain steps (`calm`) after the run's first, with the blocks free in a
     # local (no prefix cache: no one else reads them) and each step's gap and row kept in
     # local lists, moved into the recorder's arrays and the log when the stretch ends
@@ -108,11 +111,12 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     ph, m = (phase, bs) if paged else (_NO_BLOCKS, 1)  # blocks due at step D: ph[D % m]
     try:
         while True:
-            if D < calm and stretch and rows and D != first:
+            if (D + _SHORT < calm and stretch and rows and D != first
+                    and now + _SHORT * secs < bound):
                 # ---- a stretch of plain steps: what the steps below do, in short ----
                 # (a step's blocks taken first; at `calm` given back, for the step below)
                 free, used, k0, stop = kv.free_blocks, num_blocks - kv.free_blocks, D, D
-                nf, wrow = len(factors), array("q", (rows,))
+                nf = len(factors)
                 ends = [now] if keep_rows else []  # (rows: the steps' ends; else their gaps)
                 try:
                     if keep_rows:
@@ -209,9 +213,9 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                             weights.extend(wrow * k)
                             t_starts.fromlist(starts)
                             t_ends.fromlist(ends)
-                            kinds.extend(array("q", (decode,)) * k)
-                            seqs.extend(array("q", (n,)) * k)
-                            tokens.extend(array("q", (n,)) * k)
+                            kinds.extend(_DECODE_ROW * k)
+                            seqs.extend(nk := nrow * k)
+                            tokens.extend(nk)
                             useds.fromlist(blocks)
                             held = held0 + rows * k
                             helds.extend(range(held0 + rows, held + 1, rows))
@@ -300,6 +304,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 add_tokens(n)
             if done:
                 n, s0, live, rows, longest, outside = _shape(rep, D)
+                wrow, nrow = array("q", (rows,)), array("q", (n,))
                 level = _level(jitter, n)
                 fresh_at = D  # another shape: another price
             held = live + rows * (D - 1) + outside
