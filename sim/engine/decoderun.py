@@ -46,7 +46,8 @@ _NO_CHUNKS: list = []  # a plain mixed step's prefill chunks (never mutated)
 _NEVER = 1 << 62
 _NO_BLOCKS = [0]  # a batch without paging never takes a block (never mutated)
 _DECODE_ROW = array("q", (int(_DECODE),))  # a decode step's kind in the log (never mutated)
-_SHORT = 4  # steps (at the last step's seconds) a stretch is worth its start and end for
+_SHORT = (4, 1)  # steps (at the last step's seconds) a stretch is worth its start and end
+# for: with rows (their lists to move into the log), with sums
 _ONES = [1.0] * BLOCK  # an unjittered step's factors: x * 1.0 is x, exactly
 
 
@@ -87,7 +88,8 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     left = log.room()  # rows before the log spills (StepLog.add)
     D = first = batch.D  # (the first step's blocks fit: the policy just planned it)
     n, s0, live, rows, longest, outside = _shape(rep, D)  # (what changes when one finishes)
-    wrow, nrow = array("q", (rows,)), array("q", (n,))  # (a stretch's weights, its rows' n)
+    wrow = array("q", (rows,))  # (a stretch's weights; with rows, its rows' n: `nrow`)
+    nrow = array("q", (n,)) if keep_rows else None
     level = _level(jitter, n)
     finish_at = heap[0][0] if heap else _NEVER  # the decode count of the next finish (or stale)
     busy, last, decode = rec.kernel_busy_s, batch.last_decode_end, _DECODE
@@ -107,12 +109,12 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     gaps, weights, t_starts, t_ends, kinds, seqs, tokens, useds, helds = (
         rec.gaps, rec.weights, log.t_start, log.t_end, log.kind, log.num_seqs, log.num_tokens,
         log.kv_blocks_used, log.kv_tokens) if keep_rows else (rec.gaps, rec.weights) + (None,) * 7
-    stretch = prefix is None and stretches
+    stretch, short = prefix is None and stretches, _SHORT[tally is not None]
     ph, m = (phase, bs) if paged else (_NO_BLOCKS, 1)  # blocks due at step D: ph[D % m]
     try:
         while True:
-            if (D + _SHORT < calm and stretch and rows and D != first
-                    and now + _SHORT * secs < bound):
+            if (D + short < calm and stretch and rows and D != first
+                    and now + short * secs < bound):
                 # ---- a stretch of plain steps: what the steps below do, in short ----
                 # (a step's blocks taken first; at `calm` given back, for the step below)
                 free, used, k0, stop = kv.free_blocks, num_blocks - kv.free_blocks, D, D
@@ -304,7 +306,8 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 add_tokens(n)
             if done:
                 n, s0, live, rows, longest, outside = _shape(rep, D)
-                wrow, nrow = array("q", (rows,)), array("q", (n,))
+                wrow = array("q", (rows,))
+                nrow = array("q", (n,)) if keep_rows else None
                 level = _level(jitter, n)
                 fresh_at = D  # another shape: another price
             held = live + rows * (D - 1) + outside
