@@ -88,8 +88,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     left = log.room()  # rows before the log spills (StepLog.add)
     D = first = batch.D  # (the first step's blocks fit: the policy just planned it)
     n, s0, live, rows, longest, outside = _shape(rep, D)  # (what changes when one finishes)
-    wrow = array("q", (rows,))  # (a stretch's weights; with rows, its rows' n: `nrow`)
-    nrow = array("q", (n,)) if keep_rows else None
+    wrow = nrow = None  # a stretch's weight and n as arrays of one (made at its first)
     level = _level(jitter, n)
     finish_at = heap[0][0] if heap else _NEVER  # the decode count of the next finish (or stale)
     busy, last, decode = rec.kernel_busy_s, batch.last_decode_end, _DECODE
@@ -119,6 +118,8 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 # (a step's blocks taken first; at `calm` given back, for the step below)
                 free, used, k0, stop = kv.free_blocks, num_blocks - kv.free_blocks, D, D
                 nf = len(factors)
+                if wrow is None:
+                    wrow, nrow = array("q", (rows,)), array("q", (n,))
                 ends = [now] if keep_rows else []  # (rows: the steps' ends; else their gaps)
                 try:
                     if keep_rows:
@@ -306,8 +307,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 add_tokens(n)
             if done:
                 n, s0, live, rows, longest, outside = _shape(rep, D)
-                wrow = array("q", (rows,))
-                nrow = array("q", (n,)) if keep_rows else None
+                wrow = nrow = None
                 level = _level(jitter, n)
                 fresh_at = D  # another shape: another price
             held = live + rows * (D - 1) + outside
