@@ -9,13 +9,19 @@ long and do end that way (else the comparison would prove nothing)."""
 
 from __future__ import annotations
 
+import inspect
+import sys
+
 import pytest
 
+import sim.engine.decoderun as decoderun
 import sim.engine.feed as feed
 import sim.engine.processes as processes
 from sim.config.scenario import scenario_from_dict
 from sim.engine import recorder
+from sim.engine.results import COLUMN_TYPES
 from sim.engine.runner import run
+from sim.engine.steptally import StepTally
 from sim.policies.plan import THROUGH_FINISH, UNTIL_FINISH
 from tests.test_clients import closed
 from tests.test_leap import assert_identical
@@ -166,3 +172,64 @@ def test_a_step_log_spilling_in_the_middle_of_runs(monkeypatch, tmp_path):
     monkeypatch.setattr(recorder, "MIN_REPLICA_ROWS", 50)
     runs = check(scenario(6, 1000.0, (100, 600)), monkeypatch, tmp_path)
     assert max(e["steps"] for e in runs.ends) > 64
+
+
+def _outcome(data: dict, stretches: bool, monkeypatch) -> dict:
+    """What one run of `data` leaves, each decode run called with `stretches`: every
+    replica's step log (rows, or a tally's sums), gaps, weights, kernel seconds, KV blocks
+    free and memo uses, and the run's summary."""
+    real, reps = decoderun.decode_run, {}
+
+    def runs(rep, plan, now, bound, repeats, quiet):
+        reps[rep.name] = rep
+        return real(rep, plan, now, bound, repeats, quiet, stretches)
+    monkeypatch.setattr(processes, "decode_run", runs)
+    monkeypatch.setattr(feed, "decode_run", runs)
+    out = run(scenario_from_dict(data))
+    seen = {}
+    for name, rep in sorted(reps.items()):
+        log, rec, lat = rep.rec.log, rep.rec, rep.lat
+        model = getattr(lat, "base", lat)
+        steps = ({k: getattr(log, k) for k in StepTally.__slots__ if k not in ("then", "spill")}
+                 if isinstance(log, StepTally) else
+                 {k: bytes(getattr(log, k)) for k in COLUMN_TYPES})
+        seen[name] = (steps, bytes(rec.gaps), bytes(rec.weights), rec.kernel_busy_s,
+                      rep.st.kv.free_blocks, {k: e[2] for k, e in model._memo.items()})
+    seen["summary"] = {k: v for k, v in out.summary.items() if "wall" not in k}
+    return seen
+
+
+@pytest.mark.parametrize("runtime", ["cuda-graph", "h200-eager-live"])
+@pytest.mark.parametrize("step_log", ["rows", "summary"])
+def test_stretches_of_plain_steps_give_the_general_loops_floats(step_log, runtime, monkeypatch):
+    # a stretch of plain steps runs in a loop of its own (blocks free in a local, gaps and
+    # rows gathered in lists); the same steps by the general loop: the same sums, rows,
+    # gaps, weights, kernel seconds, blocks and memo uses, to the bit (with jitter too)
+    data = scenario(40, 3.0, (100, 900), runtime=runtime, step_log=step_log)
+    fast = _outcome(data, True, monkeypatch)
+    assert fast["summary"]["iterations"]["decode"] > 1000
+    assert _stretches(data, monkeypatch) > 10  # (else the comparison would prove nothing)
+    assert fast == _outcome(data, False, monkeypatch)
+
+
+def _stretches(data: dict, monkeypatch) -> int:
+    """How many stretches of plain steps a run of `data` starts (its first line, traced)."""
+    code = decoderun.decode_run.__code__
+    lines, _ = inspect.getsourcelines(code)
+    start = code.co_firstlineno + next(i for i, line in enumerate(lines)
+                                       if "free, used, k0, stop =" in line)
+    count = [0]
+
+    def local(frame, event, arg):
+        if event == "line" and frame.f_lineno == start:
+            count[0] += 1
+        return local
+
+    def trace(frame, event, arg):
+        return local if frame.f_code is code else None
+    sys.settrace(trace)
+    try:
+        run(scenario_from_dict(data))
+    finally:
+        sys.settrace(None)
+    return count[0]

@@ -13,6 +13,12 @@ draws, in the same order), the step log's rows, the inter-token gaps and the KV 
 written and taken exactly as stepping writes and takes them. A step log of sums
 (`step_log: summary`, sim/engine/steptally.py) gets a run's plain steps summed in locals,
 folded into it at each other step and at the end, instead of seven appends a step.
+Most steps are plain (no finish, no spill, the same shape): after a run's first step, a
+stretch of them runs in a loop of its own (one for rows, one for sums), prices renewed and
+jitter factors refilled inside it, the KV blocks free in a local (no prefix cache: no one
+else reads them), each step's gap (with rows: its end and blocks used) gathered in a list
+and moved into the recorder's arrays and the log in bulk when the stretch ends; the
+general loop below does the same steps with the same floats (`stretches` false: a test's).
 
 A run stops at the first step that
 * ends at or after `bound` (the engine's next event, `env.peek()`): started, it is
@@ -27,6 +33,8 @@ values, as one step at a time (`tests/test_leap.py`, `tests/test_decoderun.py`).
 
 from __future__ import annotations
 
+from array import array
+
 from sim.costmodel.jitter import BLOCK, FactorStream, JitteredLatency
 from sim.costmodel.latency import StepLatency
 from sim.engine.replica import Replica, Step
@@ -36,17 +44,22 @@ from sim.policies.plan import THROUGH_FINISH, StepKind, StepPlan
 _DECODE = StepKind.DECODE
 _NO_CHUNKS: list = []  # a plain mixed step's prefill chunks (never mutated)
 _NEVER = 1 << 62
+_NO_BLOCKS = [0]  # a batch without paging never takes a block (never mutated)
+_DECODE_ROW = array("q", (int(_DECODE),))  # a decode step's kind in the log (never mutated)
+_SHORT = (4, 1)  # steps (at the last step's seconds) a stretch is worth its start and end
+# for: with rows (their lists to move into the log), with sums
 _ONES = [1.0] * BLOCK  # an unjittered step's factors: x * 1.0 is x, exactly
 
 
 def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: PLR0915
-               repeats: int, quiet: bool) -> tuple[float, Step | None]:
+               repeats: int, quiet: bool, stretches: bool = True) -> tuple[float, Step | None]:
     """Run `plan`, a plain decode plan the policy just returned at `now` (`repeats`: how
     long it holds, `BatchPolicy.steady`), step after step while each ends before `bound`.
     Returns the replica's clock after the steps it finished, and the step it started but
     did not finish (ends at or after `bound`, or finishes a request to tell of when not
     `quiet`), or None where the policy must plan the next step. (One function on purpose:
-    the hot loop of a run, its per-step calls inlined.)"""
+    the hot loop of a run, its per-step calls inlined.) `stretches` false: every step by
+    the general loop below, none by the stretch loops (the same floats: a test's check)."""
     st, rec, kva, lat = rep.st, rep.rec, rep.kv, rep.lat
     batch, kv, prefix, log = st.batch, st.kv, kva.prefix, rec.log
     members, heap, phase, bs = batch.members, batch.finish_heap, batch.phase, batch.bs
@@ -75,6 +88,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     left = log.room()  # rows before the log spills (StepLog.add)
     D = first = batch.D  # (the first step's blocks fit: the policy just planned it)
     n, s0, live, rows, longest, outside = _shape(rep, D)  # (what changes when one finishes)
+    wrow = nrow = None  # a stretch's weight and n as arrays of one (made at its first)
     level = _level(jitter, n)
     finish_at = heap[0][0] if heap else _NEVER  # the decode count of the next finish (or stale)
     busy, last, decode = rec.kernel_busy_s, batch.last_decode_end, _DECODE
@@ -87,9 +101,136 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
     held = live + rows * (D - 1) + outside
     # steps before `fast` need no refill of factors, no new price and are plain (`calm`):
     # one test instead of three (set where any of the three bounds moves: the else below)
-    fast = -1
+    fast, secs = -1, 0.0
+    # a stretch of plain steps (`calm`) after the run's first, with the blocks free in a
+    # local (no prefix cache: no one else reads them) and each step's gap and row kept in
+    # local lists, moved into the recorder's arrays and the log when the stretch ends
+    gaps, weights, t_starts, t_ends, kinds, seqs, tokens, useds, helds = (
+        rec.gaps, rec.weights, log.t_start, log.t_end, log.kind, log.num_seqs, log.num_tokens,
+        log.kv_blocks_used, log.kv_tokens) if keep_rows else (rec.gaps, rec.weights) + (None,) * 7
+    stretch, short = prefix is None and stretches, _SHORT[tally is not None]
+    ph, m = (phase, bs) if paged else (_NO_BLOCKS, 1)  # blocks due at step D: ph[D % m]
     try:
         while True:
+            if (D + short < calm and stretch and rows and D != first
+                    and now + short * secs < bound):
+                # ---- a stretch of plain steps: what the steps below do, in short ----
+                # (a step's blocks taken first; at `calm` given back, for the step below)
+                free, used, k0, stop = kv.free_blocks, num_blocks - kv.free_blocks, D, D
+                nf = len(factors)
+                if wrow is None:
+                    wrow, nrow = array("q", (rows,)), array("q", (n,))
+                ends = [now] if keep_rows else []  # (rows: the steps' ends; else their gaps)
+                try:
+                    if keep_rows:
+                        held0, blocks = held, []
+                        while True:
+                            need = ph[D % m]
+                            if need:
+                                if need > free:  # the policy preempts
+                                    reused += D - k0
+                                    return now, None
+                                free -= need
+                                used += need
+                            if D >= stop:  # no factor left, a new price, or not plain
+                                if D >= calm:
+                                    free += need
+                                    used -= need
+                                    reused += D - k0
+                                    break
+                                if fi == nf:
+                                    factors, fi = _refill(stream, fi)
+                                    nf = len(factors)
+                                if D >= fresh_at:
+                                    reused += D - k0
+                                    if reused:
+                                        entry[2] += reused
+                                        reused = 0
+                                    base, ks, entry, steps = span(n, s0 + n * D, D + longest)
+                                    fresh_at, k0 = D + steps, D + 1
+                                stop = min(calm, fresh_at, D + nf - fi)
+                            secs = (base * (factors[fi] * level) if spread
+                                    else base * factors[fi] * level)
+                            fi += 1
+                            busy += ks
+                            t_end = now + secs
+                            if t_end >= bound:
+                                reused += D + 1 - k0
+                                return now, _started(rep.step, plan, secs, n)
+                            D += 1
+                            ends.append(t_end)
+                            blocks.append(used)
+                            now = t_end
+                    else:  # the same, the rows' sums in locals (tokens held as a float:
+                        # the same number, float * float the faster product)
+                        held_f, rows_f = float(held), float(rows)
+                        while True:
+                            need = ph[D % m]
+                            if need:
+                                if need > free:
+                                    reused += D - k0
+                                    return now, None
+                                free -= need
+                                used += need
+                            if D >= stop:
+                                if D >= calm:
+                                    free += need
+                                    used -= need
+                                    reused += D - k0
+                                    break
+                                if fi == nf:
+                                    factors, fi = _refill(stream, fi)
+                                    nf = len(factors)
+                                if D >= fresh_at:
+                                    reused += D - k0
+                                    if reused:
+                                        entry[2] += reused
+                                        reused = 0
+                                    base, ks, entry, steps = span(n, s0 + n * D, D + longest)
+                                    fresh_at, k0 = D + steps, D + 1
+                                stop = min(calm, fresh_at, D + nf - fi)
+                            secs = (base * (factors[fi] * level) if spread
+                                    else base * factors[fi] * level)
+                            fi += 1
+                            busy += ks
+                            t_end = now + secs
+                            if t_end >= bound:
+                                reused += D + 1 - k0
+                                used -= need  # (the peak of the steps finished)
+                                return now, _started(rep.step, plan, secs, n)
+                            D += 1
+                            dur = t_end - now
+                            ends.append(dur)
+                            held_f += rows_f
+                            sum_busy += dur
+                            sum_used += used * dur
+                            sum_toks += held_f * dur
+                            now = t_end
+                finally:
+                    kv.free_blocks, last = free, now
+                    if keep_rows:
+                        k = len(blocks)
+                        if k:
+                            starts, ends = ends[:k], ends[1:]
+                            gaps.fromlist([e - s for s, e in zip(starts, ends, strict=True)])
+                            weights.extend(wrow * k)
+                            t_starts.fromlist(starts)
+                            t_ends.fromlist(ends)
+                            kinds.extend(_DECODE_ROW * k)
+                            seqs.extend(nk := nrow * k)
+                            tokens.extend(nk)
+                            useds.fromlist(blocks)
+                            held = held0 + rows * k
+                            helds.extend(range(held0 + rows, held + 1, rows))
+                    else:
+                        k = len(ends)
+                        if k:
+                            held += rows * k
+                            gaps.fromlist(ends)
+                            weights.extend(wrow * k)
+                            if used > peak:
+                                peak = used
+                continue
             # ---- start (Replica.start, or mixed_step, for a plain plan) ----
             need = phase[D % bs] if paged else 0
             if need:
@@ -166,6 +307,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 add_tokens(n)
             if done:
                 n, s0, live, rows, longest, outside = _shape(rep, D)
+                wrow = nrow = None
                 level = _level(jitter, n)
                 fresh_at = D  # another shape: another price
             held = live + rows * (D - 1) + outside
