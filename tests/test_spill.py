@@ -215,6 +215,30 @@ def test_bins_too_large_to_collect_are_narrowed_first_with_the_same_floats(monke
     assert bigstats.weighted_stats(*cols, first) == want == bigstats.weighted_stats(*cols)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3, 7])
+@pytest.mark.parametrize("blocks", [0, 8])
+def test_a_pass_shared_among_threads_gives_the_same_floats(monkeypatch, threads, blocks):
+    """The pass's pieces shared out among threads (each its own bins and collected rows,
+    added up after): the same mean, percentiles and maximum as numpy on the whole column in
+    memory, with the targets' bins collected at once or narrowed first; ties, a dense
+    cluster and heavy weights."""
+    monkeypatch.setattr(spill, "READ_ROWS", 256)
+    monkeypatch.setattr(bigstats, "COLLECT_BLOCKS", blocks)
+    monkeypatch.setattr(bigstats, "PASS_THREADS", threads)
+    monkeypatch.setattr(bigstats, "cores", lambda: 8)
+    rng = np.random.default_rng(14)
+    n = 25000
+    v = np.concatenate([rng.gamma(2.0, 0.01, n // 2), 0.0125 + rng.integers(0, 500, n // 2) * 1e-13])
+    rng.shuffle(v)
+    w = rng.integers(1, 40, n)
+    w[rng.integers(0, n, 2)] = 10**6
+    want = weighted_stats(v, w)
+    parts = _parts(SpillDir(), v, w, [9000, 9001], f"t{threads}{blocks}")
+    cols = Chain([p[0] for p in parts]), Chain([p[1] for p in parts])
+    first = bigstats.merged([bigstats.first_level(*p) for p in parts])
+    assert bigstats.weighted_stats(*cols, first) == want == bigstats.weighted_stats(*cols)
+
+
 def _bin_start(x: float) -> float:
     """The smallest float of the first-level bin after x's (x > 0)."""
     bits = int(np.array([x]).view(np.uint64)[0])
@@ -336,6 +360,11 @@ def test_request_records_come_back_in_request_order_from_one_file_a_replica():
     assert recs.column("state").tolist() == ["rejected", "finished", "finished", "rejected",
                                              "finished"]
     assert recs.read("replica", 1, 4).tolist() == [1, 2, 3]  # a slice across both files
+    status = recs.table(("r0", "r1"))["status"]  # its codes compare as its strings do
+    assert isinstance(status, spill.Coded) and status[0:5].tolist() == recs.column("state").tolist()
+    for name in ("finished", "rejected", "preempted"):
+        assert ((status.codes(0, 5) == status.code(name)).tolist()
+                == (status[0:5] == name).tolist())
     assert recs.read("rid", 0, 5).tolist() == [0, 1, 2, 3, 4]  # and the whole again
     with pytest.raises(ValueError, match="added already"):
         recs.add(1, cols([0, 2], ["finished", "finished"]))

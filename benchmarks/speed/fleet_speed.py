@@ -22,9 +22,10 @@ day's figures extrapolated by requests.
 The extrapolation scales only what grows with the requests. A day pays once what a
 slice pays once, so those are timed apart and added unscaled: the imports (from this
 script's start, its interpreter's start-up not counted) and, with `--executor ray`,
-starting Ray (`ray.init` here, then one task on each of its workers importing what a
-task imports, so `run` finds Ray connected and its workers warm, as a day's run would
-after its first seconds) and shutting it down. Everything inside `run` is scaled: the
+starting Ray (`ray.init` here, then one task on each of its workers, one fewer than
+`--workers` since this process simulates the first group, importing what a task imports,
+so `run` finds Ray connected and its workers warm, as a day's run would after its first
+seconds) and shutting it down. Everything inside `run` is scaled: the
 simulation, the workload's generation, the parent's merge and summary (its passes read
 every gap and step: they grow with the day), and the little that does not grow (the
 configs resolved again, ~0.02 s a Ray task; forking the process pool's workers, ms), which
@@ -165,7 +166,9 @@ def timed_run(a: argparse.Namespace) -> Timed:
     workers = a.workers if a.workers == "auto" else int(a.workers)
     ray_up = a.executor == "ray" and workers != 1
     if ray_up:
-        s_wall, s_cpu, warmed = start_ray(os.cpu_count() if workers == "auto" else workers)
+        # the run's first group is simulated by this process (sim/engine/parallel.py)
+        n = os.cpu_count() if workers == "auto" else workers
+        s_wall, s_cpu, warmed = start_ray(max(1, n - 1))
         fixed_wall, fixed_cpu = fixed_wall + s_wall, fixed_cpu + s_cpu
         fixed.append(f"Ray start-up {s_wall:.2f} s ({warmed} workers warmed)")
     t0, c0 = time.perf_counter(), time.process_time()

@@ -25,15 +25,19 @@ millions of gaps in one bin of 1/256 of an octave); without them, one pass more.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from sim.engine.splitrule import cores
 from sim.io import spill
 from sim.io.spill import blocks
 
 PCTS = (50, 90, 99)
 BIN_BITS = 20  # bits of the ordered keys binned per pass (the first: sign, exponent, 8 of mantissa)
 TOP = 64 - BIN_BITS  # the first level's shift
+# threads a pass shares its pieces among (the day's parent reads ~18 GB of gaps; 1: none)
+PASS_THREADS = 2
 # numpy sums up to 128 values in one unrolled loop, not split: a piece is never smaller
 PW_BLOCKSIZE = 128
 
@@ -174,15 +178,15 @@ def weighted_stats(values, weights, first: FirstLevel | None = None) -> dict[str
         first = first_level(values, weights)
     if first is None:
         return {"mean": None, **{f"p{p}": None for p in PCTS}, "max": None}
-    sums: list = []
+    sums: dict = {}  # the mean's pairwise pieces, by first row (filled by threads, any order)
 
-    def mean_piece(v: np.ndarray, w: np.ndarray) -> None:
-        sums.append(np.add.reduce(np.asarray(v, dtype=float) * w))
+    def mean_piece(lo: int, v: np.ndarray, w: np.ndarray) -> None:
+        sums[lo] = np.add.reduce(np.asarray(v, dtype=float) * w)
 
     targets = [p / 100 * float(first.total) for p in PCTS]
     picks = select(values, weights, targets, first.vmax, first.dense(), each=mean_piece,
                    wtype=spill.narrowest(first.w_min, first.w_max))
-    mean_sum = _fold(n, max(spill.READ_ROWS, PW_BLOCKSIZE), iter(sums))
+    mean_sum = _fold(n, max(spill.READ_ROWS, PW_BLOCKSIZE), (sums[lo] for lo in sorted(sums)))
     out: dict[str, float | None] = {"mean": float(mean_sum / float(first.total))}
     out.update({f"p{p}": x for p, x in zip(PCTS, picks, strict=True)})
     out["max"] = first.vmax
@@ -284,19 +288,63 @@ def _raw(top: int) -> int:
     return top ^ (1 << (BIN_BITS - 1)) if top >> (BIN_BITS - 1) else ~top
 
 
-def _pass(values, weights, acc: dict, each: Callable | None) -> None:
-    """One pass over the columns, numpy's pairwise pieces in order: `each` on every piece,
-    and for each state (prefix, pshift, collect) its rows' values and weights collected or
-    their next bits' bins counted into `acc`. The rows inside the states' first-level bins
-    are found by comparing `bits >> TOP` (no keys), their keys computed alone."""
+class _Parts:
+    """One thread's rows of a collected bin, in the order it read them."""
+
+    __slots__ = ("v", "w")
+
+    def __init__(self):
+        self.v, self.w = [], []
+
+    def add(self, v: np.ndarray, w: np.ndarray) -> None:
+        self.v.append(v)
+        self.w.append(w)
+
+
+def _pass(values, weights, acc: dict, each: Callable | None, threads: int | None = None) -> None:
+    """One pass over the columns, numpy's pairwise pieces (`_leaves`): `each(lo, values,
+    weights)` on every piece starting at row lo, and for each state (prefix, pshift,
+    collect) its rows' values and weights collected or their next bits' bins counted into
+    `acc`. The pieces are shared out in runs of consecutive ones among `threads` threads
+    (PASS_THREADS; numpy's reads and array arithmetic run without the GIL), each with
+    bins and collections of its own, added up afterwards: bins of integer weights sum
+    exactly in any order, and a collected bin's rows are selected in any order
+    (`_Target.pick`)."""
+    n = len(values)
+    leaves = list(_leaves(0, n, max(spill.READ_ROWS, PW_BLOCKSIZE))) if n else []
+    threads = max(1, min(threads or min(PASS_THREADS, cores()), len(leaves)))
+    if threads == 1:
+        _pass_leaves(values, weights, acc, each, leaves)
+        return
+    runs = [leaves[len(leaves) * t // threads:len(leaves) * (t + 1) // threads]
+            for t in range(threads)]
+    accs = [{s: _Parts() if isinstance(a, _Collected) else _bins(len(a[0]).bit_length() - 1)
+             for s, a in acc.items()} for _ in runs]
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        for f in [pool.submit(_pass_leaves, values, weights, mine, each, run)
+                  for mine, run in zip(accs, runs, strict=True)]:
+            f.result()
+    for mine in accs:  # in the runs' order
+        for s, a in acc.items():
+            part = mine[s]
+            if isinstance(a, _Collected):
+                for v, w in zip(part.v, part.w, strict=True):
+                    a.add(v, w)
+            else:
+                a[0][:] += part[0]
+                a[1][:] += part[1]
+
+
+def _pass_leaves(values, weights, acc: dict, each: Callable | None, leaves: list) -> None:
+    """`_pass` over the pieces `leaves` ((lo, hi) each). The rows inside the states' first-level
+    bins are found by comparing `bits >> TOP` (no keys), their keys computed alone."""
     ranged = [s for s in acc if s[0] is not None]
     raws = sorted({_raw(prefix >> (TOP - pshift)) for prefix, pshift, _ in ranged})
-    n = len(values)
-    for lo, hi in _leaves(0, n, max(spill.READ_ROWS, PW_BLOCKSIZE)) if n else ():
+    for lo, hi in leaves:
         v = np.asarray(values[lo:hi])
         w = np.asarray(weights[lo:hi])
         if each is not None:
-            each(v, w)
+            each(lo, v, w)
         if (None, 64, False) in acc:  # no first level yet: every row's key
             _histogram(_keys(v), w, TOP, 1 << BIN_BITS, acc[(None, 64, False)])
         if not ranged:
@@ -330,8 +378,8 @@ def select(values, weights, targets: list[float], vmax: float,
     ordered keys' next BIN_BITS bits, narrowed until the bins holding the targets fit in
     memory (`_plan`), every open target served by each pass (its keys computed once), then
     selected in memory. `first`: the first level's bins (wsum, count), if counted already;
-    `each(values, weights)`: called on numpy's pairwise pieces (`_leaves`) in order
-    during the first pass (the mean's pieces, read along); `wtype`: an integer type that
+    `each(lo, values, weights)`: called on each of numpy's pairwise pieces (`_leaves`)
+    during the first pass, in no set order (the mean's pieces, read along); `wtype`: an integer type that
     holds every weight, to keep the collected ones in."""
     todo = [_Target(t) for t in targets]
     if first is not None:

@@ -18,9 +18,9 @@ folder (sim/io/spill.py), so workers run on this machine: a process pool, or a l
 What each worker costs beyond its replicas: forked workers (the process pool on Linux and
 macOS) inherit the run as this process resolved it (configs with their step-time memos,
 warm from the step cache; the workload; the routes), so nothing is resolved again or
-pickled to them, and this process simulates the first group itself meanwhile; Ray's
-workers (and spawned ones) get the workload and routes through the object store (or a
-pickle) and the parent's memos, and resolve only the configs. Each worker still prices
+pickled to them; Ray's workers (and spawned ones) get the workload and routes through the
+object store (or a pickle) and the parent's memos, and resolve only the configs. Forked
+or on Ray, this process simulates the first group itself meanwhile. Each worker still prices
 the step shapes the parent had not met (its memos start as the parent's) and sends its
 replicas' results back. `workers="auto"` (`llmsim run`'s default) takes one process per
 core for runs large enough to repay that (`auto_workers`), else simulates here.
@@ -256,10 +256,12 @@ def _memos(configs: list) -> list[dict]:
 
 
 def _on_ray(sc: Scenario, setup: Setup, rng, groups: list, spill_path: str) -> list[dict]:
-    """One Ray task per group. The workload and the routes go to Ray's object store once
-    (their arrays shared, not copied, by the workers on this host), with the run's
-    generator and its warm step-time memos; each task resolves only the replicas' configs
-    again."""
+    """One Ray task per group but the first, which this process simulates itself meanwhile
+    (as `_on_processes` does: one worker, one trip through the object store and one set of
+    cold step-time lookups fewer). The workload and the routes go to Ray's object store
+    once (their arrays shared, not copied, by the workers on this host), with the run's
+    generator and its warm step-time memos as they were before this process simulated
+    anything; each task resolves only the replicas' configs again."""
     try:
         import ray
     except ImportError:
@@ -267,13 +269,14 @@ def _on_ray(sc: Scenario, setup: Setup, rng, groups: list, spill_path: str) -> l
             from None
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=len(groups), include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=max(1, len(groups) - 1), include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(simulate_part)
-        wl, choice, memos = (ray.put(x) for x in (setup.workload, setup.choice,
-                                                   _memos(setup.configs)))
-        return ray.get([remote.remote(sc, g, choice, spill_path, wl, rng, memos)
-                        for g in groups])
+        wl, choice, gen, memos = (ray.put(x) for x in (setup.workload, setup.choice, rng,
+                                                        _memos(setup.configs)))
+        theirs = [remote.remote(sc, g, choice, spill_path, wl, gen, memos) for g in groups[1:]]
+        mine = simulate_replicas(setup, groups[0], spill_path, rng)
+        return [mine, *ray.get(theirs)]
     finally:
         if started:
             ray.shutdown()

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import numpy as np
 
 from sim.io import spill as spilling
-from sim.io.spill import Lazy, SpillDir
+from sim.io.spill import Coded, Lazy, SpillDir
 from sim.io.tablefile import Labels
 from sim.policies.batch import FINISHED
 
@@ -203,9 +203,9 @@ class RequestRecords:
         def field(attr: str) -> Lazy:
             return Lazy(n, NUMBERS[attr], lambda lo, hi: read(attr, lo, hi))
 
-        def text(attr: str) -> Lazy:
+        def text(attr: str) -> Coded:
             names = np.array(tuple(self.names[attr]) or ("",), dtype=object)
-            return Lazy(n, object, lambda lo, hi: names[read(attr, lo, hi)])
+            return Coded(n, names, lambda lo, hi: read(attr, lo, hi))
 
         def first(lo: int, hi: int) -> np.ndarray:
             x = read("first_token_t", lo, hi)

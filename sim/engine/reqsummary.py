@@ -20,7 +20,7 @@ import numpy as np
 
 from sim.engine import bigstats
 from sim.io import spill as spilling
-from sim.io.spill import Constant, DiskColumn, SpillDir, blocks
+from sim.io.spill import Coded, Constant, DiskColumn, SpillDir, blocks
 
 PCTS = (50, 90, 99)
 LATENCIES = ("ttft_s", "tpot_s", "e2e_s", "queue_s")
@@ -63,12 +63,21 @@ def request_figures(req, slo, spill: SpillDir, finished: str) -> dict:
               if slo is not None and getattr(slo, k) is not None]
     met = 0
     rows = spilling.READ_ROWS
+    col = req["status"]
+    coded = isinstance(col, Coded)
+    if coded:
+        code_finished, code_rejected = col.code(finished), col.code("rejected")
     for lo in range(0, n, rows):
         hi = min(n, lo + rows)
-        status = np.asarray(req["status"][lo:hi], dtype=object)
-        done = status == finished
+        if coded:  # the status codes compared, not their strings
+            status = col.codes(lo, hi)
+            done = status == code_finished
+            rejected += int((status == code_rejected).sum())
+        else:
+            status = np.asarray(col[lo:hi], dtype=object)
+            done = status == finished
+            rejected += int((status == "rejected").sum())
         n_fin += int(done.sum())
-        rejected += int((status == "rejected").sum())
         arrival = np.asarray(req["arrival_s"][lo:hi])
         if len(arrival):
             start = float(arrival.min()) if start is None else min(start, float(arrival.min()))

@@ -213,6 +213,21 @@ class Lazy:
         return self._read(0, self.rows) if dtype is None else self._read(0, self.rows).astype(dtype)
 
 
+class Coded(Lazy):
+    """A text column kept as codes: `read(lo, hi)` gives the codes of rows lo..hi, `names`
+    (an object array) their strings; `codes` reads the codes alone (comparing them against
+    a name's `code` costs an integer compare a row, not a string compare)."""
+
+    def __init__(self, rows: int, names: np.ndarray, read):
+        super().__init__(rows, object, lambda lo, hi: names[read(lo, hi)])
+        self.names, self.codes = names, read
+
+    def code(self, name: str) -> int:
+        """The code of `name` (-1: no row can hold it)."""
+        hits = np.flatnonzero(self.names == name)
+        return int(hits[0]) if len(hits) else -1
+
+
 READ_ROWS = 1 << 20  # rows read at a time when a strided slice walks a column
 
 
@@ -249,5 +264,5 @@ def is_lazy(col) -> bool:
     return isinstance(col, (DiskColumn, Chain, Constant, Lazy))
 
 
-__all__ = ["SpillDir", "DiskColumn", "Chain", "Constant", "Lazy", "blocks", "is_lazy",
+__all__ = ["SpillDir", "DiskColumn", "Chain", "Constant", "Lazy", "Coded", "blocks", "is_lazy",
            "READ_ROWS", "NARROW", "narrowest", "stored_type"]
