@@ -33,7 +33,7 @@ from operator import attrgetter
 import numpy as np
 
 from sim.engine import bigstats
-from sim.engine.records import replica_table
+from sim.engine.records import replica_table, tpot_s
 from sim.engine.replica import ReplicaResult, RunResult
 from sim.engine.reqsummary import request_figures
 from sim.engine.steptally import StepTally
@@ -72,9 +72,7 @@ def request_table(res: RunResult) -> dict:
     sched = column("sched_t", float)
     sched[sched < 0] = np.nan
     output = column("output", np.int64)
-    ttft, e2e = first - arrival, finish - arrival
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), np.nan)
+    tpot = tpot_s(arrival, first, finish, output)
     table = {
         "id": column("rid", np.int64),
         "arrival_s": arrival,
@@ -83,9 +81,9 @@ def request_table(res: RunResult) -> dict:
         "status": status,
         "first_token_s": first,
         "finish_s": finish,
-        "ttft_s": ttft,
+        "ttft_s": first - arrival,
         "tpot_s": tpot,
-        "e2e_s": e2e,
+        "e2e_s": finish - arrival,
         "queue_s": sched - arrival,
         "preemptions": column("preemptions", np.int64),
         "generated_tokens": column("generated", np.int64),

@@ -45,22 +45,34 @@ def columns_of(seqs: list) -> dict:
     return out
 
 
+def _unset(x: np.ndarray) -> np.ndarray:
+    """Instants recorded as negative (never reached) as NaN, in place."""
+    x[x < 0] = np.nan
+    return x
+
+
+def tpot_s(arrival: np.ndarray, first: np.ndarray, finish: np.ndarray,
+          output: np.ndarray) -> np.ndarray:
+    """Each request's time per output token after the first (NaN for one token or none;
+    `first`/`finish` NaN where not reached): the one definition of TPOT in the tables."""
+    ttft, e2e = first - arrival, finish - arrival
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), np.nan)
+
+
 def replica_table(cols: dict) -> dict:
     """The request table's columns that per_replica reads (sim/engine/metrics.py), of one
     replica's records (`columns_of`), computed as `RequestRecords.table` computes them."""
     codes, names = cols["state"]
     status = np.array(names or ("",), dtype=object)[codes]
     arrival = np.asarray(cols["arrival"], dtype=float)
-    first = np.array(cols["first_token_t"], dtype=float)
-    first[first < 0] = np.nan
+    first = _unset(np.array(cols["first_token_t"], dtype=float))
     finish = np.array(cols["finish_t"], dtype=float)
     finish[status != FINISHED] = np.nan
     output = np.asarray(cols["output"], dtype=np.int64)
-    ttft, e2e = first - arrival, finish - arrival
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), np.nan)
-    return {"status": status, "arrival_s": arrival, "finish_s": finish, "ttft_s": ttft,
-            "tpot_s": tpot, "e2e_s": e2e, "output_tokens": output,
+    return {"status": status, "arrival_s": arrival, "finish_s": finish,
+            "ttft_s": first - arrival, "tpot_s": tpot_s(arrival, first, finish, output),
+            "e2e_s": finish - arrival, "output_tokens": output,
             "preemptions": np.asarray(cols["preemptions"], dtype=np.int64)}
 
 
@@ -208,9 +220,7 @@ class RequestRecords:
             return Coded(n, names, lambda lo, hi: read(attr, lo, hi))
 
         def first(lo: int, hi: int) -> np.ndarray:
-            x = read("first_token_t", lo, hi)
-            x[x < 0] = np.nan
-            return x
+            return _unset(read("first_token_t", lo, hi))
 
         def finish(lo: int, hi: int) -> np.ndarray:
             x = read("finish_t", lo, hi)
@@ -218,15 +228,11 @@ class RequestRecords:
             return x
 
         def sched(lo: int, hi: int) -> np.ndarray:
-            x = read("sched_t", lo, hi)
-            x[x < 0] = np.nan
-            return x
+            return _unset(read("sched_t", lo, hi))
 
         def tpot(lo: int, hi: int) -> np.ndarray:
-            arrival, output = read("arrival", lo, hi), read("output", lo, hi)
-            ttft, e2e = first(lo, hi) - arrival, finish(lo, hi) - arrival
-            with np.errstate(invalid="ignore", divide="ignore"):
-                return np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), np.nan)
+            return tpot_s(read("arrival", lo, hi), first(lo, hi), finish(lo, hi),
+                          read("output", lo, hi))
 
         def minus(f):
             return Lazy(n, float, lambda lo, hi: f(lo, hi) - read("arrival", lo, hi))
@@ -283,4 +289,4 @@ class SeqView:
 
 
 __all__ = ["NUMBERS", "TEXTS", "RequestRecords", "Record", "SeqView", "Spilled", "columns_of",
-           "replica_table", "spill_records"]
+           "replica_table", "spill_records", "tpot_s"]

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from sim.engine.records import tpot_s
 from sim.policies.batch import FINISHED
 
 if TYPE_CHECKING:
@@ -95,12 +96,11 @@ def records_frame(cols: dict) -> pd.DataFrame:
     finish = np.where(status == FINISHED, cols["finish_t"], np.nan)
     sched = np.where(cols["sched_t"] < 0, np.nan, cols["sched_t"])
     output = np.asarray(cols["output"], dtype=np.int64)
-    ttft, e2e = first - arrival, finish - arrival
-    with np.errstate(invalid="ignore", divide="ignore"):
-        tpot = np.where(output > 1, (e2e - ttft) / np.maximum(output - 1, 1), np.nan)
+    tpot = tpot_s(arrival, first, finish, output)
     return pd.DataFrame({"id": cols["rid"], "arrival_s": arrival, "output_tokens": output,
                          "status": status, "first_token_s": first, "finish_s": finish,
-                         "ttft_s": ttft, "tpot_s": tpot, "e2e_s": e2e, "queue_s": sched - arrival})
+                         "ttft_s": first - arrival, "tpot_s": tpot,
+                         "e2e_s": finish - arrival, "queue_s": sched - arrival})
 
 
 def _with_rest(frames: list[pd.DataFrame], wl, choice: np.ndarray, ran: int) -> pd.DataFrame:
