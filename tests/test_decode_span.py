@@ -7,7 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.config.scenario import scenario_from_dict
-from sim.costmodel.decode_attn import _ctx_keys, _quantize, _quantize_run
+from sim.costmodel.decode_attn import (
+    Q5,
+    Q7,
+    RUN5,
+    RUN7,
+    TABLED,
+    _ctx_keys,
+    _quantize,
+    _quantize_run,
+)
 from sim.engine.build import build_fleet
 from sim.engine.processes import simulate
 from sim.engine.runner import prepare
@@ -32,8 +41,15 @@ def test_a_rounded_length_holds_for_the_lengths_its_run_counts(ctx, bits):
     assert rounded(ctx + run - 1, bits) == value  # (rounding is monotone: all between too)
 
 
+def test_the_rounding_tables_hold_every_length_below_their_end():
+    for bits, values, runs in ((7, Q7, RUN7), (5, Q5, RUN5)):
+        assert len(values) == len(runs) == TABLED
+        for ctx in range(TABLED):  # (the reference above, and the arithmetic beyond the tables)
+            assert values[ctx] == rounded(ctx, bits) and (values[ctx], runs[ctx]) == _quantize_run(ctx, bits)
+
+
 @settings(max_examples=60, deadline=None)
-@given(st.integers(1, 64), st.integers(1, 30000), st.integers(0, 30000))
+@given(st.integers(1, 64), st.integers(1, 100000), st.integers(0, 100000))  # tables and beyond
 def test_the_steps_a_price_holds_for_share_its_memo_entry(n, mean, extra):
     sum_ctx, max_ctx = n * mean + extra % n, mean + extra
     seconds, kernel_s, entry, steps = LAT.decode_span(n, sum_ctx, max_ctx)
@@ -64,7 +80,7 @@ def test_runs_reusing_prices_count_each_steps_use_as_stepping_does():
 @settings(max_examples=300, deadline=None)
 @given(st.integers(1, 300), st.integers(0, 1 << 20), st.integers(0, 1 << 20))
 def test_a_spans_key_and_steps_are_the_rounding_runs_of_its_lengths(n, mean, extra):
-    """decode_span rounds inline; the key and run it finds are `_quantize_run`'s."""
+    """decode_span reads the rounding tables (arithmetic beyond them); its key and run are `_quantize_run`'s."""
     sum_ctx, max_ctx = n * mean + extra % n, mean + extra
     ctx_q, steps = _quantize_run(sum_ctx // n, 7)
     max_q = ctx_q
@@ -77,7 +93,7 @@ def test_a_spans_key_and_steps_are_the_rounding_runs_of_its_lengths(n, mean, ext
 
 @given(st.integers(1, 300), st.integers(0, 1 << 22), st.integers(0, 1 << 22))
 def test_a_steps_attention_key_is_its_lengths_rounded(n, mean, extra):
-    """`_ctx_keys` rounds inline; its key is `_quantize`'s of the mean and the longest."""
+    """`_ctx_keys` reads the tables (rounds inline beyond them); its key is `_quantize`'s of the mean and the longest."""
     sum_ctx, max_ctx = n * mean + extra % n, mean + extra
     ctx_q = _quantize(sum_ctx // n, 7)
     max_q = ctx_q if n == 1 else min(max(ctx_q, _quantize(max_ctx, 5)), ctx_q * n)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from sim.costmodel.models import ModelSpec
 from sim.costmodel.profiles import ANALYTIC, BF16, EXTRAPOLATED
 
@@ -42,11 +44,44 @@ def _quantize_run(ctx: int, rel_bits: int) -> tuple[int, int]:
     return (r if r > q else q), run
 
 
+TABLED = 1 << 16  # lengths below this are rounded by table lookup (`rounding_table`)
+
+
+def rounding_table(rel_bits: int) -> tuple[list[int], list[int]]:
+    """`_quantize_run(ctx, rel_bits)` for every ctx below TABLED, as two lists (the rounded
+    lengths, the runs): a decode step's keys by two list reads instead of the arithmetic
+    (a run of decode steps renews its price every ~10 steps). Exact integers: numpy's
+    int64 shifts and floor divisions as `_quantize_run`'s (tests/test_decode_span.py)."""
+    ctx = np.arange(TABLED, dtype=np.int64)
+    bits = np.zeros(TABLED, dtype=np.int64)  # ctx.bit_length()
+    for b in range(1, 17):
+        bits[1 << (b - 1):1 << b] = b
+    shift = bits - rel_bits
+    q = np.where(shift > 4, np.left_shift(1, np.maximum(shift, 0)), 16)
+    half = q >> 1
+    r = (ctx + half) // q * q
+    run = r + q - half - ctx
+    to_power = np.left_shift(1, bits) - ctx
+    run = np.where((shift >= 4) & (to_power < run), to_power, run)
+    return np.where(r > q, r, q).tolist(), run.tolist()
+
+
+Q7, RUN7 = rounding_table(7)  # the mean context's rounding
+Q5, RUN5 = rounding_table(5)  # the longest context's
+
+
 def _ctx_keys(n: int, sum_ctx: int, max_ctx: int) -> tuple[int, int]:
     """The decode attention key of `n` contexts totalling `sum_ctx`, the longest `max_ctx`:
     (their mean rounded to 2^-7, the longest rounded to 2^-5 within [mean, n x mean]);
-    `_quantize`'s rounding inlined (a chunked step's pricing asks this once a step)."""
+    `_quantize`'s rounding from its tables (inlined beyond them: a chunked step's pricing asks this
+    once a step)."""
     ctx = sum_ctx // n
+    if ctx < TABLED and max_ctx < TABLED:
+        ctx_q = Q7[ctx]
+        if n == 1:
+            return ctx_q, ctx_q
+        max_q = Q5[max_ctx]
+        return ctx_q, min(max(ctx_q, max_q), ctx_q * n)
     shift = ctx.bit_length() - 7
     q = 1 << shift if shift > 4 else 16
     r = (ctx + (q >> 1)) // q * q

@@ -48,7 +48,17 @@ from sim.costmodel.bound import (
     bound_gemm,
     bound_prefill_attn,
 )
-from sim.costmodel.decode_attn import DecodeAttnPricing, _ctx_keys, _quantize
+from sim.costmodel.decode_attn import (
+    Q5,
+    Q7,
+    RUN5,
+    RUN7,
+    TABLED,
+    DecodeAttnPricing,
+    _ctx_keys,
+    _quantize,
+    _quantize_run,
+)
 from sim.costmodel.deepep import AllToAllSpec, DeepEP
 from sim.costmodel.fused import derives_fused, stack_elementwise
 from sim.costmodel.hoststep import HostPricing
@@ -379,31 +389,15 @@ class StepLatency(DecodeAttnPricing, RankPricing, HostPricing):
         per row (`sum_ctx` + n·i, `max_ctx` + i), have this step's key, so its price (this
         lookup counts one use of the entry; a caller reusing the price for the steps after
         it adds their uses to the entry's count, `entry[2]`, itself)."""
-        # `_quantize_run(sum_ctx // n, 7)` and `_quantize_run(max_ctx, 5)`, inlined: a run
-        # of decode steps prices itself here once per `steps` steps (the same integers;
-        # tests/test_decode_span.py holds this to `_quantize_run`)
+        # `_quantize_run(sum_ctx // n, 7)` and `_quantize_run(max_ctx, 5)`, read from their
+        # tables below TABLED: a run of decode steps prices itself here once per `steps`
+        # steps (the same integers; tests/test_decode_span.py holds this to `_quantize_run`)
         ctx = sum_ctx // n  # one more each step
-        bits = ctx.bit_length()
-        shift = bits - 7
-        q = 1 << shift if shift > 4 else 16
-        half = q >> 1
-        r = (ctx + half) // q * q
-        steps = r + q - half - ctx
-        if shift >= 4 and (1 << bits) - ctx < steps:
-            steps = (1 << bits) - ctx
-        ctx_q = r if r > q else q
+        ctx_q, steps = (Q7[ctx], RUN7[ctx]) if ctx < TABLED else _quantize_run(ctx, 7)
         if n == 1:
             max_q = ctx_q
         else:
-            bits = max_ctx.bit_length()
-            shift = bits - 5
-            q = 1 << shift if shift > 4 else 16
-            half = q >> 1
-            r = (max_ctx + half) // q * q
-            more = r + q - half - max_ctx
-            if shift >= 4 and (1 << bits) - max_ctx < more:
-                more = (1 << bits) - max_ctx
-            max_q = r if r > q else q
+            max_q, more = (Q5[max_ctx], RUN5[max_ctx]) if max_ctx < TABLED else _quantize_run(max_ctx, 5)
             if max_q < ctx_q:
                 max_q = ctx_q
             if max_q > ctx_q * n:
