@@ -138,7 +138,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                                     used -= need
                                     reused += D - k0
                                     break
-                                if fi == nf:
+                                if draws and fi == nf:
                                     factors, fi = _refill(stream, fi)
                                     nf = len(factors)
                                 if D >= fresh_at:
@@ -148,10 +148,15 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                                         reused = 0
                                     base, ks, entry, steps = span(n, s0 + n * D, D + longest)
                                     fresh_at, k0 = D + steps, D + 1
-                                stop = min(calm, fresh_at, D + nf - fi)
-                            secs = (base * (factors[fi] * level) if spread
-                                    else base * factors[fi] * level)
-                            fi += 1
+                                stop = calm if calm < fresh_at else fresh_at
+                                if draws and D + nf - fi < stop:
+                                    stop = D + nf - fi
+                            if draws:
+                                secs = (base * (factors[fi] * level) if spread
+                                        else base * factors[fi] * level)
+                                fi += 1
+                            else:  # (base * 1.0 * 1.0: the same float)
+                                secs = base
                             busy += ks
                             t_end = now + secs
                             if t_end >= bound:
@@ -178,7 +183,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                                     used -= need
                                     reused += D - k0
                                     break
-                                if fi == nf:
+                                if draws and fi == nf:
                                     factors, fi = _refill(stream, fi)
                                     nf = len(factors)
                                 if D >= fresh_at:
@@ -188,10 +193,15 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                                         reused = 0
                                     base, ks, entry, steps = span(n, s0 + n * D, D + longest)
                                     fresh_at, k0 = D + steps, D + 1
-                                stop = min(calm, fresh_at, D + nf - fi)
-                            secs = (base * (factors[fi] * level) if spread
-                                    else base * factors[fi] * level)
-                            fi += 1
+                                stop = calm if calm < fresh_at else fresh_at
+                                if draws and D + nf - fi < stop:
+                                    stop = D + nf - fi
+                            if draws:
+                                secs = (base * (factors[fi] * level) if spread
+                                        else base * factors[fi] * level)
+                                fi += 1
+                            else:  # (base * 1.0 * 1.0: the same float)
+                                secs = base
                             busy += ks
                             t_end = now + secs
                             if t_end >= bound:
@@ -253,7 +263,9 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                     fresh_at = D + steps
                 else:
                     reused += 1
-                fast = min(calm, fresh_at, D + len(factors) - fi)
+                fast = calm if calm < fresh_at else fresh_at
+                if D + len(factors) - fi < fast:
+                    fast = D + len(factors) - fi
             secs = base * (factors[fi] * level) if spread else base * factors[fi] * level
             fi += 1
             busy += ks
@@ -329,7 +341,7 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 rep.end_of_step()
             if done and (repeats != THROUGH_FINISH or not len(members)):
                 return now, None
-            calm = -1 if holds else min(finish_at - 1, D + left - 1)
+            calm = -1 if holds else finish_at - 1 if finish_at < D + left else D + left - 1
     finally:  # what the loop kept in locals
         rec.kernel_busy_s, batch.D, batch.last_decode_end = busy, D, last
         if tally is not None:
