@@ -16,8 +16,9 @@ Runs the scenario once, as `llmsim run` does, and prints the engine's wall time
 resident memory: this process's (ru_maxrss) and, with --workers, each worker's CPU and
 the largest worker's memory (as the workers measured them; with the process pool also
 as the kernel counted them, RUSAGE_CHILDREN), the load average, the spill folder's size
-on disk (sim/io/spill.py: the step logs, gaps and request records of a long run), and a
-day's figures extrapolated by requests.
+on disk (sim/io/spill.py: the step logs, gaps and request records of a long run), a
+day's figures extrapolated by requests, and a host yardstick (`host_yardstick`: a fixed
+loop's CPU before and after the run, to compare runs made hours apart on a drifting host).
 
 The extrapolation scales only what grows with the requests. A day pays once what a
 slice pays once, so those are timed apart and added unscaled: the imports (from this
@@ -107,6 +108,27 @@ def start_ray(workers: int) -> tuple[float, float, int]:
     return time.perf_counter() - t, time.process_time() - c, len(pids)
 
 
+def host_yardstick(n: int = 1_000_000) -> float:
+    """CPU seconds of a fixed pure-Python loop (float sums, integer arithmetic, dict hits,
+    list appends: the kinds of work of the engine's hot loop), the median of three: the
+    same work on any day and any checkout, so it measures the host, not the code. Timed
+    before and after a run, it tells runs made hours apart on a host whose speed drifts
+    (±25 % within an hour here) which of them ran on a slower machine."""
+    times = []
+    for _ in range(3):
+        c = time.process_time()
+        table = {i: float(i) for i in range(64)}
+        acc, t, kept = 0.0, 0.0, []
+        for i in range(n):
+            x = table[i & 63]
+            t += x * 1e-6
+            acc += (t - x) * 0.5
+            if i % 7 == 0:
+                kept.append(t)
+        times.append(time.process_time() - c)
+    return sorted(times)[1]
+
+
 def spill_bytes() -> tuple[int, int]:
     """Bytes in this process's spill folders (sim/io/spill.py), all and the gaps' alone."""
     total = gaps = 0
@@ -129,6 +151,7 @@ class Timed:
     fixed_cpu: float = 0.0
     spilled: int = 0  # bytes in the spill folder after the run (its peak: it only grows)
     spilled_gaps: int = 0
+    yardstick: tuple[float, float] = (0.0, 0.0)  # host_yardstick() before and after run(), s
 
 
 def _args() -> argparse.Namespace:
@@ -171,11 +194,13 @@ def timed_run(a: argparse.Namespace) -> Timed:
         s_wall, s_cpu, warmed = start_ray(max(1, n - 1))
         fixed_wall, fixed_cpu = fixed_wall + s_wall, fixed_cpu + s_cpu
         fixed.append(f"Ray start-up {s_wall:.2f} s ({warmed} workers warmed)")
+    before = host_yardstick()
     t0, c0 = time.perf_counter(), time.process_time()
     out = run(sc, workers=workers, executor=a.executor,  # what `llmsim run` does
               split=not a.no_split)
     t = Timed(out, time.perf_counter() - t0, time.process_time() - c0, fixed)
     t.spilled, t.spilled_gaps = spill_bytes()
+    t.yardstick = (before, host_yardstick())
     if ray_up:
         import ray
 
@@ -219,6 +244,8 @@ def main() -> None:
     print(f"  spill folder:         {t.spilled / 2**20:,.0f} MiB on disk "
           f"({t.spilled / max(iters, 1):.1f} B an iteration; the gaps "
           f"{t.spilled_gaps / max(iters, 1):.1f})")
+    print(f"  host yardstick:       {t.yardstick[0] * 1e3:.0f} ms before, {t.yardstick[1] * 1e3:.0f} ms "
+          "after the run (a fixed loop's CPU: lower is a faster host; not timed in the run)")
     print(f"  fixed costs:          {', '.join(t.fixed)}: {t.fixed_wall:.2f} s wall, "
           f"{t.fixed_cpu:.2f} s cpu (this process), not scaled below")
     if a.hours < 24 and a.diurnal is None:
