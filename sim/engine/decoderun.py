@@ -119,7 +119,8 @@ def decode_run(rep: Replica, plan: StepPlan, now: float, bound: float,  # noqa: 
                 free, used, k0, stop = kv.free_blocks, num_blocks - kv.free_blocks, D, D
                 nf = len(factors)
                 if wrow is None:
-                    wrow, nrow = array("q", (rows,)), array("q", (n,))
+                    wrow = array("q", (rows,))
+                    nrow = array("q", (n,)) if keep_rows else None
                 ends = [now] if keep_rows else []  # (rows: the steps' ends; else their gaps)
                 try:
                     if keep_rows:
