@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from sim.costmodel.derived_tables import gemm_ratio
 from sim.costmodel.mixed_decode import MixWeights, blend
 from sim.costmodel.profiles import _RANK, IMPLS, GPUProfile, _derived
 from sim.io.tables import (
@@ -51,11 +52,32 @@ def bound_gemm(p: GPUProfile, k: int, n: int) -> Sized:
     if f is None:
         def plain(m: int) -> tuple[float, str]:
             return p.gemm(m, k, n)
-        grid = p._gemm.get((k, n))
-        f = p.bound[key] = (_Rows(p, grid, plain, p.facts.efficiency.gemm_floor_ms,
-                                  "gemm" in p._derived_lookups)
-                            if grid is not None and min(k, n) >= 1 else plain)
+        grid, source = p._gemm.get((k, n)), p.gemm_source
+        if min(k, n) < 1:
+            f = plain
+        elif source is not None:  # another GPU's lookup x the roofline ratio (derived_tables.py)
+            f = _ScaledGemm(p, source, bound_gemm(source, k, n), k, n, plain)
+        elif grid is not None:
+            f = _Rows(p, grid, plain, p.facts.efficiency.gemm_floor_ms, "gemm" in p._derived_lookups)
+        else:
+            f = plain
+        p.bound[key] = f
     return f
+
+
+class _ScaledGemm:
+    """`GPUProfile.gemm` of a profile whose GEMMs are another GPU's (`gemm_source`): that
+    GPU's bound lookup × the roofline ratio at the same shape, tagged derived."""
+
+    def __init__(self, p: GPUProfile, source: GPUProfile, measured: Sized, k: int, n: int,
+                 plain: Sized):
+        self.p, self.source, self.measured, self.k, self.n, self.plain = p, source, measured, k, n, plain
+
+    def __call__(self, m: int) -> tuple[float, str]:
+        if m < 1:  # the profile's error
+            return self.plain(m)
+        ms, tag = self.measured(m)
+        return ms * gemm_ratio(self.p, self.source, m, self.k, self.n), _derived(tag)
 
 
 def bound_elementwise(p: GPUProfile, op: str, width: int) -> Sized:

@@ -1,19 +1,38 @@
 """Kernel tables of an unmeasured GPU derived from a measured GPU's tables.
 
 A profile with `derived_from: <measured profile>` (profile.yaml) has no measurements of
-its own. Its tables are the measured profile's rows (as lookups see them: the L2-flush
-write-back removed, rates capped at that GPU's ceilings), each time multiplied by the
-ratio of the two GPUs' roofline times for that row's shape (sim/costmodel/profiles.py:
-`gemm_model`, `elementwise_model`, `prefill_model`, `decode_model`, each from the
-profile's own datasheet rates and efficiencies):
+its own (one with `tables_from` takes some of its tables so). Its kernel times are the
+measured profile's (as its lookups see them: the L2-flush write-back removed, rates
+capped at that GPU's ceilings), each multiplied by the ratio of the two GPUs' roofline
+times for the same shape (sim/costmodel/profiles.py: `gemm_model`, `elementwise_model`,
+`prefill_model`, `decode_model`, each from the profile's own datasheet rates and
+efficiencies):
 
     t_derived(shape) = t_measured(shape) × roofline_derived(shape) / roofline_measured(shape)
 
 So the unmeasured GPU runs every kernel at the fraction of its roofline the measured GPU
 reaches on the same shape: measured small-kernel floors, launch gaps and L2 effects carry
 over, and a GPU at least as fast on every datasheet figure, with the same efficiencies,
-is never costed slower on any table row (every roofline term is a floor plus work over a
-rate). Lookups in such tables are tagged `derived` (never `exact` or `interpolated`).
+is never costed slower (every roofline term is a floor plus work over a rate).
+
+GEMMs apply the formula at every shape looked up: a derived GEMM is the measured GPU's
+lookup at that (M, K, N) × `gemm_ratio` (`GPUProfile.gemm_source`; sim/costmodel/bound.py
+the same). The fraction of its roofline reached (the measured lookup / its roofline) is
+then the same on every GPU derived from one measured GPU, which matters because other
+GEMM kernels reuse it: an FP8 or a weight-only quantised GEMM is the bf16 lookup × its own
+roofline / the bf16 one (`gemm_fp8`, `gemm_weights`), on a derived GPU the measured GPU's
+lookup × the derived GPU's roofline of that kernel / the measured GPU's bf16 roofline.
+Scaling the table's rows instead, and interpolating the scaled times in M between them,
+crossed the bf16 roofline's kink (memory- to compute-bound) at an M that differs per GPU:
+between rows the fraction differed, by 2 % at M = 140 between the MI300X and the MI325X,
+and gpt-oss-120b's MXFP4 experts (compute-bound in MXFP4, bandwidth-bound in bf16, so
+their time was that fraction × the same compute term) cost the MI325X more.
+
+The other tables are rows scaled by the formula (`derive_tables`), looked up as measured
+rows are: every step of a lookup there (the monotone envelope, filling missing cells,
+interpolating, scaling beyond the grid by the GPU's own roofline) keeps the order of two
+GPUs' rows, and no other kernel reuses those lookups' fraction of their roofline. Lookups
+in derived tables are tagged `derived` (never `exact` or `interpolated`).
 """
 
 from __future__ import annotations
@@ -31,10 +50,14 @@ class Roofline(Protocol):
                      hq: int, hkv: int, d: int) -> float: ...
 
 
+def gemm_ratio(target: Roofline, measured: Roofline, M: float, K: float, N: float) -> float:
+    """What a derived GEMM lookup multiplies the measured GPU's by: the roofline ratio."""
+    return target.gemm_model(M, K, N) / measured.gemm_model(M, K, N)
+
+
 def _row_models(p: Roofline) -> dict[str, Callable[[dict], float]]:
-    """Per table: a row's roofline time on profile `p`."""
+    """Per table of rows: a row's roofline time on profile `p`."""
     return {
-        "gemm": lambda r: p.gemm_model(r["M"], r["K"], r["N"]),
         "elementwise": lambda r: p.elementwise_model(r["op"], r["M"], r["H"]),
         "attn_prefill": lambda r: p.prefill_model(r["impl"], r["batch"], r["seq"], r["seq"],
                                                   r["hq"], r["hkv"], r["d"]),
@@ -45,7 +68,8 @@ def _row_models(p: Roofline) -> dict[str, Callable[[dict], float]]:
 
 def derive_tables(tables: dict[str, list[dict]], measured: Roofline, target: Roofline
                   ) -> dict[str, list[dict]]:
-    """`tables` (the measured GPU's rows) with each `ms` scaled by target / measured roofline."""
+    """`tables` (the measured GPU's rows; any but the GEMMs) with each `ms` scaled by
+    target / measured roofline."""
     mine, theirs = _row_models(target), _row_models(measured)
     return {t: [{**r, "ms": r["ms"] * mine[t](r) / theirs[t](r)} for r in rows]
             for t, rows in tables.items()}
