@@ -15,24 +15,20 @@ reaches on the same shape: measured small-kernel floors, launch gaps and L2 effe
 over, and a GPU at least as fast on every datasheet figure, with the same efficiencies,
 is never costed slower (every roofline term is a floor plus work over a rate).
 
-GEMMs apply the formula at every shape looked up: a derived GEMM is the measured GPU's
-lookup at that (M, K, N) × `gemm_ratio` (`GPUProfile.gemm_source`; sim/costmodel/bound.py
-the same). The fraction of its roofline reached (the measured lookup / its roofline) is
-then the same on every GPU derived from one measured GPU, which matters because other
-GEMM kernels reuse it: an FP8 or a weight-only quantised GEMM is the bf16 lookup × its own
-roofline / the bf16 one (`gemm_fp8`, `gemm_weights`), on a derived GPU the measured GPU's
-lookup × the derived GPU's roofline of that kernel / the measured GPU's bf16 roofline.
-Scaling the table's rows instead, and interpolating the scaled times in M between them,
-crossed the bf16 roofline's kink (memory- to compute-bound) at an M that differs per GPU:
-between rows the fraction differed, by 2 % at M = 140 between the MI300X and the MI325X,
-and gpt-oss-120b's MXFP4 experts (compute-bound in MXFP4, bandwidth-bound in bf16, so
-their time was that fraction × the same compute term) cost the MI325X more.
+GEMMs apply the formula at every shape looked up, through the fraction of its roofline
+the measured GPU reaches (sim/costmodel/gemm_curve.py): a derived GPU's GEMM kernel is
+that fraction at (M, K, N) × its own roofline for the kernel (`GPUProfile.gemm_source`:
+the measured GPU whose table it is). So at a row, t_measured × roofline_derived /
+roofline_measured as above; between rows, the same fraction on every GPU derived from one
+(scaling interpolated times instead made it differ by up to 20 % between two GPUs, and
+reordered them; gemm_curve.py says how).
 
 The other tables are rows scaled by the formula (`derive_tables`), looked up as measured
 rows are: every step of a lookup there (the monotone envelope, filling missing cells,
 interpolating, scaling beyond the grid by the GPU's own roofline) keeps the order of two
-GPUs' rows, and no other kernel reuses those lookups' fraction of their roofline. Lookups
-in derived tables are tagged `derived` (never `exact` or `interpolated`).
+GPUs' rows, and no other kernel reuses those lookups' fraction of their roofline (as the
+FP8 and weight-only GEMMs reuse the bf16 GEMM's). Lookups in derived tables are tagged
+`derived` (never `exact` or `interpolated`).
 """
 
 from __future__ import annotations
@@ -42,17 +38,11 @@ from typing import Protocol
 
 
 class Roofline(Protocol):
-    def gemm_model(self, M: float, K: float, N: float) -> float: ...
     def elementwise_model(self, op: str, M: float, H: float) -> float: ...
     def prefill_model(self, impl: str, batch: float, q_len: float, kv_len: float,
                       hq: int, hkv: int, d: int) -> float: ...
     def decode_model(self, impl: str, batch: float, sum_ctx: float,
                      hq: int, hkv: int, d: int) -> float: ...
-
-
-def gemm_ratio(target: Roofline, measured: Roofline, M: float, K: float, N: float) -> float:
-    """What a derived GEMM lookup multiplies the measured GPU's by: the roofline ratio."""
-    return target.gemm_model(M, K, N) / measured.gemm_model(M, K, N)
 
 
 def _row_models(p: Roofline) -> dict[str, Callable[[dict], float]]:

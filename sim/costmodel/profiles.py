@@ -42,7 +42,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sim.costmodel.comm import Collectives, read_all_reduce
-from sim.costmodel.derived_tables import derive_tables, gemm_ratio
+from sim.costmodel.derived_tables import derive_tables
+from sim.costmodel.gemm_curve import GemmCurve, GemmRoofline
 from sim.costmodel.gpu_facts import Efficiency, GPUFacts
 from sim.costmodel.l2flush import describe, remove_write_back
 from sim.costmodel.mixed_decode import blend, fit_mix_weights
@@ -136,6 +137,7 @@ class GPUProfile:
         self.rows = {t: len(tables.get(t, [])) for t in TABLES}
         if gemm_source is not None:
             self.rows["gemm"] = gemm_source.rows["gemm"]
+        self._curves: dict[tuple, GemmCurve | None] = {}  # (K, N, kernel, width) -> its curve
         e = facts.efficiency
         self._gemm_rate = facts.datasheet_tflops * 1e9 * e.flops  # FLOP per ms
         self._bw = facts.datasheet_mem_bw_tbs * 1e9 * e.mem_bw  # bytes per ms
@@ -213,58 +215,83 @@ class GPUProfile:
 
     @_memoised
     def gemm(self, M: int, K: int, N: int) -> tuple[float, str]:
-        """F.linear(x[M, K], W[N, K]) in bf16: table by (K, N), log-log in M; on a profile
-        whose GEMMs are another GPU's (`gemm_source`), that GPU's lookup at the same shape
-        × the roofline ratio (sim/costmodel/derived_tables.py)."""
+        """F.linear(x[M, K], W[N, K]) in bf16: the table of (K, N) (or of the nearest shape,
+        scaled), as the fraction of the roofline reached, at M (sim/costmodel/gemm_curve.py)."""
         if min(M, K, N) < 1:
             raise ValueError(f"gemm sizes must be >= 1, got M={M}, K={K}, N={N}")
-        if (source := self.gemm_source) is not None:
-            ms, tag = source.gemm(M, K, N)
-            return ms * gemm_ratio(self, source, M, K, N), tag
-        floor = self.facts.efficiency.gemm_floor_ms
-        if (K, N) in self._gemm:
-            ms, tag = self._gemm[K, N].lookup(M, 1)
-            return max(ms, floor), tag
-        near = nearest(tuple(self._gemm), (K, N))
-        if near is None:
+        curve = self.gemm_curve(K, N)
+        if curve is None:
             return self.gemm_model(M, K, N), ANALYTIC
-        # an unmeasured (K, N): both roofline terms scale as K·N at equal M, the launch floor
-        # does not (scaling it too made a part's implied efficiency depend on its bandwidth)
-        above = max(self._gemm[near].lookup(M, 1)[0] - floor, 0.0)
-        return floor + above * K * N / (near[0] * near[1]), EXTRAPOLATED
+        return curve.at(M), curve.tag(M)
 
     @_memoised
     def gemm_fp8(self, M: int, K: int, N: int) -> tuple[float, str]:
-        """The bf16 lookup at the same shape scaled by the roofline ratio fp8 / bf16: the
-        datasheet's dense FP8 rate at the measured bf16 efficiency, fp8 weights and inputs
-        (1 byte), bf16 output. Always tagged analytic (no FP8 GEMM measured)."""
-        fp8 = self.facts.datasheet_fp8_tflops
-        if fp8 is None:
+        """The bf16 table's fraction of its roofline at the same shape × the FP8 roofline:
+        the datasheet's dense FP8 rate at the measured bf16 efficiency, fp8 weights and
+        inputs (1 byte), bf16 output. Always tagged analytic (no FP8 GEMM measured)."""
+        if self.facts.datasheet_fp8_tflops is None:
             raise ValueError(f"{self.name} has no FP8 tensor cores (datasheet_fp8_tflops)")
-        e = self.facts.efficiency
-        flops, nbytes = 2 * M * K * N, M * K + K * N + M * N * BF16
-        model = e.gemm_floor_ms + max(flops / (fp8 * 1e9 * e.flops), nbytes / self._bw)
-        return self._gemm_scaled(M, K, N, model), ANALYTIC
+        return self._quantised(M, K, N, "fp8", 1.0)
 
     @_memoised
     def gemm_weights(self, M: int, K: int, N: int, width: float) -> tuple[float, str]:
         """A weight-only quantised GEMM (W4A16: MXFP4 experts on Hopper, and on Blackwell
-        under vLLM's default MoE backends): the bf16 lookup at the same shape scaled by the
-        roofline ratio with the weights read at `width` bytes each, inputs, outputs and the
-        compute at bf16 (the weights are dequantised in the kernel). Tagged analytic."""
-        e = self.facts.efficiency
-        flops, nbytes = 2 * M * K * N, K * N * width + (M * K + M * N) * BF16
-        model = e.gemm_floor_ms + max(flops / self._gemm_rate, nbytes / self._bw)
-        return self._gemm_scaled(M, K, N, model), ANALYTIC
+        under vLLM's default MoE backends): the bf16 table's fraction of its roofline at the
+        same shape × the roofline with the weights read at `width` bytes each, inputs,
+        outputs and the compute at bf16 (the weights are dequantised in the kernel).
+        Tagged analytic."""
+        return self._quantised(M, K, N, "weights", width)
 
-    def _gemm_scaled(self, M: int, K: int, N: int, model: float) -> float:
-        """The bf16 lookup at (M, K, N) × `model` (this GPU's roofline time of another
-        GEMM kernel of that shape) / the bf16 roofline time, both of the GPU whose lookup it
-        is: for a derived GEMM the measured GPU's lookup and roofline (`gemm_source`), so
-        that every GPU derived from one sees the same measured fraction of its roofline at
-        every shape, and one faster on every datasheet figure is never costed slower."""
-        base = self.gemm_source or self
-        return base.gemm(M, K, N)[0] * model / base.gemm_model(M, K, N)
+    def _quantised(self, M: int, K: int, N: int, kernel: str, width: float) -> tuple[float, str]:
+        curve = self.gemm_curve(K, N, kernel, width)
+        if curve is None:
+            return self.gemm_roofline(K, N, kernel, width).at(M), ANALYTIC
+        return curve.at(M), ANALYTIC
+
+    def gemm_roofline(self, K: int, N: int, kernel: str = "bf16", width: float = BF16
+                      ) -> GemmRoofline:
+        """A GEMM kernel's roofline of weight shape (K, N) as a function of M: `bf16`
+        (`gemm_model`), `fp8` (dense FP8 rate, 1-byte weights and inputs) or `weights`
+        (`width`-byte weights, bf16 inputs and compute); the output is bf16."""
+        e = self.facts.efficiency
+        rate, x = self._gemm_rate, BF16
+        if kernel == "fp8":
+            rate, x = self.facts.datasheet_fp8_tflops * 1e9 * e.flops, 1
+        return GemmRoofline(e.gemm_floor_ms, 2 * K * N / rate, K * N * width / self._bw,
+                            (K * x + N * BF16) / self._bw)
+
+    def gemm_curve(self, K: int, N: int, kernel: str = "bf16", width: float = BF16
+                   ) -> GemmCurve | None:
+        """The curve of `gemm_roofline(K, N, kernel, width)` on this GPU over the rows of
+        (K, N) in the GEMM table looked up (this profile's, or `gemm_source`'s); None
+        without a GEMM table. Kept per shape and kernel (a run prices a few hundred)."""
+        key = (K, N, kernel, width)
+        curve = self._curves.get(key, False)
+        if curve is False:
+            base = self.gemm_source or self
+            rows = base._gemm_rows(K, N)
+            curve = None if rows is None else GemmCurve(
+                rows[0], rows[1], base.gemm_roofline(K, N), self.gemm_roofline(K, N, kernel, width),
+                rows[2])
+            if len(self._curves) >= _MEMO_MAX >> 6:
+                self._curves.clear()
+            self._curves[key] = curve
+        return curve
+
+    def _gemm_rows(self, K: int, N: int) -> tuple[list[float], list[float], str] | None:
+        """The table's rows M and their times for (K, N), never below the launch floor, and
+        the tag of a lookup on a row. An unmeasured (K, N) takes the nearest shape's,
+        the time above the floor scaled by K·N / (K₀·N₀) (both roofline terms at equal M;
+        the floor does not scale). None without a GEMM table."""
+        floor = self.facts.efficiency.gemm_floor_ms
+        grid = self._gemm.get((K, N))
+        if grid is not None:
+            return grid.xs, [max(v[0], floor) for v in grid.v], EXACT
+        near = nearest(tuple(self._gemm), (K, N))
+        if near is None:
+            return None
+        f = K * N / (near[0] * near[1])
+        return self._gemm[near].xs, [floor + max(v[0] - floor, 0.0) * f for v in self._gemm[near].v], EXTRAPOLATED
 
     @_memoised
     def elementwise(self, op: str, M: int, H: int) -> tuple[float, str]:
