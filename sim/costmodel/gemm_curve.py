@@ -112,7 +112,11 @@ class GemmCurve:
         return min(self._time(m), self._dip(m, points[j], points[j + 1]), self.least[j + 1])
 
     def tag(self, m: float) -> str:
+        """`exact` on a row of the shape's own table, `interpolated` between its rows,
+        `extrapolated` beyond them or on another shape's rows (as `Grid.lookup` tags)."""
         rows = self.rows
         if m < rows[0] or m > rows[-1]:
             return EXTRAPOLATED
-        return self.on_row if m in rows else INTERPOLATED if self.on_row == EXACT else self.on_row
+        if self.on_row != EXACT or rows[bisect_right(rows, m) - 1] == m:
+            return self.on_row
+        return INTERPOLATED

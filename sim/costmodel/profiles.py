@@ -10,7 +10,9 @@ Tables are made monotone at load: a smaller problem can always be padded to a
 larger measured one, so a measured time becomes the minimum over the points at
 least as large (e.g. paged_gather's 0.197 ms at batch 1, ctx 128 becomes the 0.124
 ms of ctx 512). Interpolation is linear in log time over log sizes, so lookups
-never decrease with size. Cells missing from a staircase grid (large batch × long
+never decrease with size; GEMMs interpolate instead the fraction of the roofline the
+measured rows reach, times each GEMM kernel's own roofline, lowered to the least over
+larger M (`sim/costmodel/gemm_curve.py`: why). Cells missing from a staircase grid (large batch × long
 context) are filled by roofline scaling. An unmeasured head configuration (or
 elementwise width) is looked up in the nearest measured one at the equivalent
 batch (or token count): batch × the ratio of per-sequence work (hq·d for prefill,
@@ -19,15 +21,19 @@ tensor-parallel shard's few heads) is looked up at that batch and the length of 
 work instead: seq × √ratio for prefill (FLOPs grow as seq²), ctx × ratio for decode (KV
 bytes as ctx); held out, this predicts the measured batch-1 rows from the batch-4 flash
 rows to 5 % median (worst 35 %) and from the batch-2 contiguous decode rows to 3 %
-(tests/test_profiles.py). An unmeasured GEMM (K, N) scales the nearest shape's time
-above the launch floor by K·N / (K₀·N₀), the ratio of both roofline terms at equal M
-(the floor does not scale). The CSV reading and the grid machinery live in
-`sim/io/tables.py`; this module supplies the roofline costs.
+(tests/test_profiles.py). An unmeasured GEMM (K, N) takes the nearest shape's rows scaled
+by K·N / (K₀·N₀), the ratio of both roofline terms at equal M, never below the launch
+floor. (Scaling only the time above the floor was tried: Vidur's A100 rows run below
+floor + streaming, so it implied more than the datasheet bandwidth on larger shapes,
+Llama-2-70B's decode at TP 4 10 % faster, and the published rows' median error went from
+8.5 to 9.0 %.) The CSV reading and the grid machinery live in `sim/io/tables.py`; this
+module supplies the roofline costs.
 
 A profile costed from another GPU's measurements (`derived_from`, `tables_from`) looks
-up, for GEMMs, the measured GPU's lookup at the same shape × the ratio of the two
-rooflines there (`gemm_source`), and for the other tables the measured rows scaled by
-that ratio (sim/costmodel/derived_tables.py: why the two differ).
+up, for GEMMs, the measured GPU's table (`gemm_source`) through the fraction of the
+roofline it reaches, times this GPU's roofline, and for the other tables the measured
+rows scaled by the ratio of the two rooflines (sim/costmodel/derived_tables.py: why the
+two differ).
 
 Decode is looked up at (batch, mean context = sum_ctx / batch); given the longest
 context as well, it moves towards the time at that context by weights fitted at load to
@@ -280,9 +286,8 @@ class GPUProfile:
 
     def _gemm_rows(self, K: int, N: int) -> tuple[list[float], list[float], str] | None:
         """The table's rows M and their times for (K, N), never below the launch floor, and
-        the tag of a lookup on a row. An unmeasured (K, N) takes the nearest shape's,
-        the time above the floor scaled by K·N / (K₀·N₀) (both roofline terms at equal M;
-        the floor does not scale). None without a GEMM table."""
+        the tag of a lookup on a row. An unmeasured (K, N) takes the nearest shape's, scaled
+        by K·N / (K₀·N₀) (both roofline terms at equal M). None without a GEMM table."""
         floor = self.facts.efficiency.gemm_floor_ms
         grid = self._gemm.get((K, N))
         if grid is not None:
@@ -291,7 +296,7 @@ class GPUProfile:
         if near is None:
             return None
         f = K * N / (near[0] * near[1])
-        return self._gemm[near].xs, [floor + max(v[0] - floor, 0.0) * f for v in self._gemm[near].v], EXTRAPOLATED
+        return self._gemm[near].xs, [max(v[0] * f, floor) for v in self._gemm[near].v], EXTRAPOLATED
 
     @_memoised
     def elementwise(self, op: str, M: int, H: int) -> tuple[float, str]:
