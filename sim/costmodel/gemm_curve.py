@@ -74,32 +74,36 @@ class GemmCurve:
         self.logr = [math.log(t / measured.at(m)) for m, t in zip(rows, times, strict=True)]
         bend = kernel.bend()
         self.points = sorted({*rows, *([bend] if rows[0] < bend < rows[-1] else [])})
-        least = [0.0] * len(self.points)  # least time over [point, inf)
+        # per piece [points[j], points[j+1]]: its row interval, where inside it the time
+        # dips below both ends (inf: nowhere) and the time there
+        self.row_of = [bisect_right(rows, a) - 1 for a in self.points[:-1]]
+        self.dip_at = [self._dip(j) for j in range(len(self.points) - 1)]
+        self.dip = [self._time(d, i) if d < math.inf else math.inf
+                    for d, i in zip(self.dip_at, self.row_of, strict=True)]
+        least = [0.0] * len(self.points)  # the least time over [point, inf)
         least[-1] = self.at_row[-1]
         for j in range(len(self.points) - 2, -1, -1):
-            a, z = self.points[j], self.points[j + 1]
-            least[j] = min(self._time(a), self._dip(a, a, z), least[j + 1])
+            least[j] = min(self._time(self.points[j], self.row_of[j]), self.dip[j], least[j + 1])
         self.least = least
 
-    def _time(self, m: float) -> float:
-        """ρ(m) × the kernel's roofline, rows[0] <= m <= rows[-1]."""
-        rows = self.rows
-        i = bisect_right(rows, m) - 1
-        if rows[i] == m:
+    def _time(self, m: float, i: int) -> float:
+        """ρ(m) × the kernel's roofline, rows[i] <= m <= rows[i + 1]."""
+        if self.rows[i] == m:
             return self.at_row[i]
-        w = (math.log(m) - self.logm[i]) / (self.logm[i + 1] - self.logm[i])
-        return math.exp((1 - w) * self.logr[i] + w * self.logr[i + 1]) * self.kernel.at(m)
+        logm, logr = self.logm, self.logr
+        w = (math.log(m) - logm[i]) / (logm[i + 1] - logm[i])
+        return math.exp((1 - w) * logr[i] + w * logr[i + 1]) * self.kernel.at(m)
 
-    def _dip(self, m: float, a: float, z: float) -> float:
-        """The least time strictly inside (m, z), z the end of the piece [a, z] holding m,
-        where the time dips below both ends (inf where it does not)."""
-        i = bisect_right(self.rows, a) - 1
+    def _dip(self, j: int) -> float:
+        """Where the time on piece j, A·M^b·(p + q·M), has its least value strictly inside
+        the piece (d/dM = 0 at M* = −b·p / ((1 + b)·q)); inf where it has none there."""
+        a, z, i = self.points[j], self.points[j + 1], self.row_of[j]
         b = (self.logr[i + 1] - self.logr[i]) / (self.logm[i + 1] - self.logm[i])
         p, q = self.kernel.piece((a + z) / 2)
         if not -1 < b < 0 or p <= 0:
             return math.inf
         low = -b * p / ((1 + b) * q)
-        return self._time(low) if m < low < z else math.inf
+        return low if a < low < z else math.inf
 
     def at(self, m: float) -> float:
         """The least time over [m, inf)."""
@@ -109,7 +113,10 @@ class GemmCurve:
         if m >= rows[-1]:  # the last row's residual, held
             return self.at_row[-1] * (self.kernel.at(m) / self.kernel.at(rows[-1]))
         j = bisect_right(points, m) - 1
-        return min(self._time(m), self._dip(m, points[j], points[j + 1]), self.least[j + 1])
+        t = self._time(m, self.row_of[j])
+        if m < self.dip_at[j] and self.dip[j] < t:
+            t = self.dip[j]
+        return min(t, self.least[j + 1])
 
     def tag(self, m: float) -> str:
         """`exact` on a row of the shape's own table, `interpolated` between its rows,
