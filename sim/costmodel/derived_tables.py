@@ -15,13 +15,14 @@ reaches on the same shape: measured small-kernel floors, launch gaps and L2 effe
 over, and a GPU at least as fast on every datasheet figure, with the same efficiencies,
 is never costed slower (every roofline term is a floor plus work over a rate).
 
-GEMMs apply the formula at every shape looked up, through the fraction of its roofline
-the measured GPU reaches (sim/costmodel/gemm_curve.py): a derived GPU's GEMM kernel is
-that fraction at (M, K, N) × its own roofline for the kernel (`GPUProfile.gemm_source`:
-the measured GPU whose table it is). So at a row, t_measured × roofline_derived /
-roofline_measured as above; between rows, the same fraction on every GPU derived from one
-(scaling interpolated times instead made it differ by up to 20 % between two GPUs, and
-reordered them; gemm_curve.py says how).
+GEMMs apply the formula at every shape looked up, not only at the rows: a derived GPU's
+GEMM kernel is the measured GPU's lookup at that (M, K, N) × the ratio of its roofline for
+the kernel to the measured GPU's bf16 one (`GPUProfile.gemm_source`: the measured GPU
+whose table it is; sim/costmodel/gemm_curve.py, which also keeps it from decreasing in M).
+Scaling the rows and interpolating the scaled times instead let the fraction of the
+roofline differ between two derived GPUs between rows (by up to 18 % next to a roofline's
+bend), which reordered them on the FP8 and weight-only GEMMs, whose times are that
+fraction × their own roofline.
 
 The other tables are rows scaled by the formula (`derive_tables`), looked up as measured
 rows are: every step of a lookup there (the monotone envelope, filling missing cells,

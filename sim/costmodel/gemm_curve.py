@@ -1,29 +1,31 @@
 """A GEMM kernel's time as a function of its rows M, from a measured GEMM table.
 
-A measured table gives, for one weight shape (K, N), times tᵢ at rows Mᵢ (made monotone
-at load, sim/io/tables.py `Grid`). Its residual at a row, ρᵢ = tᵢ / rᵢ, is the time over
-the measured GPU's bf16 roofline time there (rᵢ; profiles.py `gemm_model`): how far from
-its roofline that GPU runs the shape. Between rows ρ is interpolated linearly in log ρ
-over log M, and held beyond the last row. A kernel's time at M is ρ(M) × its own roofline
-at M: the bf16 GEMM's, an FP8 or a weight-only quantised GEMM's, on the GPU measured or
-on one whose GEMMs are derived from it (sim/costmodel/derived_tables.py). Every kernel
-on every GPU costed from one table then runs at the same fraction of its roofline at
-every shape, so a GPU at least as fast on every datasheet figure is never costed slower,
-for any kernel and any M. The time is lowered to the least over every M' ≥ M (a problem
-can be padded to a larger one): never decreasing in M. Below the first row it is the
-first row's.
+A measured table gives, for one weight shape (K, N), times at rows Mᵢ, made monotone at
+load and interpolated linearly in log time over log M between them (sim/io/tables.py
+`Grid`; held at the first row below it, grown as the roofline beyond the last). Any GEMM
+kernel on any GPU costed from that table takes, at every M, that time × the ratio of its
+own roofline to the measured GPU's bf16 roofline at M: the bf16 GEMM's, an FP8 or a
+weight-only quantised GEMM's, on the GPU measured or on one whose GEMMs are derived from
+it (sim/costmodel/derived_tables.py). So every such kernel runs at the fraction of its
+roofline that the measured bf16 GEMM reaches at that very shape: two GPUs costed from one
+table keep their rooflines' order for every kernel and every M, and a quantised GEMM
+(less work on every roofline term) never costs more than the bf16 one.
 
-Why the residual and not the time (as the attention and elementwise tables interpolate):
-a roofline bends where the GEMM turns from bandwidth- to compute-bound, at an M of its
-own per GPU and per kernel. Times interpolated between rows bend nowhere, so a time
-scaled from them by a roofline ratio reached a different fraction of its roofline than
-the rows around it, by up to 20 % next to the measured GPU's bend: an MI325X costed more
-than an MI300X on gpt-oss-120b's MXFP4 experts, an H100 a weight-only GEMM 18 % faster
-than the H200, and FP8 GEMMs that got faster with more rows.
+A roofline bends where the GEMM turns from bandwidth- to compute-bound, at an M of its
+own per GPU and per kernel; the ratio of two rooflines rises and falls between their
+bends, and the scaled time can fall with M there (a GPU still bandwidth-bound where the
+measured one is compute-bound and gaining efficiency). The time is therefore lowered to
+the least over every M' ≥ M (a problem can be padded to a larger one), which never
+decreases in M; the measured GPU's own bf16 GEMM is its table as looked up (monotone
+already). Between rows and bends the time is A·M^b·(p + q·M) / (r + s·M), whose
+derivative vanishes at the roots of a quadratic: the envelope is exact.
 
-A roofline here is floor + max(F·M, B₀ + B₁·M) (compute; bytes), affine on each side of
-its bend. On a piece between rows and bends the time is A·M^b·(p + q·M), whose least
-value on an interval is at an end or at M* = −b·p / ((1 + b)·q): the envelope is exact.
+Before, a derived GPU's table was its rows scaled by the roofline ratio, and FP8 and
+weight-only GEMMs the bf16 lookup × their roofline / the bf16 one: interpolating scaled
+rows let the fraction of the roofline differ between GPUs between rows, by up to 18 %
+next to a bend. An MI325X cost more than an MI300X on weight-only GEMMs (up to 7.5 %;
+2 % on gpt-oss-120b's MXFP4 experts, where tests/test_gpu_ordering.py found it), the H200
+18 % more than the H100, and FP8 GEMMs got up to 6 % faster with more rows (the H200's).
 """
 
 from __future__ import annotations
@@ -67,53 +69,68 @@ class GemmCurve:
 
     def __init__(self, rows: list[float], times: list[float], measured: GemmRoofline,
                  kernel: GemmRoofline, tag: str = EXACT):
-        self.rows, self.kernel, self.on_row = rows, kernel, tag
-        self.logm = [math.log(m) for m in rows]
-        # a row's time: the measured time x the roofline ratio (exactly it where they are one)
-        self.at_row = [t * (kernel.at(m) / measured.at(m)) for m, t in zip(rows, times, strict=True)]
-        self.logr = [math.log(t / measured.at(m)) for m, t in zip(rows, times, strict=True)]
-        bend = kernel.bend()
-        self.points = sorted({*rows, *([bend] if rows[0] < bend < rows[-1] else [])})
-        # per piece [points[j], points[j+1]]: its row interval, where inside it the time
-        # dips below both ends (inf: nowhere) and the time there
+        self.rows, self.measured, self.kernel, self.on_row = rows, measured, kernel, tag
+        self.times, self.logm = times, [math.log(m) for m in rows]
+        self.logt = [math.log(t) for t in times]
+        # the measured GPU's own bf16 GEMM: its table as looked up, monotone already
+        self.enveloped = kernel != measured
+        bends = [b for b in (kernel.bend(), measured.bend()) if rows[0] < b < rows[-1]]
+        self.points = sorted({*rows, *bends})
+        # per piece [points[j], points[j+1]]: its row interval, the least time strictly
+        # inside it where that is below both ends (inf: none) and where
         self.row_of = [bisect_right(rows, a) - 1 for a in self.points[:-1]]
-        self.dip_at = [self._dip(j) for j in range(len(self.points) - 1)]
-        self.dip = [self._time(d, i) if d < math.inf else math.inf
-                    for d, i in zip(self.dip_at, self.row_of, strict=True)]
+        dips = [self._dip(j) for j in range(len(self.points) - 1)]
+        self.dip_at, self.dip = [d[0] for d in dips], [d[1] for d in dips]
         least = [0.0] * len(self.points)  # the least time over [point, inf)
-        least[-1] = self.at_row[-1]
+        least[-1] = self._time(rows[-1], len(rows) - 1)
         for j in range(len(self.points) - 2, -1, -1):
             least[j] = min(self._time(self.points[j], self.row_of[j]), self.dip[j], least[j + 1])
         self.least = least
 
     def _time(self, m: float, i: int) -> float:
-        """ρ(m) × the kernel's roofline, rows[i] <= m <= rows[i + 1]."""
+        """The measured time at m (interpolated as `Grid.lookup` does) × the kernel's
+        roofline / the measured bf16 roofline at m; rows[i] <= m <= rows[i + 1]."""
         if self.rows[i] == m:
-            return self.at_row[i]
-        logm, logr = self.logm, self.logr
-        w = (math.log(m) - logm[i]) / (logm[i + 1] - logm[i])
-        return math.exp((1 - w) * logr[i] + w * logr[i + 1]) * self.kernel.at(m)
+            t = self.times[i]
+        else:
+            logm, logt = self.logm, self.logt
+            w = (math.log(m) - logm[i]) / (logm[i + 1] - logm[i])
+            t = math.exp((1 - w) * logt[i] + w * logt[i + 1])
+        return t * (self.kernel.at(m) / self.measured.at(m))
 
-    def _dip(self, j: int) -> float:
-        """Where the time on piece j, A·M^b·(p + q·M), has its least value strictly inside
-        the piece (d/dM = 0 at M* = −b·p / ((1 + b)·q)); inf where it has none there."""
+    def _dip(self, j: int) -> tuple[float, float]:
+        """Where and how low the time on piece j, A·M^b·(p + q·M) / (r + s·M), is least
+        strictly inside the piece, below both its ends: a root of the derivative, a
+        quadratic in M; (inf, inf) where there is none."""
         a, z, i = self.points[j], self.points[j + 1], self.row_of[j]
-        b = (self.logr[i + 1] - self.logr[i]) / (self.logm[i + 1] - self.logm[i])
-        p, q = self.kernel.piece((a + z) / 2)
-        if not -1 < b < 0 or p <= 0:
-            return math.inf
-        low = -b * p / ((1 + b) * q)
-        return low if a < low < z else math.inf
+        if not self.enveloped:
+            return math.inf, math.inf
+        b = (self.logt[i + 1] - self.logt[i]) / (self.logm[i + 1] - self.logm[i])
+        (p, q), (r, s) = self.kernel.piece((a + z) / 2), self.measured.piece((a + z) / 2)
+        # d/dM log time = b/M + q/(p + qM) - s/(r + sM) = 0, times M(p + qM)(r + sM):
+        c2, c1, c0 = b * q * s, b * (p * s + q * r) + q * r - s * p, b * p * r
+        if c2 != 0:
+            disc = c1 * c1 - 4 * c2 * c0
+            roots = [] if disc < 0 else [(-c1 + e * math.sqrt(disc)) / (2 * c2) for e in (1, -1)]
+        else:
+            roots = [-c0 / c1] if c1 != 0 else []
+        best = math.inf, math.inf
+        for m in roots:
+            if a < m < z and (t := self._time(m, i)) < best[1]:
+                best = m, t
+        return best
 
     def at(self, m: float) -> float:
         """The least time over [m, inf)."""
         rows, points = self.rows, self.points
         if m <= rows[0]:
-            return self.least[0]
-        if m >= rows[-1]:  # the last row's residual, held
-            return self.at_row[-1] * (self.kernel.at(m) / self.kernel.at(rows[-1]))
+            return self.least[0] if self.enveloped else self.times[0]
+        if m >= rows[-1]:  # the last row's time x the kernel's roofline growth
+            return self._time(rows[-1], len(rows) - 1) * (self.kernel.at(m) / self.kernel.at(rows[-1]))
         j = bisect_right(points, m) - 1
         t = self._time(m, self.row_of[j])
+        if not self.enveloped:
+            return t
         if m < self.dip_at[j] and self.dip[j] < t:
             t = self.dip[j]
         return min(t, self.least[j + 1])

@@ -10,9 +10,10 @@ Tables are made monotone at load: a smaller problem can always be padded to a
 larger measured one, so a measured time becomes the minimum over the points at
 least as large (e.g. paged_gather's 0.197 ms at batch 1, ctx 128 becomes the 0.124
 ms of ctx 512). Interpolation is linear in log time over log sizes, so lookups
-never decrease with size; GEMMs interpolate instead the fraction of the roofline the
-measured rows reach, times each GEMM kernel's own roofline, lowered to the least over
-larger M (`sim/costmodel/gemm_curve.py`: why). Cells missing from a staircase grid (large batch × long
+never decrease with size. A GEMM kernel other than the measured bf16 one (FP8,
+weight-only, another GPU's) is that lookup × its roofline / the measured bf16 roofline at
+the same shape, lowered to the least over larger M (`sim/costmodel/gemm_curve.py`: why).
+Cells missing from a staircase grid (large batch × long
 context) are filled by roofline scaling. An unmeasured head configuration (or
 elementwise width) is looked up in the nearest measured one at the equivalent
 batch (or token count): batch × the ratio of per-sequence work (hq·d for prefill,
@@ -30,10 +31,9 @@ Llama-2-70B's decode at TP 4 10 % faster, and the published rows' median error w
 module supplies the roofline costs.
 
 A profile costed from another GPU's measurements (`derived_from`, `tables_from`) looks
-up, for GEMMs, the measured GPU's table (`gemm_source`) through the fraction of the
-roofline it reaches, times this GPU's roofline, and for the other tables the measured
-rows scaled by the ratio of the two rooflines (sim/costmodel/derived_tables.py: why the
-two differ).
+up, for GEMMs, the measured GPU's lookup at the same shape (`gemm_source`) × the ratio of
+the two rooflines there, and for the other tables the measured rows scaled by that ratio
+(sim/costmodel/derived_tables.py: why the two differ).
 
 Decode is looked up at (batch, mean context = sum_ctx / batch); given the longest
 context as well, it moves towards the time at that context by weights fitted at load to
@@ -221,8 +221,9 @@ class GPUProfile:
 
     @_memoised
     def gemm(self, M: int, K: int, N: int) -> tuple[float, str]:
-        """F.linear(x[M, K], W[N, K]) in bf16: the table of (K, N) (or of the nearest shape,
-        scaled), as the fraction of the roofline reached, at M (sim/costmodel/gemm_curve.py)."""
+        """F.linear(x[M, K], W[N, K]) in bf16: table by (K, N) (or the nearest shape's,
+        scaled), log-log in M; on a profile whose GEMMs are another GPU's, that GPU's
+        lookup × the roofline ratio (sim/costmodel/gemm_curve.py)."""
         if min(M, K, N) < 1:
             raise ValueError(f"gemm sizes must be >= 1, got M={M}, K={K}, N={N}")
         curve = self.gemm_curve(K, N)
@@ -232,9 +233,10 @@ class GPUProfile:
 
     @_memoised
     def gemm_fp8(self, M: int, K: int, N: int) -> tuple[float, str]:
-        """The bf16 table's fraction of its roofline at the same shape × the FP8 roofline:
-        the datasheet's dense FP8 rate at the measured bf16 efficiency, fp8 weights and
-        inputs (1 byte), bf16 output. Always tagged analytic (no FP8 GEMM measured)."""
+        """The measured bf16 lookup at the same shape × the roofline ratio FP8 / bf16
+        (sim/costmodel/gemm_curve.py): the datasheet's dense FP8 rate at the measured bf16
+        efficiency, fp8 weights and inputs (1 byte), bf16 output. Always tagged analytic
+        (no FP8 GEMM measured)."""
         if self.facts.datasheet_fp8_tflops is None:
             raise ValueError(f"{self.name} has no FP8 tensor cores (datasheet_fp8_tflops)")
         return self._quantised(M, K, N, "fp8", 1.0)
@@ -242,10 +244,10 @@ class GPUProfile:
     @_memoised
     def gemm_weights(self, M: int, K: int, N: int, width: float) -> tuple[float, str]:
         """A weight-only quantised GEMM (W4A16: MXFP4 experts on Hopper, and on Blackwell
-        under vLLM's default MoE backends): the bf16 table's fraction of its roofline at the
-        same shape × the roofline with the weights read at `width` bytes each, inputs,
-        outputs and the compute at bf16 (the weights are dequantised in the kernel).
-        Tagged analytic."""
+        under vLLM's default MoE backends): the measured bf16 lookup at the same shape ×
+        the roofline ratio with the weights read at `width` bytes each, inputs, outputs and
+        the compute at bf16 (the weights are dequantised in the kernel) over bf16. Tagged
+        analytic."""
         return self._quantised(M, K, N, "weights", width)
 
     def _quantised(self, M: int, K: int, N: int, kernel: str, width: float) -> tuple[float, str]:
