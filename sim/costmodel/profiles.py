@@ -25,9 +25,9 @@ rows to 5 % median (worst 35 %) and from the batch-2 contiguous decode rows to 3
 (tests/test_profiles.py). An unmeasured GEMM (K, N) takes the nearest shape's rows scaled
 by K·N / (K₀·N₀), the ratio of both roofline terms at equal M, never below the launch
 floor. (Scaling only the time above the floor was tried: Vidur's A100 rows run below
-floor + streaming, so it implied more than the datasheet bandwidth on larger shapes,
-Llama-2-70B's decode at TP 4 10 % faster, and the published rows' median error went from
-8.5 to 9.0 %.) The CSV reading and the grid machinery live in `sim/io/tables.py`; this
+its fitted floor + streaming, so on larger shapes it implied more than the datasheet
+bandwidth, the A100's Llama-2-70B decode at TP 4 ran 10 % faster, and the published rows'
+median error went from 8.5 to 9.0 %.) The CSV reading and the grid machinery live in `sim/io/tables.py`; this
 module supplies the roofline costs.
 
 A profile costed from another GPU's measurements (`derived_from`, `tables_from`) looks
