@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from sim.costmodel.gemm_curve import GemmCurve
 from sim.costmodel.mixed_decode import MixWeights, blend
 from sim.costmodel.profiles import _RANK, IMPLS, GPUProfile, _derived
 from sim.io.tables import (
@@ -51,11 +52,26 @@ def bound_gemm(p: GPUProfile, k: int, n: int) -> Sized:
     if f is None:
         def plain(m: int) -> tuple[float, str]:
             return p.gemm(m, k, n)
-        grid = p._gemm.get((k, n))
-        f = p.bound[key] = (_Rows(p, grid, plain, p.facts.efficiency.gemm_floor_ms,
-                                  "gemm" in p._derived_lookups)
-                            if grid is not None and min(k, n) >= 1 else plain)
+        curve = p.gemm_curve(k, n) if min(k, n) >= 1 else None
+        f = p.bound[key] = (plain if curve is None else
+                            _Curve(curve, plain, "gemm" in p._derived_lookups))
     return f
+
+
+class _Curve:
+    """`GPUProfile.gemm` of a shape with a table (its own, the nearest shape's, or the
+    measured GPU's of a derived profile): the curve's time and tag at M."""
+
+    def __init__(self, curve: GemmCurve, plain: Sized, derived: bool):
+        self.curve, self.plain, self.derived = curve, plain, derived
+
+    def __call__(self, m: int) -> tuple[float, str]:
+        if m < 1:  # the profile's error
+            return self.plain(m)
+        tag = self.curve.tag(m)
+        if self.derived and _RANK[tag] < _RANK[DERIVED]:
+            tag = DERIVED
+        return self.curve.at(m), tag
 
 
 def bound_elementwise(p: GPUProfile, op: str, width: int) -> Sized:
@@ -70,10 +86,9 @@ def bound_elementwise(p: GPUProfile, op: str, width: int) -> Sized:
         if op not in ELEMENTWISE_OPS or width < 1:
             f = plain
         elif grid is not None:
-            f = _Rows(p, grid, plain, None, "elementwise" in p._derived_lookups)
+            f = _Rows(p, grid, plain, "elementwise" in p._derived_lookups)
         elif nearest(tuple(p._elem), (op, width)) is None:  # profiles.py: the roofline alone
-            f = _Rows(p, None, plain, None, False,
-                      lambda m: (p.elementwise_model(op, m, width), ANALYTIC))
+            f = _Rows(p, None, plain, False, lambda m: (p.elementwise_model(op, m, width), ANALYTIC))
         else:
             f = plain
         p.bound[key] = f
@@ -81,14 +96,13 @@ def bound_elementwise(p: GPUProfile, op: str, width: int) -> Sized:
 
 
 class _Rows:
-    """A one-axis table's lookup (GEMM by (K, N), elementwise by (op, width)) at M rows:
-    `Grid.lookup(M, 1)`, raised to `floor` (the GEMM floor) where given; or `model(M)` where
-    no table is looked up. M's bracket is remembered, shared by the grids measured at the
-    same sizes (a step's GEMMs, its elementwise kernels: one bracket for several lookups)."""
+    """An elementwise table's lookup by (op, width) at M rows: `Grid.lookup(M, 1)`; or
+    `model(M)` where no table is looked up. M's bracket is remembered, shared by the grids
+    measured at the same sizes (a step's elementwise kernels: one bracket for several)."""
 
-    def __init__(self, p: GPUProfile, grid: Grid | None, plain: Sized, floor: float | None,
-                 derived: bool, model: Sized | None = None):
-        self.grid, self.plain, self.floor, self.derived, self.model = grid, plain, floor, derived, model
+    def __init__(self, p: GPUProfile, grid: Grid | None, plain: Sized, derived: bool,
+                 model: Sized | None = None):
+        self.grid, self.plain, self.derived, self.model = grid, plain, derived, model
         self.one_axis = grid is not None and grid.ys == [1]
         self.brackets: dict[int, tuple[float, tuple[int, float]]] = (  # M -> clamped, bracket
             p.bound.setdefault(("brackets", tuple(grid.xs)), {}) if self.one_axis else {})
@@ -110,8 +124,6 @@ class _Rows:
             hit = grid.along_x(m, b[0], 1, b[1])
         else:
             hit = grid.lookup(m, 1)
-        if self.floor is not None:
-            hit = max(hit[0], self.floor), hit[1]
         if self.derived and _RANK[hit[1]] < _RANK[DERIVED]:
             hit = hit[0], DERIVED
         return hit

@@ -10,7 +10,10 @@ Tables are made monotone at load: a smaller problem can always be padded to a
 larger measured one, so a measured time becomes the minimum over the points at
 least as large (e.g. paged_gather's 0.197 ms at batch 1, ctx 128 becomes the 0.124
 ms of ctx 512). Interpolation is linear in log time over log sizes, so lookups
-never decrease with size. Cells missing from a staircase grid (large batch × long
+never decrease with size. A GEMM kernel other than the measured bf16 one (FP8,
+weight-only, another GPU's) is that lookup × its roofline / the measured bf16 roofline at
+the same shape, lowered to the least over larger M (`sim/costmodel/gemm_curve.py`: why).
+Cells missing from a staircase grid (large batch × long
 context) are filled by roofline scaling. An unmeasured head configuration (or
 elementwise width) is looked up in the nearest measured one at the equivalent
 batch (or token count): batch × the ratio of per-sequence work (hq·d for prefill,
@@ -19,9 +22,18 @@ tensor-parallel shard's few heads) is looked up at that batch and the length of 
 work instead: seq × √ratio for prefill (FLOPs grow as seq²), ctx × ratio for decode (KV
 bytes as ctx); held out, this predicts the measured batch-1 rows from the batch-4 flash
 rows to 5 % median (worst 35 %) and from the batch-2 contiguous decode rows to 3 %
-(tests/test_profiles.py). An unmeasured GEMM (K, N) scales the nearest shape's time by
-K·N / (K₀·N₀), the ratio of both roofline terms at equal M. The CSV reading and
-the grid machinery live in `sim/io/tables.py`; this module supplies the roofline costs.
+(tests/test_profiles.py). An unmeasured GEMM (K, N) takes the nearest shape's rows scaled
+by K·N / (K₀·N₀), the ratio of both roofline terms at equal M, never below the launch
+floor. (Scaling only the time above the floor was tried: Vidur's A100 rows run below
+its fitted floor + streaming, so on larger shapes it implied more than the datasheet
+bandwidth, the A100's Llama-2-70B decode at TP 4 ran 10 % faster, and the published rows'
+median error went from 8.5 to 9.0 %.) The CSV reading and the grid machinery live in `sim/io/tables.py`; this
+module supplies the roofline costs.
+
+A profile costed from another GPU's measurements (`derived_from`, `tables_from`) looks
+up, for GEMMs, the measured GPU's lookup at the same shape (`gemm_source`) × the ratio of
+the two rooflines there, and for the other tables the measured rows scaled by that ratio
+(sim/costmodel/derived_tables.py: why the two differ).
 
 Decode is looked up at (batch, mean context = sum_ctx / batch); given the longest
 context as well, it moves towards the time at that context by weights fitted at load to
@@ -37,6 +49,7 @@ from pathlib import Path
 
 from sim.costmodel.comm import Collectives, read_all_reduce
 from sim.costmodel.derived_tables import derive_tables
+from sim.costmodel.gemm_curve import GemmCurve, GemmRoofline
 from sim.costmodel.gpu_facts import Efficiency, GPUFacts
 from sim.costmodel.l2flush import describe, remove_write_back
 from sim.costmodel.mixed_decode import blend, fit_mix_weights
@@ -116,15 +129,21 @@ class GPUProfile:
     def __init__(self, facts: GPUFacts, tables: dict[str, list[dict]],
                  all_reduce: dict[tuple[float, float], float] | None = None,
                  capped: dict[str, int] | None = None, timing_note: str = "",
-                 derived_tables: frozenset[str] = frozenset()):
+                 derived_tables: frozenset[str] = frozenset(),
+                 gemm_source: GPUProfile | None = None):
         self.facts, self.name, self._memo, self.timing_note = facts, facts.name, {}, timing_note
         self.bound: dict[tuple, Callable] = {}  # lookups bound to a configuration (bound.py)
         # tables scaled from another GPU's (derived_from, tables_from), and their lookups
         self.derived_tables = derived_tables
         self._derived_lookups = {m for t in derived_tables for m in _LOOKUPS[t]}
+        # the measured GPU whose GEMM lookups this one's are, scaled (derived_tables.py)
+        self.gemm_source = gemm_source
         self.comm = Collectives(facts.interconnect, all_reduce)  # see sim/costmodel/comm.py
         self.capped = capped or {}  # rows per table raised to a ceiling (profile_sanity)
         self.rows = {t: len(tables.get(t, [])) for t in TABLES}
+        if gemm_source is not None:
+            self.rows["gemm"] = gemm_source.rows["gemm"]
+        self._curves: dict[tuple, GemmCurve | None] = {}  # (K, N, kernel, width) -> its curve
         e = facts.efficiency
         self._gemm_rate = facts.datasheet_tflops * 1e9 * e.flops  # FLOP per ms
         self._bw = facts.datasheet_mem_bw_tbs * 1e9 * e.mem_bw  # bytes per ms
@@ -202,38 +221,84 @@ class GPUProfile:
 
     @_memoised
     def gemm(self, M: int, K: int, N: int) -> tuple[float, str]:
-        """F.linear(x[M, K], W[N, K]) in bf16: table by (K, N), log-log in M."""
+        """F.linear(x[M, K], W[N, K]) in bf16: table by (K, N) (or the nearest shape's,
+        scaled), log-log in M; on a profile whose GEMMs are another GPU's, that GPU's
+        lookup × the roofline ratio (sim/costmodel/gemm_curve.py)."""
         if min(M, K, N) < 1:
             raise ValueError(f"gemm sizes must be >= 1, got M={M}, K={K}, N={N}")
-        # an unmeasured (K, N): both roofline terms scale as K·N at equal M; never below the floor
-        hit = scaled(self._gemm, (K, N), M, 1, lambda k: K * N / (k[0] * k[1]), by_x=False)
-        if hit is None:
+        curve = self.gemm_curve(K, N)
+        if curve is None:
             return self.gemm_model(M, K, N), ANALYTIC
-        return max(hit[0], self.facts.efficiency.gemm_floor_ms), hit[1]
+        return curve.at(M), curve.tag(M)
 
     @_memoised
     def gemm_fp8(self, M: int, K: int, N: int) -> tuple[float, str]:
-        """The bf16 lookup at the same shape scaled by the roofline ratio fp8 / bf16: the
-        datasheet's dense FP8 rate at the measured bf16 efficiency, fp8 weights and inputs
-        (1 byte), bf16 output. Always tagged analytic (no FP8 GEMM measured)."""
-        fp8 = self.facts.datasheet_fp8_tflops
-        if fp8 is None:
+        """The measured bf16 lookup at the same shape × the roofline ratio FP8 / bf16
+        (sim/costmodel/gemm_curve.py): the datasheet's dense FP8 rate at the measured bf16
+        efficiency, fp8 weights and inputs (1 byte), bf16 output. Always tagged analytic
+        (no FP8 GEMM measured)."""
+        if self.facts.datasheet_fp8_tflops is None:
             raise ValueError(f"{self.name} has no FP8 tensor cores (datasheet_fp8_tflops)")
-        e = self.facts.efficiency
-        flops, nbytes = 2 * M * K * N, M * K + K * N + M * N * BF16
-        model = e.gemm_floor_ms + max(flops / (fp8 * 1e9 * e.flops), nbytes / self._bw)
-        return self.gemm(M, K, N)[0] * model / self.gemm_model(M, K, N), ANALYTIC
+        return self._quantised(M, K, N, "fp8", 1.0)
 
     @_memoised
     def gemm_weights(self, M: int, K: int, N: int, width: float) -> tuple[float, str]:
         """A weight-only quantised GEMM (W4A16: MXFP4 experts on Hopper, and on Blackwell
-        under vLLM's default MoE backends): the bf16 lookup at the same shape scaled by the
-        roofline ratio with the weights read at `width` bytes each, inputs, outputs and the
-        compute at bf16 (the weights are dequantised in the kernel). Tagged analytic."""
+        under vLLM's default MoE backends): the measured bf16 lookup at the same shape ×
+        the roofline ratio with the weights read at `width` bytes each, inputs, outputs and
+        the compute at bf16 (the weights are dequantised in the kernel) over bf16. Tagged
+        analytic."""
+        return self._quantised(M, K, N, "weights", width)
+
+    def _quantised(self, M: int, K: int, N: int, kernel: str, width: float) -> tuple[float, str]:
+        curve = self.gemm_curve(K, N, kernel, width)
+        if curve is None:
+            return self.gemm_roofline(K, N, kernel, width).at(M), ANALYTIC
+        return curve.at(M), ANALYTIC
+
+    def gemm_roofline(self, K: int, N: int, kernel: str = "bf16", width: float = BF16
+                      ) -> GemmRoofline:
+        """A GEMM kernel's roofline of weight shape (K, N) as a function of M: `bf16`
+        (`gemm_model`), `fp8` (dense FP8 rate, 1-byte weights and inputs) or `weights`
+        (`width`-byte weights, bf16 inputs and compute); the output is bf16."""
         e = self.facts.efficiency
-        flops, nbytes = 2 * M * K * N, K * N * width + (M * K + M * N) * BF16
-        model = e.gemm_floor_ms + max(flops / self._gemm_rate, nbytes / self._bw)
-        return self.gemm(M, K, N)[0] * model / self.gemm_model(M, K, N), ANALYTIC
+        rate, x = self._gemm_rate, BF16
+        if kernel == "fp8":
+            rate, x = self.facts.datasheet_fp8_tflops * 1e9 * e.flops, 1
+        return GemmRoofline(e.gemm_floor_ms, 2 * K * N / rate, K * N * width / self._bw,
+                            (K * x + N * BF16) / self._bw)
+
+    def gemm_curve(self, K: int, N: int, kernel: str = "bf16", width: float = BF16
+                   ) -> GemmCurve | None:
+        """The curve of `gemm_roofline(K, N, kernel, width)` on this GPU over the rows of
+        (K, N) in the GEMM table looked up (this profile's, or `gemm_source`'s); None
+        without a GEMM table. Kept per shape and kernel (a run prices a few hundred)."""
+        key = (K, N, kernel, width)
+        curve = self._curves.get(key, False)
+        if curve is False:
+            base = self.gemm_source or self
+            rows = base._gemm_rows(K, N)
+            curve = None if rows is None else GemmCurve(
+                rows[0], rows[1], base.gemm_roofline(K, N), self.gemm_roofline(K, N, kernel, width),
+                rows[2])
+            if len(self._curves) >= _MEMO_MAX >> 6:
+                self._curves.clear()
+            self._curves[key] = curve
+        return curve
+
+    def _gemm_rows(self, K: int, N: int) -> tuple[list[float], list[float], str] | None:
+        """The table's rows M and their times for (K, N), never below the launch floor, and
+        the tag of a lookup on a row. An unmeasured (K, N) takes the nearest shape's, scaled
+        by K·N / (K₀·N₀) (both roofline terms at equal M). None without a GEMM table."""
+        floor = self.facts.efficiency.gemm_floor_ms
+        grid = self._gemm.get((K, N))
+        if grid is not None:
+            return grid.xs, [max(v[0], floor) for v in grid.v], EXACT
+        near = nearest(tuple(self._gemm), (K, N))
+        if near is None:
+            return None
+        f = K * N / (near[0] * near[1])
+        return self._gemm[near].xs, [max(v[0] * f, floor) for v in self._gemm[near].v], EXTRAPOLATED
 
     @_memoised
     def elementwise(self, op: str, M: int, H: int) -> tuple[float, str]:
@@ -427,7 +492,8 @@ def _read_profile(folder: Path, watch: Callable[[Path], Path]) -> GPUProfile:
     if facts.derived_from is not None:
         return _derived_profile(folder, facts, yaml_file, watch)
     tables, lowered, capped = _tables(folder, facts, watch)
-    derived = _tables_from(folder, facts, yaml_file, tables, watch)
+    gemm_source = _tables_from(folder, facts, yaml_file, tables, watch)
+    derived = frozenset(facts.tables_from)
     capped = {t: 0 if t in derived else n for t, n in capped.items()}
     link, all_reduce = facts.interconnect, None
     if link is not None and link.all_reduce_table:
@@ -436,7 +502,7 @@ def _read_profile(folder: Path, watch: Callable[[Path], Path]) -> GPUProfile:
                             f"file not found: {show(link.all_reduce_table)}")
         all_reduce = read_all_reduce(folder / link.all_reduce_table)
     return GPUProfile(facts, tables, all_reduce, capped, describe(facts.timing, lowered),
-                      derived_tables=derived)
+                      derived_tables=derived, gemm_source=gemm_source)
 
 
 def _measured_base(name: str, yaml_file: Path, path: str, watch: Callable[[Path], Path]
@@ -452,12 +518,14 @@ def _measured_base(name: str, yaml_file: Path, path: str, watch: Callable[[Path]
 
 
 def _tables_from(folder: Path, facts: GPUFacts, yaml_file: Path, tables: dict[str, list[dict]],
-                 watch: Callable[[Path], Path]) -> frozenset[str]:
-    """Put in `tables` each `tables_from` table: the named measured profile's rows scaled
-    by the roofline ratio (sim/costmodel/derived_tables.py); the names of those tables. A
-    table of the folder's own that this replaces is not looked up: it stays what the
-    profile's roofline terms are fitted to, and a check of the derivation (its rows capped
-    at load no longer count)."""
+                 watch: Callable[[Path], Path]) -> GPUProfile | None:
+    """Put in `tables` each `tables_from` table but the GEMMs: the named measured profile's
+    rows scaled by the roofline ratio; return the measured GPU whose GEMM lookups stand
+    in for this one's (scaled per lookup), if `gemm` is one of them (both:
+    sim/costmodel/derived_tables.py). A table of the folder's own that this replaces is not
+    looked up: it stays what the profile's roofline terms are fitted to, and a check of
+    the derivation (its rows capped at load no longer count)."""
+    gemm_source = None
     for table, name in sorted(facts.tables_from.items()):
         path = f"tables_from.{table}"
         base, base_facts = _measured_base(name, yaml_file, path, watch)
@@ -468,9 +536,13 @@ def _tables_from(folder: Path, facts: GPUFacts, yaml_file: Path, tables: dict[st
         if not rows:
             raise SpecError(yaml_file, path, f"{name} has no {table} table (allowed: a "
                             "profile that measured it)")
-        tables[table] = derive_tables({table: rows}, GPUProfile(base_facts, {}),
-                                      GPUProfile(facts, {}))[table]
-    return frozenset(facts.tables_from)
+        derived, source = _derive({table: rows}, base_facts, facts)
+        if source is None:
+            tables[table] = derived[table]
+        else:  # a GEMM table of the folder's own is not looked up
+            tables.pop(table, None)
+            gemm_source = source
+    return gemm_source
 
 
 def _derived_profile(folder: Path, facts: GPUFacts, yaml_file: Path,
@@ -486,10 +558,22 @@ def _derived_profile(folder: Path, facts: GPUFacts, yaml_file: Path,
             raise SpecError(yaml_file, "interconnect.all_reduce_table",
                             "a derived profile has no tables of its own (allowed: none)")
     base_tables = _tables(base, base_facts, watch)[0]
-    tables = derive_tables(base_tables, GPUProfile(base_facts, {}), GPUProfile(facts, {}))
+    tables, gemm_source = _derive(base_tables, base_facts, facts)
     note = (f"tables derived: {facts.derived_from}'s measured rows x this GPU's roofline / "
             f"{facts.derived_from}'s, per shape")
-    return GPUProfile(facts, tables, None, {}, note, derived_tables=frozenset(tables))
+    return GPUProfile(facts, tables, None, {}, note, derived_tables=frozenset(base_tables),
+                      gemm_source=gemm_source)
+
+
+def _derive(tables: dict[str, list[dict]], measured: GPUFacts, target: GPUFacts
+            ) -> tuple[dict[str, list[dict]], GPUProfile | None]:
+    """A measured GPU's tables (`tables`, as its lookups see them) as the target GPU's
+    (sim/costmodel/derived_tables.py): each table but the GEMMs as rows scaled by the
+    roofline ratio, and the measured GPU's profile of its GEMM table alone, whose lookups
+    the target's scale (None without a GEMM table)."""
+    rows = {t: r for t, r in tables.items() if t != "gemm"}
+    source = GPUProfile(measured, {"gemm": tables["gemm"]}) if tables.get("gemm") else None
+    return derive_tables(rows, GPUProfile(measured, {}), GPUProfile(target, {})), source
 
 
 def _tables(folder: Path, facts: GPUFacts, watch: Callable[[Path], Path]

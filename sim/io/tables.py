@@ -188,11 +188,10 @@ def nearest(keys: tuple[tuple, ...], key: tuple) -> tuple | None:
 
 
 def scaled(grids: dict[tuple, Grid], key: tuple, x: float, y: float,
-           scale: Callable[[tuple], float], by_x: bool = True,
-           y_power: float = 0.0) -> tuple[float, str] | None:
+           scale: Callable[[tuple], float], y_power: float = 0.0) -> tuple[float, str] | None:
     """The grid of `key` at (x, y), else the nearest grid's, extrapolated: at the equivalent
-    size (x · scale(nearest), y) when `by_x` (x is a batch or token count, and the work
-    is proportional to x times the config's cost), else its time · scale(nearest).
+    size (x · scale(nearest), y) (x is a batch or token count, and the work is
+    proportional to x times the config's cost).
 
     An equivalent size below the grid's smallest x₀ is clamped there (a smaller kernel is
     no faster) unless the work also grows as y^`y_power` (prefill FLOPs as seq², decode
@@ -205,8 +204,6 @@ def scaled(grids: dict[tuple, Grid], key: tuple, x: float, y: float,
     if near is None:
         return None
     f, g = scale(near), grids[near]
-    if not by_x:
-        return g.lookup(x, y)[0] * f, EXTRAPOLATED
     x0 = g.xs[0]
     if y_power and x * f < x0:
         return g.lookup(x0, y * (x * f / x0) ** (1 / y_power))[0], EXTRAPOLATED
