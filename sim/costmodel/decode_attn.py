@@ -73,25 +73,13 @@ Q5, RUN5 = rounding_table(5)  # the longest context's
 def _ctx_keys(n: int, sum_ctx: int, max_ctx: int) -> tuple[int, int]:
     """The decode attention key of `n` contexts totalling `sum_ctx`, the longest `max_ctx`:
     (their mean rounded to 2^-7, the longest rounded to 2^-5 within [mean, n x mean]);
-    `_quantize`'s rounding from its tables (inlined beyond them: a chunked step's pricing asks this
-    once a step)."""
+    `_quantize`'s rounding read from its tables (a chunked step's pricing asks this once a
+    step), computed by `_quantize_run` beyond them."""
     ctx = sum_ctx // n
-    if ctx < TABLED and max_ctx < TABLED:
-        ctx_q = Q7[ctx]
-        if n == 1:
-            return ctx_q, ctx_q
-        max_q = Q5[max_ctx]
-        return ctx_q, min(max(ctx_q, max_q), ctx_q * n)
-    shift = ctx.bit_length() - 7
-    q = 1 << shift if shift > 4 else 16
-    r = (ctx + (q >> 1)) // q * q
-    ctx_q = r if r > q else q
+    ctx_q = Q7[ctx] if ctx < TABLED else _quantize_run(ctx, 7)[0]
     if n == 1:
         return ctx_q, ctx_q
-    shift = max_ctx.bit_length() - 5
-    q = 1 << shift if shift > 4 else 16
-    r = (max_ctx + (q >> 1)) // q * q
-    max_q = r if r > q else q
+    max_q = Q5[max_ctx] if max_ctx < TABLED else _quantize_run(max_ctx, 5)[0]
     return ctx_q, min(max(ctx_q, max_q), ctx_q * n)
 
 
